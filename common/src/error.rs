@@ -1,0 +1,49 @@
+//! Typed errors of `common`. Every variant carries what a user needs to find
+//! the fault: the file, the line and the field where there is one.
+
+use std::path::PathBuf;
+
+/// Errors raised while reading, validating or writing embshard's files.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A CSV record or field is malformed or out of range.
+    #[error("{path}:{line}: field `{field}`: {message}")]
+    Csv {
+        path: PathBuf,
+        line: u64,
+        field: String,
+        message: String,
+    },
+    /// A JSON file does not parse or does not have the expected shape.
+    #[error("{path}: {message}")]
+    Json { path: PathBuf, message: String },
+    /// A JSON document parses but one of its values is invalid.
+    #[error("{path}: {location}: {message}")]
+    Invalid {
+        path: PathBuf,
+        /// Where in the document, e.g. `tasks[3].tables[7]`.
+        location: String,
+        message: String,
+    },
+    /// A task cannot be satisfied (for instance its tables cannot fit memory).
+    #[error("{context}: {message}")]
+    Infeasible { context: String, message: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

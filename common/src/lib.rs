@@ -1,0 +1,30 @@
+//! Shared ground of embshard: tables and their features, pools, task suites,
+//! placements, memory accounting and measurement results.
+//!
+//! # Layout
+//!
+//! - [`table`]: a table's 21 features (DESIGN §1) and its memory footprint.
+//! - [`pool`]: the pool CSV format (`name,rows,dim,pooling_factor,bin_0..bin_16`),
+//!   read with validation that names file, line and field, and written back.
+//! - [`generate`]: a seeded generator of a DLRM-like pool shaped like Meta's
+//!   `dlrm_datasets` (`fbgemm_t856_bs65536`), its statistics, the train/test split.
+//! - [`suite`]: task suites (JSON) and their seeded generator.
+//! - [`placement`]: placement JSON and the in-memory plan type.
+//! - [`measurement`]: a plan's measured per-device costs, as every oracle returns it.
+//! - [`error`]: the typed errors of this crate.
+//! - [`logging`]: tracing set-up shared by the binaries.
+
+pub mod error;
+pub mod generate;
+pub mod logging;
+pub mod measurement;
+pub mod placement;
+pub mod pool;
+pub mod suite;
+pub mod table;
+
+pub use error::{Error, Result};
+pub use measurement::{DeviceCost, Measurement};
+pub use placement::{Placement, Plan};
+pub use suite::{Suite, Task};
+pub use table::{MemoryModel, Optimizer, Precision, Table, NUM_BINS, NUM_FEATURES};

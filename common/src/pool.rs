@@ -1,0 +1,299 @@
+//! The pool CSV format: `name,rows,dim,pooling_factor,bin_0,…,bin_16`, one
+//! table per line after the header. Reading validates every field and names
+//! the file, line and field of the first fault.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::table::{Table, NUM_BINS};
+
+/// Tolerance on the bins' sum: they are shares of unique rows and must sum to 1,
+/// but files written with a few decimals round.
+pub const BIN_SUM_TOLERANCE: f64 = 0.02;
+
+/// The header every pool CSV starts with.
+pub fn header() -> Vec<String> {
+    let mut h: Vec<String> = ["name", "rows", "dim", "pooling_factor"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    h.extend((0..NUM_BINS).map(|k| format!("bin_{k}")));
+    h
+}
+
+/// Reads and validates a pool CSV.
+pub fn read(path: &Path) -> Result<Vec<Table>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    read_from(file, path)
+}
+
+/// Reads a pool from any reader; `path` is only used in messages.
+pub fn read_from<R: std::io::Read>(reader: R, path: &Path) -> Result<Vec<Table>> {
+    let csv_err = |line: u64, field: &str, message: String| Error::Csv {
+        path: path.to_path_buf(),
+        line,
+        field: field.to_string(),
+        message,
+    };
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .trim(csv::Trim::All)
+        .flexible(true)
+        .from_reader(reader);
+    let expected = header();
+    let got: Vec<String> = rdr
+        .headers()
+        .map_err(|e| csv_err(1, "header", e.to_string()))?
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if got != expected {
+        return Err(csv_err(
+            1,
+            "header",
+            format!(
+                "expected `{}`, found `{}`",
+                expected.join(","),
+                got.join(",")
+            ),
+        ));
+    }
+    let mut tables = Vec::new();
+    let mut names = HashSet::new();
+    for rec in rdr.records() {
+        let rec = rec.map_err(|e| {
+            let line = e.position().map(|p| p.line()).unwrap_or(0);
+            csv_err(line, "record", e.to_string())
+        })?;
+        let line = rec.position().map(|p| p.line()).unwrap_or(0);
+        if rec.len() != expected.len() {
+            return Err(csv_err(
+                line,
+                "record",
+                format!("expected {} fields, found {}", expected.len(), rec.len()),
+            ));
+        }
+        let name = rec[0].to_string();
+        if name.is_empty() {
+            return Err(csv_err(line, "name", "empty table name".into()));
+        }
+        let rows: u64 = parse_positive_int(&rec[1])
+            .map_err(|m| csv_err(line, "rows", format!("`{}`: {m}", &rec[1])))?;
+        let dim: u64 = parse_positive_int(&rec[2])
+            .map_err(|m| csv_err(line, "dim", format!("`{}`: {m}", &rec[2])))?;
+        let dim = u32::try_from(dim)
+            .map_err(|_| csv_err(line, "dim", format!("`{dim}` is too large")))?;
+        let pooling = parse_finite(&rec[3])
+            .and_then(|v| {
+                if v > 0.0 {
+                    Ok(v)
+                } else {
+                    Err("must be greater than 0".into())
+                }
+            })
+            .map_err(|m| csv_err(line, "pooling_factor", format!("`{}`: {m}", &rec[3])))?;
+        let mut bins = [0.0; NUM_BINS];
+        for (k, bin) in bins.iter_mut().enumerate() {
+            let field = &rec[4 + k];
+            *bin = parse_finite(field)
+                .and_then(|v| {
+                    if (0.0..=1.0).contains(&v) {
+                        Ok(v)
+                    } else {
+                        Err("must lie in [0, 1]".into())
+                    }
+                })
+                .map_err(|m| csv_err(line, &format!("bin_{k}"), format!("`{field}`: {m}")))?;
+        }
+        let sum: f64 = bins.iter().sum();
+        if (sum - 1.0).abs() > BIN_SUM_TOLERANCE {
+            return Err(csv_err(
+                line,
+                "bin_0..bin_16",
+                format!("bins sum to {sum:.4}, expected 1 ± {BIN_SUM_TOLERANCE}"),
+            ));
+        }
+        if !names.insert(name.clone()) {
+            return Err(csv_err(
+                line,
+                "name",
+                format!("duplicate table name `{name}`"),
+            ));
+        }
+        tables.push(Table {
+            name,
+            rows,
+            dim,
+            pooling_factor: pooling,
+            bins,
+        });
+    }
+    if tables.is_empty() {
+        return Err(csv_err(1, "record", "the pool holds no table".into()));
+    }
+    Ok(tables)
+}
+
+fn parse_finite(s: &str) -> std::result::Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| "not a number".to_string())?;
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err("must be finite".into())
+    }
+}
+
+fn parse_positive_int(s: &str) -> std::result::Result<u64, String> {
+    let v: i128 = s.parse().map_err(|_| "not an integer".to_string())?;
+    if v <= 0 {
+        return Err("must be a positive integer".into());
+    }
+    u64::try_from(v).map_err(|_| "is too large".to_string())
+}
+
+/// Writes a pool CSV (atomically: a temp file renamed over the target).
+pub fn write(path: &Path, tables: &[Table]) -> Result<()> {
+    let mut buf = Vec::new();
+    {
+        let mut w = csv::Writer::from_writer(&mut buf);
+        let io = |e: csv::Error| Error::io(path, std::io::Error::other(e));
+        w.write_record(header()).map_err(io)?;
+        for t in tables {
+            let mut rec = vec![
+                t.name.clone(),
+                t.rows.to_string(),
+                t.dim.to_string(),
+                format!("{:.6}", t.pooling_factor),
+            ];
+            rec.extend(t.bins.iter().map(|b| format!("{b:.6}")));
+            w.write_record(&rec).map_err(io)?;
+        }
+        w.flush().map_err(|e| Error::io(path, e))?;
+    }
+    write_atomic(path, &buf)
+}
+
+/// Writes `bytes` to a temp file beside `path`, fsyncs it and renames it over
+/// `path`, so a reader never sees half a file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
+    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::tests::table;
+
+    fn csv_text(body: &str) -> String {
+        format!("{}\n{body}", header().join(","))
+    }
+
+    fn row(name: &str, rows: &str, dim: &str, pooling: &str, bins: &[&str]) -> String {
+        let mut r = vec![name, rows, dim, pooling];
+        r.extend_from_slice(bins);
+        r.join(",")
+    }
+
+    const GOOD_BINS: [&str; 17] = [
+        "0.5", "0.5", "0", "0", "0", "0", "0", "0", "0", "0", "0", "0", "0", "0", "0", "0", "0",
+    ];
+
+    fn parse(body: &str) -> Result<Vec<Table>> {
+        read_from(csv_text(body).as_bytes(), Path::new("pool.csv"))
+    }
+
+    fn err_of(body: &str) -> String {
+        parse(body).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn round_trip_through_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("p.csv");
+        let tables = vec![table("a", 100, 16, 3.25), table("b", 5000, 128, 1.0)];
+        write(&p, &tables).unwrap();
+        let back = read(&p).unwrap();
+        assert_eq!(back, tables);
+    }
+
+    #[test]
+    fn accepts_a_valid_line() {
+        let t = parse(&row("t0", "100", "8", "2.5", &GOOD_BINS)).unwrap();
+        assert_eq!(t[0].rows, 100);
+        assert_eq!(t[0].dim, 8);
+    }
+
+    #[test]
+    fn rejects_zero_or_negative_rows_and_dim() {
+        let e = err_of(&row("t0", "0", "8", "1", &GOOD_BINS));
+        assert!(e.contains("pool.csv:2") && e.contains("`rows`"), "{e}");
+        let e = err_of(&row("t0", "-5", "8", "1", &GOOD_BINS));
+        assert!(e.contains("`rows`") && e.contains("positive"), "{e}");
+        let e = err_of(&row("t0", "10", "0", "1", &GOOD_BINS));
+        assert!(e.contains("`dim`"), "{e}");
+        let e = err_of(&row("t0", "10", "-1", "1", &GOOD_BINS));
+        assert!(e.contains("`dim`"), "{e}");
+        let e = err_of(&row("t0", "10", "abc", "1", &GOOD_BINS));
+        assert!(e.contains("`dim`") && e.contains("not an integer"), "{e}");
+    }
+
+    #[test]
+    fn rejects_nan_and_infinite_values() {
+        let e = err_of(&row("t0", "10", "8", "NaN", &GOOD_BINS));
+        assert!(
+            e.contains("`pooling_factor`") && e.contains("finite"),
+            "{e}"
+        );
+        let mut bins = GOOD_BINS;
+        bins[3] = "nan";
+        let e = err_of(&row("t0", "10", "8", "1", &bins));
+        assert!(e.contains("`bin_3`"), "{e}");
+        let e = err_of(&row("t0", "10", "8", "inf", &GOOD_BINS));
+        assert!(e.contains("`pooling_factor`"), "{e}");
+    }
+
+    #[test]
+    fn rejects_bins_that_do_not_sum_to_one() {
+        let mut bins = GOOD_BINS;
+        bins[1] = "0.2";
+        let body = format!(
+            "{}\n{}",
+            row("ok", "10", "8", "1", &GOOD_BINS),
+            row("bad", "10", "8", "1", &bins)
+        );
+        let e = err_of(&body);
+        assert!(e.contains("pool.csv:3") && e.contains("sum to 0.7"), "{e}");
+    }
+
+    #[test]
+    fn rejects_duplicate_names_with_the_second_line() {
+        let body = format!(
+            "{}\n{}",
+            row("dup", "10", "8", "1", &GOOD_BINS),
+            row("dup", "20", "8", "1", &GOOD_BINS)
+        );
+        let e = err_of(&body);
+        assert!(e.contains("pool.csv:3") && e.contains("duplicate"), "{e}");
+    }
+
+    #[test]
+    fn rejects_bad_header_short_records_and_empty_pools() {
+        let e = read_from("name,rows\nx,1\n".as_bytes(), Path::new("p.csv"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("p.csv:1") && e.contains("header"), "{e}");
+        let e = err_of("t0,10,8");
+        assert!(e.contains("expected 21 fields, found 3"), "{e}");
+        let e = err_of("");
+        assert!(e.contains("no table"), "{e}");
+    }
+}

@@ -1,0 +1,403 @@
+//! Task suites: `{"pool": "<csv path relative to this file>", "tasks":
+//! [{"name", "devices", "memory_gb", "tables": ["<table name>", …]}]}`.
+//!
+//! Loading resolves every task against its pool and rejects tasks that
+//! provably cannot fit memory, so later stages can trust a [`Suite`].
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use rand::seq::index::sample;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::pool;
+use crate::table::{MemoryModel, Table, BYTES_PER_GB};
+
+/// A task as written in the suite file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    pub name: String,
+    pub devices: usize,
+    pub memory_gb: f64,
+    pub tables: Vec<String>,
+}
+
+/// The suite file as written on disk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SuiteFile {
+    pub pool: String,
+    pub tasks: Vec<TaskSpec>,
+}
+
+/// A placement task with its tables resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task {
+    pub name: String,
+    pub devices: usize,
+    pub memory_gb: f64,
+    pub tables: Vec<Table>,
+}
+
+impl Task {
+    /// The per-device memory cap in bytes.
+    pub fn cap_bytes(&self) -> u64 {
+        (self.memory_gb * BYTES_PER_GB) as u64
+    }
+
+    /// Necessary conditions for a memory-feasible plan: every table fits one
+    /// device and all tables fit all devices. Returns the reason when not.
+    pub fn infeasibility(&self, mem: &MemoryModel) -> Option<String> {
+        let cap = self.cap_bytes();
+        if let Some(t) = self.tables.iter().find(|t| mem.table_bytes(t) > cap) {
+            return Some(format!(
+                "table `{}` needs {:.3} GB, more than the {} GB of one device",
+                t.name,
+                mem.table_gb(t),
+                self.memory_gb
+            ));
+        }
+        let total: u64 = self.tables.iter().map(|t| mem.table_bytes(t)).sum();
+        if total > cap.saturating_mul(self.devices as u64) {
+            return Some(format!(
+                "its tables need {:.3} GB in all, more than {} devices × {} GB",
+                total as f64 / BYTES_PER_GB,
+                self.devices,
+                self.memory_gb
+            ));
+        }
+        None
+    }
+}
+
+/// A loaded, validated suite.
+#[derive(Debug, Clone)]
+pub struct Suite {
+    pub path: PathBuf,
+    pub pool_path: PathBuf,
+    pub tasks: Vec<Task>,
+}
+
+impl Suite {
+    /// Reads a suite and its pool; every task must name known, distinct
+    /// tables and pass [`Task::infeasibility`] under `mem`.
+    pub fn load(path: &Path, mem: &MemoryModel) -> Result<Suite> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let file: SuiteFile = serde_json::from_str(&text).map_err(|e| Error::Json {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let pool_path = dir.join(&file.pool);
+        let pool = pool::read(&pool_path)?;
+        let tasks = resolve_tasks(&file, &pool, mem, path)?;
+        Ok(Suite {
+            path: path.to_path_buf(),
+            pool_path,
+            tasks,
+        })
+    }
+}
+
+fn resolve_tasks(
+    file: &SuiteFile,
+    pool: &[Table],
+    mem: &MemoryModel,
+    path: &Path,
+) -> Result<Vec<Task>> {
+    let invalid = |location: String, message: String| Error::Invalid {
+        path: path.to_path_buf(),
+        location,
+        message,
+    };
+    if file.tasks.is_empty() {
+        return Err(invalid("tasks".into(), "the suite holds no task".into()));
+    }
+    let by_name: HashMap<&str, &Table> = pool.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut tasks = Vec::with_capacity(file.tasks.len());
+    for (i, spec) in file.tasks.iter().enumerate() {
+        if spec.devices == 0 {
+            return Err(invalid(
+                format!("tasks[{i}].devices"),
+                "must be at least 1".into(),
+            ));
+        }
+        if !(spec.memory_gb.is_finite() && spec.memory_gb > 0.0) {
+            return Err(invalid(
+                format!("tasks[{i}].memory_gb"),
+                format!("`{}` must be a positive number", spec.memory_gb),
+            ));
+        }
+        if spec.tables.is_empty() {
+            return Err(invalid(format!("tasks[{i}].tables"), "no table".into()));
+        }
+        let mut seen = HashSet::new();
+        let mut tables = Vec::with_capacity(spec.tables.len());
+        for (j, name) in spec.tables.iter().enumerate() {
+            let Some(t) = by_name.get(name.as_str()) else {
+                return Err(invalid(
+                    format!("tasks[{i}].tables[{j}]"),
+                    format!("table `{name}` is not in the pool"),
+                ));
+            };
+            if !seen.insert(name.as_str()) {
+                return Err(invalid(
+                    format!("tasks[{i}].tables[{j}]"),
+                    format!("table `{name}` appears twice"),
+                ));
+            }
+            tables.push((*t).clone());
+        }
+        let task = Task {
+            name: spec.name.clone(),
+            devices: spec.devices,
+            memory_gb: spec.memory_gb,
+            tables,
+        };
+        if let Some(why) = task.infeasibility(mem) {
+            return Err(Error::Infeasible {
+                context: format!("{}: tasks[{i}] `{}`", path.display(), spec.name),
+                message: format!("cannot fit memory: {why}"),
+            });
+        }
+        tasks.push(task);
+    }
+    Ok(tasks)
+}
+
+/// First-fit decreasing by bytes: a cheap witness that a task has a
+/// memory-feasible plan. `None` when it finds none.
+pub fn first_fit_decreasing(
+    tables: &[Table],
+    devices: usize,
+    cap_bytes: u64,
+    mem: &MemoryModel,
+) -> Option<Vec<usize>> {
+    let mut order: Vec<usize> = (0..tables.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(mem.table_bytes(&tables[i])));
+    let mut used = vec![0u64; devices];
+    let mut assignment = vec![0; tables.len()];
+    for i in order {
+        let b = mem.table_bytes(&tables[i]);
+        let d = (0..devices).find(|&d| used[d] + b <= cap_bytes)?;
+        used[d] += b;
+        assignment[i] = d;
+    }
+    Some(assignment)
+}
+
+/// What to draw for one suite.
+#[derive(Debug, Clone)]
+pub struct SuiteSpec {
+    pub name: String,
+    pub tables_per_task: usize,
+    pub devices: usize,
+    pub memory_gb: f64,
+    pub tasks: usize,
+}
+
+/// Draws `spec.tasks` tasks of distinct tables from `pool`; every task has a
+/// memory-feasible plan (first-fit decreasing finds one). `pool_ref` is
+/// written as the suite's pool path.
+pub fn generate(
+    spec: &SuiteSpec,
+    pool: &[Table],
+    pool_ref: &str,
+    mem: &MemoryModel,
+    seed: u64,
+) -> Result<SuiteFile> {
+    let context = || format!("suite `{}`", spec.name);
+    if spec.tables_per_task > pool.len() {
+        return Err(Error::Infeasible {
+            context: context(),
+            message: format!(
+                "{} tables per task, but the pool holds {}",
+                spec.tables_per_task,
+                pool.len()
+            ),
+        });
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ fnv1a(spec.name.as_bytes()));
+    let cap = (spec.memory_gb * BYTES_PER_GB) as u64;
+    const MAX_DRAWS: usize = 1000;
+    let mut tasks = Vec::with_capacity(spec.tasks);
+    for k in 0..spec.tasks {
+        let mut drawn = None;
+        for _ in 0..MAX_DRAWS {
+            let idx = sample(&mut rng, pool.len(), spec.tables_per_task).into_vec();
+            let tables: Vec<Table> = idx.iter().map(|&i| pool[i].clone()).collect();
+            if first_fit_decreasing(&tables, spec.devices, cap, mem).is_some() {
+                drawn = Some(tables);
+                break;
+            }
+        }
+        let tables = drawn.ok_or_else(|| Error::Infeasible {
+            context: context(),
+            message: format!(
+                "no draw of {} tables out of {MAX_DRAWS} fits {} devices × {} GB",
+                spec.tables_per_task, spec.devices, spec.memory_gb
+            ),
+        })?;
+        tasks.push(TaskSpec {
+            name: format!("{}-{k:03}", spec.name),
+            devices: spec.devices,
+            memory_gb: spec.memory_gb,
+            tables: tables.into_iter().map(|t| t.name).collect(),
+        });
+    }
+    Ok(SuiteFile {
+        pool: pool_ref.to_string(),
+        tasks,
+    })
+}
+
+/// Writes a suite file atomically, pretty-printed.
+pub fn write(path: &Path, suite: &SuiteFile) -> Result<()> {
+    let text = serde_json::to_string_pretty(suite).map_err(|e| Error::Json {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    pool::write_atomic(path, text.as_bytes())
+}
+
+/// A stable 64-bit hash (FNV-1a) for deriving seeds from names.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::tests::table;
+
+    fn mem() -> MemoryModel {
+        MemoryModel::default()
+    }
+
+    fn write_pool(dir: &Path, tables: &[Table]) {
+        pool::write(&dir.join("pool.csv"), tables).unwrap();
+    }
+
+    fn small_pool() -> Vec<Table> {
+        (0..20)
+            .map(|i| table(&format!("t{i}"), 1000 * (i + 1), 16, 1.0))
+            .collect()
+    }
+
+    #[test]
+    fn generated_suites_load_and_are_reproducible() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = small_pool();
+        write_pool(dir.path(), &pool);
+        let spec = SuiteSpec {
+            name: "s".into(),
+            tables_per_task: 5,
+            devices: 2,
+            memory_gb: 1.0,
+            tasks: 4,
+        };
+        let a = generate(&spec, &pool, "pool.csv", &mem(), 7).unwrap();
+        let b = generate(&spec, &pool, "pool.csv", &mem(), 7).unwrap();
+        let c = generate(&spec, &pool, "pool.csv", &mem(), 8).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let p = dir.path().join("s.json");
+        write(&p, &a).unwrap();
+        let suite = Suite::load(&p, &mem()).unwrap();
+        assert_eq!(suite.tasks.len(), 4);
+        for t in &suite.tasks {
+            let names: HashSet<_> = t.tables.iter().map(|t| &t.name).collect();
+            assert_eq!(names.len(), 5);
+        }
+    }
+
+    fn suite_with(dir: &Path, task: TaskSpec) -> PathBuf {
+        write_pool(dir, &small_pool());
+        let p = dir.join("s.json");
+        write(
+            &p,
+            &SuiteFile {
+                pool: "pool.csv".into(),
+                tasks: vec![task],
+            },
+        )
+        .unwrap();
+        p
+    }
+
+    fn spec(tables: &[&str], devices: usize, memory_gb: f64) -> TaskSpec {
+        TaskSpec {
+            name: "x".into(),
+            devices,
+            memory_gb,
+            tables: tables.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn rejects_unknown_and_repeated_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = suite_with(dir.path(), spec(&["t1", "nope"], 2, 1.0));
+        let e = Suite::load(&p, &mem()).unwrap_err().to_string();
+        assert!(
+            e.contains("tasks[0].tables[1]") && e.contains("nope"),
+            "{e}"
+        );
+        let p = suite_with(dir.path(), spec(&["t1", "t1"], 2, 1.0));
+        let e = Suite::load(&p, &mem()).unwrap_err().to_string();
+        assert!(e.contains("appears twice"), "{e}");
+    }
+
+    #[test]
+    fn rejects_tasks_that_cannot_fit_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        // t19 holds 20000 rows × 16 × 2 B + 4 B/row = 720 KB.
+        let tiny = 0.0005;
+        let p = suite_with(dir.path(), spec(&["t19"], 4, tiny));
+        let e = Suite::load(&p, &mem()).unwrap_err().to_string();
+        assert!(
+            e.contains("cannot fit memory") && e.contains("`t19`"),
+            "{e}"
+        );
+        let p = suite_with(dir.path(), spec(&["t17", "t18", "t19"], 2, 0.0007));
+        let e = Suite::load(&p, &mem()).unwrap_err().to_string();
+        assert!(e.contains("in all"), "{e}");
+    }
+
+    #[test]
+    fn rejects_bad_devices_memory_and_missing_pool() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = suite_with(dir.path(), spec(&["t1"], 0, 1.0));
+        assert!(Suite::load(&p, &mem())
+            .unwrap_err()
+            .to_string()
+            .contains("tasks[0].devices"));
+        let p = suite_with(dir.path(), spec(&["t1"], 2, -1.0));
+        assert!(Suite::load(&p, &mem())
+            .unwrap_err()
+            .to_string()
+            .contains("tasks[0].memory_gb"));
+        std::fs::remove_file(dir.path().join("pool.csv")).unwrap();
+        let e = Suite::load(&p, &mem()).unwrap_err().to_string();
+        assert!(e.contains("pool.csv"), "{e}");
+    }
+
+    #[test]
+    fn first_fit_decreasing_respects_the_cap() {
+        let pool = small_pool();
+        let cap = mem().table_bytes(&pool[19]) + 10;
+        let a = first_fit_decreasing(&pool[15..], 5, cap, &mem()).unwrap();
+        let plan = crate::Plan {
+            devices: 5,
+            assignment: a,
+        };
+        assert!(plan.fits(&pool[15..], &mem(), cap));
+        assert!(first_fit_decreasing(&pool[15..], 2, cap, &mem()).is_none());
+    }
+}

@@ -11,9 +11,11 @@
 //! - [`suite`]: task suites (JSON) and their seeded generator.
 //! - [`placement`]: placement JSON and the in-memory plan type.
 //! - [`measurement`]: a plan's measured per-device costs, as every oracle returns it.
+//! - [`config`]: the TOML configuration, resolved once into validated types.
 //! - [`error`]: the typed errors of this crate.
 //! - [`logging`]: tracing set-up shared by the binaries.
 
+pub mod config;
 pub mod error;
 pub mod generate;
 pub mod logging;

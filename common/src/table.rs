@@ -183,6 +183,7 @@ impl std::str::FromStr for Optimizer {
 
 /// How many bytes of device memory a table occupies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct MemoryModel {
     pub precision: Precision,
     pub optimizer: Optimizer,

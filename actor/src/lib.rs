@@ -1,0 +1,9 @@
+//! The actor: rolls out placement episodes on the estimated MDP and sends
+//! unrolls to the learner (DESIGN §3, §4). The rollout itself arrives with
+//! the learning core; today the actor resolves and shows its configuration.
+//!
+//! # Layout
+//!
+//! - [`cli`]: the `actor` command line.
+
+pub mod cli;

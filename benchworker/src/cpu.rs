@@ -1,0 +1,870 @@
+//! `cpu`: real fused `embedding_bag` forward and backward with libtorch on
+//! this machine's CPU, one fused call per device, with the all-to-all done as
+//! real memory movement between device buffers (DESIGN §6). It measures the
+//! effects the `sim` backend models — fusion, the kernel sized for the widest
+//! table, locality, exchange volume — on a kernel that really runs.
+//!
+//! One iteration, for a plan over `D` devices and a batch of `B` samples:
+//! - *weights*: each device's tables (rows capped at `cpu.max_rows`) are
+//!   concatenated into one fp32 weight, padded to the widest dim on the device,
+//!   as FBGEMM's table-batched kernel is launched for the widest table. fp32,
+//!   whatever `memory.precision` says: half-precision `embedding_bag` on the
+//!   CPU is a slow fallback path, not a model of the GPU's fp16 kernel. The
+//!   weights live in one arena kept across measurements, so a measurement does
+//!   not pay for allocating and touching gigabytes of memory;
+//! - *lookups*: [`crate::indices`], deterministic from `cpu.seed` and the
+//!   table's name, table-major in one fused call;
+//! - *forward*: one `embedding_bag` call (mode sum) per device, giving
+//!   `[T_d·B, D_max]`;
+//! - *forward all-to-all*: device `d` copies to every device `e` (itself
+//!   included, as NCCL does) the `B/D` samples `e` owns of each of its tables,
+//!   cut to the table's true dim, into `e`'s receive buffer `[B_e, Σ dims]`;
+//! - *backward all-to-all*: the reverse — device `d` gathers its tables'
+//!   output gradients from every peer's gradient buffer into `[T_d·B, D_max]`;
+//! - *backward*: FBGEMM's structure (`embedding_backward_split_template.cu`):
+//!   sort the lookups by row, reduce each unique row's segment of output
+//!   gradients (one more `embedding_bag` over the gradient, with the sorted
+//!   lookups' bags as indices), then update only the unique rows (SGD, whatever
+//!   `memory.optimizer` says). libtorch's own sparse backward materialises a
+//!   `[lookups, D_max]` gradient before coalescing it and ran ~50× slower
+//!   than the forward; its dense backward zeroes a gradient as large as the
+//!   weight. Neither is what a GPU does. Hot rows make long segments, reduced
+//!   serially: the contention the GPU kernel also has.
+//!
+//! There is one CPU, so devices are timed one after another with
+//! [`Instant`]; each phase's figure is its median over `cpu.repeats` rounds
+//! after `cpu.warmup` unmeasured ones. As in `sim`, the forward all-to-all is
+//! a collective that starts when the slowest device arrives:
+//! `fwd_comm_d = max_e fwd_e − fwd_d + copy_d`, and `bwd_comm_d = copy_d`.
+
+use std::time::Instant;
+
+use common::config::CpuConfig;
+use common::{DeviceCost, Measurement, MemoryModel, Plan, Precision, Table};
+use tch::{Device, Kind, TchError, Tensor};
+
+use crate::indices::{self, Lookups};
+use crate::oracle::{check_plan, Oracle, OracleError, Spread};
+
+const BACKEND: &str = "cpu";
+const F32: (Kind, Device) = (Kind::Float, Device::Cpu);
+/// `embedding_bag`'s mode for sum pooling.
+const MODE_SUM: i64 = 0;
+/// Initial weights and output gradients: normal floats (denormals would slow
+/// the CPU down and measure the wrong thing); their values do not matter.
+const WEIGHT_INIT: f64 = 0.01;
+const GRAD_VALUE: f64 = 1e-3;
+const LEARNING_RATE: f64 = 1e-3;
+/// Headroom when the weight arena grows, so plans of slightly different
+/// sizes do not reallocate it each time.
+const ARENA_SLACK: f64 = 1.25;
+
+fn backend_error(e: TchError) -> OracleError {
+    OracleError::Backend {
+        backend: BACKEND,
+        message: e.to_string(),
+    }
+}
+
+fn ms_since(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1e3
+}
+
+/// Which samples each device owns for the data-parallel part, as
+/// `(first, count)`: `batch` split as evenly as possible, the first
+/// `batch % devices` devices taking one more.
+pub fn sample_split(batch: u64, devices: usize) -> Vec<(u64, u64)> {
+    let d = devices as u64;
+    let mut first = 0;
+    (0..d)
+        .map(|e| {
+            let count = batch / d + u64::from(e < batch % d);
+            let s = (first, count);
+            first += count;
+            s
+        })
+        .collect()
+}
+
+/// Elements of pooled output device `d` sends device `e` in the forward
+/// all-to-all (and gathers back from it in the backward one):
+/// `sent[d][e] = samples of e × Σ dims on d`.
+pub fn exchange_elements(batch: u64, dim_sums: &[u64]) -> Vec<Vec<u64>> {
+    let split = sample_split(batch, dim_sums.len());
+    dim_sums
+        .iter()
+        .map(|&dims| split.iter().map(|&(_, n)| n * dims).collect())
+        .collect()
+}
+
+/// The `cpu` oracle. Holds the weight arena between measurements.
+pub struct CpuOracle {
+    cfg: CpuConfig,
+    /// Flat fp32 storage every device's weight is a view of, grown on demand.
+    arena: Option<Tensor>,
+    /// Repeat-to-repeat spread of the last measurement's iteration cost.
+    last_spread: Option<Spread>,
+}
+
+impl CpuOracle {
+    pub fn new(cfg: CpuConfig, mem: MemoryModel) -> Result<Self, OracleError> {
+        cfg.validate().map_err(|message| OracleError::Backend {
+            backend: BACKEND,
+            message,
+        })?;
+        if mem.precision == Precision::Fp16 {
+            tracing::debug!(
+                "cpu backend: weights are measured in fp32 (CPU half precision is slow)"
+            );
+        }
+        if cfg.threads > 0 {
+            let threads = i32::try_from(cfg.threads).map_err(|_| OracleError::Backend {
+                backend: BACKEND,
+                message: format!("cpu.threads = {} is too large", cfg.threads),
+            })?;
+            tch::set_num_threads(threads);
+        }
+        Ok(CpuOracle {
+            cfg,
+            arena: None,
+            last_spread: None,
+        })
+    }
+
+    /// Spread of the iteration cost (the slowest device's total) over the
+    /// repeats of the last measurement; `None` before the first.
+    pub fn last_spread(&self) -> Option<Spread> {
+        self.last_spread
+    }
+
+    /// Views of the arena shaped `[rows, dim]`, one per shape.
+    fn weights(&mut self, shapes: &[(i64, i64)]) -> Result<Vec<Tensor>, TchError> {
+        let need: i64 = shapes.iter().map(|(r, c)| r * c).sum();
+        let have = self.arena.as_ref().map_or(0, |a| a.numel() as i64);
+        if have < need {
+            self.arena = None; // free the old arena before allocating the new one
+            let size = (need as f64 * ARENA_SLACK) as i64;
+            self.arena = Some(Tensor::f_full([size], WEIGHT_INIT, F32)?);
+        }
+        let Some(arena) = self.arena.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let mut start = 0;
+        shapes
+            .iter()
+            .map(|&(rows, dim)| {
+                let w = arena.f_narrow(0, start, rows * dim)?.f_view([rows, dim])?;
+                start += rows * dim;
+                Ok(w)
+            })
+            .collect()
+    }
+
+    fn run(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, TchError> {
+        let groups = plan.groups();
+        let shapes: Vec<(i64, i64)> = groups
+            .iter()
+            .map(|g| weight_shape(tables, g, self.cfg.max_rows))
+            .collect();
+        let mut weights = self.weights(&shapes)?.into_iter();
+        let weights = groups
+            .iter()
+            .map(|g| if g.is_empty() { None } else { weights.next() })
+            .collect();
+        let mut it = Iteration::build(tables, plan, &self.cfg, weights)?;
+        for _ in 0..self.cfg.warmup {
+            it.round()?;
+        }
+        let rounds = (0..self.cfg.repeats.max(1))
+            .map(|_| it.round())
+            .collect::<Result<Vec<_>, _>>()?;
+        let costs: Vec<f64> = rounds
+            .iter()
+            .map(|r| Measurement::from_devices(r.device_costs()).cost_ms)
+            .collect();
+        self.last_spread = Some(spread(&costs));
+        let phase = |f: fn(&RoundTimes) -> &Vec<f64>, d: usize| {
+            median(&rounds.iter().map(|r| f(r)[d]).collect::<Vec<_>>())
+        };
+        let n = plan.devices;
+        let median_round = RoundTimes {
+            fwd: (0..n).map(|d| phase(|r| &r.fwd, d)).collect(),
+            fwd_copy: (0..n).map(|d| phase(|r| &r.fwd_copy, d)).collect(),
+            bwd_copy: (0..n).map(|d| phase(|r| &r.bwd_copy, d)).collect(),
+            bwd: (0..n).map(|d| phase(|r| &r.bwd, d)).collect(),
+        };
+        Ok(Measurement::from_devices(median_round.device_costs()))
+    }
+}
+
+impl Oracle for CpuOracle {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn measure(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, OracleError> {
+        check_plan(tables, plan)?;
+        self.last_spread = None;
+        self.run(tables, plan).map_err(backend_error)
+    }
+
+    fn spread(&self) -> Option<Spread> {
+        self.last_spread
+    }
+}
+
+/// `[Σ capped rows, widest dim]` of a device's fused weight.
+fn weight_shape(tables: &[Table], group: &[usize], max_rows: u64) -> (i64, i64) {
+    let rows = group
+        .iter()
+        .map(|&t| indices::capped_rows(&tables[t], max_rows) as i64)
+        .sum();
+    let dim = group
+        .iter()
+        .map(|&t| tables[t].dim as i64)
+        .max()
+        .unwrap_or(0);
+    (rows, dim)
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
+fn spread(costs: &[f64]) -> Spread {
+    Spread {
+        median_ms: median(costs),
+        min_ms: costs.iter().copied().fold(f64::INFINITY, f64::min),
+        max_ms: costs.iter().copied().fold(0.0, f64::max),
+        repeats: costs.len(),
+    }
+}
+
+/// One round's timings per device, in ms.
+#[derive(Debug, Clone)]
+struct RoundTimes {
+    fwd: Vec<f64>,
+    /// Device's own sends in the forward all-to-all.
+    fwd_copy: Vec<f64>,
+    /// Device's own gathering of gradients in the backward all-to-all.
+    bwd_copy: Vec<f64>,
+    bwd: Vec<f64>,
+}
+
+impl RoundTimes {
+    fn zeros(devices: usize) -> Self {
+        RoundTimes {
+            fwd: vec![0.0; devices],
+            fwd_copy: vec![0.0; devices],
+            bwd_copy: vec![0.0; devices],
+            bwd: vec![0.0; devices],
+        }
+    }
+
+    /// Device costs, with the forward all-to-all waiting for the slowest.
+    fn device_costs(&self) -> Vec<DeviceCost> {
+        let slowest = self.fwd.iter().copied().fold(0.0, f64::max);
+        (0..self.fwd.len())
+            .map(|d| {
+                DeviceCost::new(
+                    self.fwd[d],
+                    self.bwd[d],
+                    slowest - self.fwd[d] + self.fwd_copy[d],
+                    self.bwd_copy[d],
+                )
+            })
+            .collect()
+    }
+}
+
+/// One device's fused work, built once per measurement.
+struct DeviceWork {
+    /// Task indices of its tables, in the order of the fused output.
+    tables: Vec<usize>,
+    dims: Vec<i64>,
+    /// `[rows, widest dim]`.
+    weight: Tensor,
+    indices: Tensor,
+    offsets: Tensor,
+    /// Bag of each lookup (static for the batch, like `offsets`).
+    bags: Tensor,
+    /// Gradient of the pooled output, `[T_d·B, widest dim]`, assembled by the
+    /// backward all-to-all (padding columns stay zero).
+    grad: Tensor,
+}
+
+impl DeviceWork {
+    fn build(
+        tables: &[Table],
+        group: &[usize],
+        cfg: &CpuConfig,
+        weight: Tensor,
+    ) -> Result<Self, TchError> {
+        let batch = cfg.batch as usize;
+        let lookups: Vec<Lookups> = group
+            .iter()
+            .map(|&t| indices::for_table(cfg.seed, &tables[t], batch, cfg.max_rows))
+            .collect();
+        let mut first_row = 0i64;
+        let parts: Vec<(&Lookups, i64)> = group
+            .iter()
+            .zip(&lookups)
+            .map(|(&t, l)| {
+                let part = (l, first_row);
+                first_row += indices::capped_rows(&tables[t], cfg.max_rows) as i64;
+                part
+            })
+            .collect();
+        let fused = indices::fuse(&parts);
+        let (_, dim) = weight_shape(tables, group, cfg.max_rows);
+        Ok(DeviceWork {
+            tables: group.to_vec(),
+            dims: group.iter().map(|&t| tables[t].dim as i64).collect(),
+            weight,
+            indices: Tensor::f_from_slice(&fused.indices)?,
+            offsets: Tensor::f_from_slice(&fused.offsets)?,
+            bags: Tensor::f_from_slice(&bag_of_each_lookup(&fused))?,
+            grad: Tensor::f_zeros([group.len() as i64 * cfg.batch as i64, dim], F32)?,
+        })
+    }
+
+    /// The fused lookup: one call over all the device's bags, `[T_d·B, D_max]`.
+    fn forward(&self) -> Result<Tensor, TchError> {
+        let (out, _, _, _) = Tensor::f_embedding_bag(
+            &self.weight,
+            &self.indices,
+            &self.offsets,
+            false,
+            MODE_SUM,
+            false,
+            None::<Tensor>,
+            false,
+        )?;
+        Ok(out)
+    }
+
+    /// Sort by row, segment-reduce the output gradients per unique row, and
+    /// update those rows.
+    fn backward(&mut self) -> Result<(), TchError> {
+        let (rows, order) = self.indices.f_sort(0, false)?;
+        let bags = self.bags.f_index_select(0, &order)?;
+        let (unique, _, counts) = rows.f_unique_consecutive(false, true, None)?;
+        let starts = counts.f_cumsum(0, Kind::Int64)?.f_sub(&counts)?;
+        let (row_grad, _, _, _) = Tensor::f_embedding_bag(
+            &self.grad,
+            &bags,
+            &starts,
+            false,
+            MODE_SUM,
+            false,
+            None::<Tensor>,
+            false,
+        )?;
+        let _ = self
+            .weight
+            .f_index_add_(0, &unique, &row_grad.f_mul_scalar(-LEARNING_RATE)?)?;
+        Ok(())
+    }
+}
+
+/// `offset2bag`: the bag each lookup belongs to.
+fn bag_of_each_lookup(l: &Lookups) -> Vec<i64> {
+    let mut bags = Vec::with_capacity(l.len());
+    for (b, n) in l.bag_lengths().into_iter().enumerate() {
+        bags.extend(std::iter::repeat(b as i64).take(n));
+    }
+    bags
+}
+
+/// The buffers of the all-to-all: what each device holds for its own samples.
+struct Exchange {
+    batch: i64,
+    /// Samples of each device, `(first, count)`.
+    split: Vec<(i64, i64)>,
+    /// First column of each task table in a device's buffers.
+    cols: Vec<i64>,
+    /// Pooled outputs each device receives for its samples, `[B_e, Σ dims]`.
+    recv: Vec<Tensor>,
+    /// Output gradients each device computed for its samples, `[B_e, Σ dims]`.
+    grads: Vec<Tensor>,
+}
+
+impl Exchange {
+    fn build(tables: &[Table], devices: usize, batch: u64) -> Result<Self, TchError> {
+        let split: Vec<(i64, i64)> = sample_split(batch, devices)
+            .into_iter()
+            .map(|(s, n)| (s as i64, n as i64))
+            .collect();
+        let mut cols = Vec::with_capacity(tables.len());
+        let mut width = 0i64;
+        for t in tables {
+            cols.push(width);
+            width += t.dim as i64;
+        }
+        let buffers = |fill: f64| {
+            split
+                .iter()
+                .map(|&(_, n)| Tensor::f_full([n, width], fill, F32))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let (recv, grads) = (buffers(0.0)?, buffers(GRAD_VALUE)?);
+        Ok(Exchange {
+            batch: batch as i64,
+            split,
+            cols,
+            recv,
+            grads,
+        })
+    }
+
+    /// Device `w`'s part of the forward all-to-all: every peer gets its
+    /// samples of each of `w`'s tables, cut to the table's dim. Returns the
+    /// elements moved.
+    fn send(&mut self, w: &DeviceWork, out: &Tensor) -> Result<i64, TchError> {
+        let mut moved = 0;
+        for (&(first, count), recv) in self.split.iter().zip(&self.recv) {
+            for (i, (&t, &dim)) in w.tables.iter().zip(&w.dims).enumerate() {
+                let src = out
+                    .f_narrow(0, i as i64 * self.batch + first, count)?
+                    .f_narrow(1, 0, dim)?;
+                recv.f_narrow(1, self.cols[t], dim)?.f_copy_(&src)?;
+                moved += count * dim;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Device `w`'s part of the backward all-to-all: it gathers the gradients
+    /// of its tables' outputs from every peer. Returns the elements moved.
+    fn gather(&self, w: &mut DeviceWork) -> Result<i64, TchError> {
+        let mut moved = 0;
+        for (&(first, count), grads) in self.split.iter().zip(&self.grads) {
+            for (i, (&t, &dim)) in w.tables.iter().zip(&w.dims).enumerate() {
+                let src = grads.f_narrow(1, self.cols[t], dim)?;
+                w.grad
+                    .f_narrow(0, i as i64 * self.batch + first, count)?
+                    .f_narrow(1, 0, dim)?
+                    .f_copy_(&src)?;
+                moved += count * dim;
+            }
+        }
+        Ok(moved)
+    }
+}
+
+/// Everything one plan's iterations need; `None` for a device with no table.
+struct Iteration {
+    devices: Vec<Option<DeviceWork>>,
+    exchange: Exchange,
+}
+
+impl Iteration {
+    /// `weights[d]`: device `d`'s fused weight (shape from [`weight_shape`]),
+    /// `None` for an empty device.
+    fn build(
+        tables: &[Table],
+        plan: &Plan,
+        cfg: &CpuConfig,
+        weights: Vec<Option<Tensor>>,
+    ) -> Result<Self, TchError> {
+        let devices = plan
+            .groups()
+            .iter()
+            .zip(weights)
+            .map(|(g, w)| match w {
+                Some(w) if !g.is_empty() => DeviceWork::build(tables, g, cfg, w).map(Some),
+                _ => Ok(None),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Iteration {
+            devices,
+            exchange: Exchange::build(tables, plan.devices, cfg.batch)?,
+        })
+    }
+
+    /// One timed iteration: every device's forward, the forward exchange, the
+    /// backward exchange, every device's backward.
+    fn round(&mut self) -> Result<RoundTimes, TchError> {
+        let mut t = RoundTimes::zeros(self.devices.len());
+        let mut pooled = Vec::with_capacity(self.devices.len());
+        for (d, w) in self.devices.iter().enumerate() {
+            let Some(w) = w else {
+                pooled.push(None);
+                continue;
+            };
+            let start = Instant::now();
+            pooled.push(Some(w.forward()?));
+            t.fwd[d] = ms_since(start);
+        }
+        for (d, (w, p)) in self.devices.iter().zip(&pooled).enumerate() {
+            if let (Some(w), Some(p)) = (w, p) {
+                let start = Instant::now();
+                self.exchange.send(w, p)?;
+                t.fwd_copy[d] = ms_since(start);
+            }
+        }
+        for (d, w) in self.devices.iter_mut().enumerate() {
+            if let Some(w) = w {
+                let start = Instant::now();
+                self.exchange.gather(w)?;
+                t.bwd_copy[d] = ms_since(start);
+            }
+        }
+        for (d, w) in self.devices.iter_mut().enumerate() {
+            if let Some(w) = w {
+                let start = Instant::now();
+                w.backward()?;
+                t.bwd[d] = ms_since(start);
+            }
+        }
+        Ok(t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::NUM_BINS;
+
+    fn table(name: &str, rows: u64, dim: u32, pooling: f64) -> Table {
+        let mut bins = [0.0; NUM_BINS];
+        bins[0] = 0.6;
+        bins[2] = 0.3;
+        bins[5] = 0.1;
+        Table {
+            name: name.into(),
+            rows,
+            dim,
+            pooling_factor: pooling,
+            bins,
+        }
+    }
+
+    fn cfg(batch: u64) -> CpuConfig {
+        CpuConfig {
+            batch,
+            max_rows: 5000,
+            warmup: 1,
+            repeats: 3,
+            threads: 0,
+            seed: 7,
+        }
+    }
+
+    fn oracle(batch: u64) -> CpuOracle {
+        CpuOracle::new(cfg(batch), MemoryModel::default()).unwrap()
+    }
+
+    fn plan(devices: usize, assignment: Vec<usize>) -> Plan {
+        Plan {
+            devices,
+            assignment,
+        }
+    }
+
+    #[test]
+    fn samples_split_evenly_and_completely() {
+        assert_eq!(sample_split(10, 3), vec![(0, 4), (4, 3), (7, 3)]);
+        assert_eq!(sample_split(8, 4), vec![(0, 2), (2, 2), (4, 2), (6, 2)]);
+        assert_eq!(sample_split(2, 3), vec![(0, 1), (1, 1), (2, 0)]);
+    }
+
+    #[test]
+    fn exchange_volume_is_peer_samples_times_local_dims() {
+        let sent = exchange_elements(10, &[16 + 64, 0, 32]);
+        assert_eq!(
+            sent,
+            vec![vec![320, 240, 240], vec![0, 0, 0], vec![128, 96, 96]]
+        );
+    }
+
+    #[test]
+    fn a_plan_gives_positive_phases_and_cost_is_the_max_total() {
+        let tables = vec![
+            table("a", 3000, 16, 4.0),
+            table("b", 9000, 64, 2.0),
+            table("c", 500, 32, 8.0),
+        ];
+        let mut o = oracle(128);
+        let m = o.measure(&tables, &plan(2, vec![0, 1, 1])).unwrap();
+        assert_eq!(m.devices.len(), 2);
+        for d in &m.devices {
+            for x in [d.fwd_ms, d.bwd_ms, d.fwd_comm_ms, d.bwd_comm_ms] {
+                assert!(x.is_finite() && x > 0.0, "{m:?}");
+            }
+        }
+        let max = m.devices.iter().map(|d| d.total_ms).fold(0.0, f64::max);
+        assert_eq!(m.cost_ms, max);
+        let s = o.last_spread().unwrap();
+        assert_eq!(s.repeats, 3);
+        assert!(s.min_ms <= s.median_ms && s.median_ms <= s.max_ms, "{s:?}");
+        assert!(s.relative() >= 0.0);
+        assert_eq!(o.spread(), Some(s));
+    }
+
+    #[test]
+    fn many_more_lookups_cost_more_forward_time() {
+        // 50× the lookups; a light call sits near libtorch's fixed cost.
+        let light = table("light", 4000, 128, 4.0);
+        let heavy = table("heavy", 4000, 128, 200.0);
+        let mut o = oracle(512);
+        let p = plan(1, vec![0]);
+        let fl = o.measure(&[light], &p).unwrap().devices[0].fwd_ms;
+        let fh = o.measure(&[heavy], &p).unwrap().devices[0].fwd_ms;
+        assert!(fh > 3.0 * fl, "heavy {fh} ms, light {fl} ms");
+    }
+
+    #[test]
+    fn an_empty_device_computes_nothing_but_waits_for_the_exchange() {
+        let tables = vec![table("a", 2000, 32, 6.0), table("b", 2000, 32, 6.0)];
+        let m = oracle(64).measure(&tables, &plan(3, vec![0, 1])).unwrap();
+        let empty = m.devices[2];
+        assert_eq!(
+            (empty.fwd_ms, empty.bwd_ms, empty.bwd_comm_ms),
+            (0.0, 0.0, 0.0)
+        );
+        assert!(empty.fwd_comm_ms > 0.0, "it waits for the slowest: {m:?}");
+    }
+
+    #[test]
+    fn bad_plans_are_errors_not_panics() {
+        let tables = vec![table("a", 100, 8, 1.0)];
+        let mut o = oracle(16);
+        assert!(matches!(
+            o.measure(&tables, &plan(2, vec![0, 1])),
+            Err(OracleError::PlanLength { .. })
+        ));
+        assert!(matches!(
+            o.measure(&tables, &plan(2, vec![5])),
+            Err(OracleError::DeviceOutOfRange { device: 5, .. })
+        ));
+        assert!(matches!(
+            o.measure(&tables, &plan(0, vec![])),
+            Err(OracleError::NoDevice)
+        ));
+        assert!(o.last_spread().is_none());
+        assert!(CpuOracle::new(cfg(0), MemoryModel::default()).is_err());
+    }
+
+    /// Checks, against references written element by element: the fused
+    /// forward (each bag sums the rows it looks up), both exchanges (every
+    /// cell lands where its sample and table say, padding stays zero, the
+    /// element counts match [`exchange_elements`]) and the backward (each row
+    /// moves by −lr × the summed output gradients of the bags that looked it up).
+    #[test]
+    fn fused_pass_and_exchanges_match_naive_references() {
+        let tables = vec![
+            table("a", 40, 3, 2.0),
+            table("b", 30, 5, 3.0),
+            table("c", 20, 2, 1.5),
+        ];
+        let c = CpuConfig {
+            max_rows: 25,
+            ..cfg(5)
+        };
+        let batch = c.batch as usize;
+        let p = plan(2, vec![1, 0, 1]);
+        let groups = p.groups();
+        let weights: Vec<Option<Tensor>> = groups
+            .iter()
+            .map(|g| {
+                let (r, d) = weight_shape(&tables, g, c.max_rows);
+                Some(Tensor::arange(r * d, F32).view([r, d]) * 0.001)
+            })
+            .collect();
+        let before: Vec<Tensor> = weights.iter().flatten().map(|w| w.copy()).collect();
+        let mut it = Iteration::build(&tables, &p, &c, weights).unwrap();
+        for (e, g) in it.exchange.grads.iter_mut().enumerate() {
+            *g = Tensor::arange(g.numel() as i64, F32).view(g.size().as_slice()) * 0.01
+                + (e + 1) as f64;
+        }
+        // Which device owns sample b, and its row in that device's buffers.
+        let split = sample_split(c.batch, 2);
+        let owner = |b: usize| {
+            let e = split
+                .iter()
+                .position(|&(f, n)| (f..f + n).contains(&(b as u64)));
+            let e = e.unwrap();
+            (e, (b as u64 - split[e].0) as i64)
+        };
+        let dim_sums: Vec<u64> = groups
+            .iter()
+            .map(|g| g.iter().map(|&t| tables[t].dim as u64).sum())
+            .collect();
+        let sent = exchange_elements(c.batch, &dim_sums);
+        let cell = |x: &Tensor, row: i64, col: i64, len: i64| x.get(row).narrow(0, col, len);
+
+        for (d, w) in it.devices.iter_mut().enumerate() {
+            let w = w.as_mut().unwrap();
+            let out = w.forward().unwrap();
+            let mut first_row = 0;
+            for (i, &t) in w.tables.iter().enumerate() {
+                let l = indices::for_table(c.seed, &tables[t], batch, c.max_rows);
+                for (b, len) in l.bag_lengths().into_iter().enumerate() {
+                    let start = l.offsets[b] as usize;
+                    let rows = Tensor::from_slice(&l.indices[start..start + len]) + first_row;
+                    let expect = w.weight.index_select(0, &rows).sum_dim_intlist(
+                        [0i64].as_slice(),
+                        false,
+                        Kind::Float,
+                    );
+                    let got = out.get((i * batch + b) as i64);
+                    assert!(
+                        got.allclose(&expect, 1e-5, 1e-6, false),
+                        "table {t} bag {b}"
+                    );
+                }
+                first_row += indices::capped_rows(&tables[t], c.max_rows) as i64;
+            }
+
+            let moved = it.exchange.send(w, &out).unwrap();
+            assert_eq!(moved as u64, sent[d].iter().sum::<u64>());
+            let gathered = it.exchange.gather(w).unwrap();
+            assert_eq!(gathered, moved);
+            let dmax = w.dims.iter().copied().max().unwrap();
+            for (i, (&t, &dim)) in w.tables.iter().zip(&w.dims).enumerate() {
+                let col = it.exchange.cols[t];
+                for b in 0..batch {
+                    let (e, row) = owner(b);
+                    let at = (i * batch + b) as i64;
+                    let pooled = cell(&out, at, 0, dim);
+                    assert!(cell(&it.exchange.recv[e], row, col, dim).equal(&pooled));
+                    let grad = cell(&it.exchange.grads[e], row, col, dim);
+                    assert!(cell(&w.grad, at, 0, dim).equal(&grad));
+                    let padding = cell(&w.grad, at, dim, dmax - dim);
+                    assert_eq!(padding.abs().sum(Kind::Float).double_value(&[]), 0.0);
+                }
+            }
+
+            // Naive backward: every lookup adds its bag's gradient to its row.
+            let rows = Vec::<i64>::try_from(&w.indices).unwrap();
+            let bags = Vec::<i64>::try_from(&w.bags).unwrap();
+            let expect = Tensor::zeros(w.weight.size().as_slice(), F32);
+            for (&r, &b) in rows.iter().zip(&bags) {
+                let mut row = expect.get(r);
+                row += w.grad.get(b);
+            }
+            w.backward().unwrap();
+            let delta = &w.weight - &before[d];
+            assert!(delta.allclose(&(expect * -LEARNING_RATE), 1e-4, 1e-7, false));
+        }
+    }
+}
+
+#[cfg(test)]
+mod throwaway_timing {
+    use super::*;
+    #[test]
+    #[ignore]
+    fn time_fifty_tables_on_four_devices() {
+        let tables = common::generate::generate_pool(
+            &common::generate::PoolGenConfig {
+                tables: 50,
+                ..Default::default()
+            },
+            0,
+        );
+        let p = Plan {
+            devices: 4,
+            assignment: (0..50).map(|i| i % 4).collect(),
+        };
+        let mut o = CpuOracle::new(CpuConfig::default(), MemoryModel::default()).unwrap();
+        for _ in 0..3 {
+            let s = Instant::now();
+            let m = o.measure(&tables, &p).unwrap();
+            eprintln!(
+                "measure took {:.2} s; cost {:.1} ms",
+                s.elapsed().as_secs_f64(),
+                m.cost_ms
+            );
+            for d in &m.devices {
+                eprintln!("{d:?}");
+            }
+            eprintln!("{}", o.last_spread().unwrap());
+        }
+    }
+}
+
+#[cfg(test)]
+mod throwaway_profile {
+    use super::*;
+    #[test]
+    #[ignore]
+    fn profile_backward() {
+        let tables = common::generate::generate_pool(
+            &common::generate::PoolGenConfig {
+                tables: 50,
+                ..Default::default()
+            },
+            0,
+        );
+        let p = Plan {
+            devices: 4,
+            assignment: (0..50).map(|i| i % 4).collect(),
+        };
+        let c = CpuConfig::default();
+        for &t in &p.groups()[1] {
+            let x = &tables[t];
+            eprintln!(
+                "{} rows {} dim {} pool {:.1} reuse {:.1}",
+                x.name,
+                x.rows,
+                x.dim,
+                x.pooling_factor,
+                x.mean_reuse()
+            );
+        }
+        let weights = p
+            .groups()
+            .iter()
+            .map(|g| {
+                let (r, d) = weight_shape(&tables, g, c.max_rows);
+                Some(Tensor::full([r, d], 0.01, F32))
+            })
+            .collect();
+        let mut it = Iteration::build(&tables, &p, &c, weights).unwrap();
+        let w = it.devices[1].as_mut().unwrap();
+        eprintln!("lookups {}", w.indices.numel());
+        for _ in 0..6 {
+            let s = Instant::now();
+            let (rows, order) = w.indices.f_sort(0, false).unwrap();
+            let a = ms_since(s);
+            let bags = w.bags.f_index_select(0, &order).unwrap();
+            let (unique, _, counts) = rows.f_unique_consecutive(false, true, None).unwrap();
+            let starts = counts
+                .f_cumsum(0, Kind::Int64)
+                .unwrap()
+                .f_sub(&counts)
+                .unwrap();
+            let b = ms_since(s);
+            let (row_grad, _, _, _) = Tensor::f_embedding_bag(
+                &w.grad,
+                &bags,
+                &starts,
+                false,
+                MODE_SUM,
+                false,
+                None::<Tensor>,
+                false,
+            )
+            .unwrap();
+            let cc = ms_since(s);
+            let _ = w
+                .weight
+                .f_index_add_(0, &unique, &row_grad.f_mul_scalar(-LEARNING_RATE).unwrap())
+                .unwrap();
+            let dd = ms_since(s);
+            eprintln!(
+                "sort {a:.2} uniq {b:.2} bag {cc:.2} add {dd:.2} unique {} maxcount {}",
+                unique.numel(),
+                counts.max().int64_value(&[])
+            );
+        }
+    }
+}

@@ -1,0 +1,503 @@
+//! `sim`: a deterministic model of one training iteration's embedding work on
+//! GPUs, built from how FBGEMM's fused table-batched embedding kernel and
+//! NCCL's all-to-all behave (DESIGN §6). Nothing here looks at placement
+//! methods; every constant is a hardware or library figure from a public
+//! source, listed in [`common::config::SimConfig`]'s defaults:
+//!
+//! | constant | value | source |
+//! |---|---|---|
+//! | HBM bandwidth | 897 GiB/s | TorchRec planner `constants.py`, `HBM_MEM_BW` |
+//! | gather efficiency | 0.59 | FBGEMM TBE benchmark README: 1198 GB/s forward, read as a share of an A100-80GB's 2039 GB/s (an assumption: the README does not name the part) |
+//! | all-to-all bandwidth | 600 GiB/s | TorchRec `INTRA_NODE_BANDWIDTH` |
+//! | index bytes | 8 | TorchRec `BIGINT_DTYPE` |
+//! | output bytes | 4 | FBGEMM TBE's default `output_dtype` (fp32) |
+//! | block penalties | 1.15 (½ block), 1.75 (¼ block) | TorchRec `HALF_BLOCK_PENALTY`, `QUARTER_BLOCK_PENALTY` |
+//! | backward multiplier | 2 | TorchRec `BWD_COMPUTE_MULTIPLIER` |
+//! | kernel floor | 0.3 ms | TorchRec PR #2365: TBE calls flat at 0.29–0.32 ms from dim 16 to 1024 |
+//! | L2 | 40 MiB | NVIDIA A100 data sheet |
+//!
+//! # The properties (each has a test below)
+//!
+//! 1. *Fusion is sub-additive*: a device runs its tables as one kernel with
+//!    one fixed floor; the floor and the work combine by a soft maximum
+//!    (`(floor^k + work^k)^(1/k)`), a norm, so one call over a group costs no
+//!    more than calls over its parts, unless the mixing penalty of (2) on a
+//!    heavy narrow table outweighs the floors saved. Over random mixes of the
+//!    default pool: median speedup 1.44×, 5th–95th percentile 1.05×–2.48×,
+//!    1.7% of mixes below 1× (worst 0.87×).
+//! 2. *Non-separable*: FBGEMM picks the threads per bag from the group's
+//!    widest table (`kThreadGroupSize` from `max_D`), so a narrow table in a
+//!    wide group leaves lanes idle and pays TorchRec's block penalty for the
+//!    block width it actually runs in; and small groups sit under the floor,
+//!    so adding a small table to a small group is almost free.
+//! 3. *Locality*: a lookup that repeats a row already read this batch hits
+//!    L2 with a probability that shrinks as the table's repeated rows outgrow
+//!    L2, and then costs `l2_hit_cost` of an HBM read.
+//! 4. *Communication*: the forward all-to-all sends each peer its
+//!    `B/D` samples of every local table, `(B/D)·Σdims·output_bytes` per peer
+//!    pair; a rank's transfer takes the larger of what it sends and receives
+//!    over its link. The forward collective starts when the slowest rank
+//!    arrives, so a rank that finishes its lookups early waits (counted in its
+//!    `fwd_comm`); the backward exchange starts together after the dense part.
+//! 5. *Backward ≈ 2× forward*: gradient sort, accumulation and the optimizer
+//!    update (TorchRec's multiplier), plus contention on very hot rows, whose
+//!    long segments are reduced serially.
+//! 6. *Deterministic*: no noise by default; with `noise > 0`, seeded
+//!    multiplicative log-normal noise per phase.
+//! 7. *Magnitude*: 50 DLRM-like tables at B = 65536 on 4 devices take tens of
+//!    milliseconds per iteration, as in DreamShard's Figure 1.
+
+use common::config::SimConfig;
+use common::{DeviceCost, Measurement, MemoryModel, Plan, Table};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+use crate::oracle::{check_plan, Oracle, OracleError};
+
+/// DRAM sector: rows are read in 32-byte sectors.
+const SECTOR_BYTES: f64 = 32.0;
+/// Accesses per batch above which a row's gradient segment is "very hot".
+const HOT_ROW_ACCESSES: f64 = 1024.0;
+
+/// The `sim` oracle.
+pub struct SimOracle {
+    cfg: SimConfig,
+    weight_bytes: f64,
+    /// Effective gather bandwidth, bytes per ms.
+    gather_bw: f64,
+    /// All-to-all bandwidth per rank, bytes per ms.
+    link_bw: f64,
+    /// Draws the optional noise; seeded, so a run's measurements repeat.
+    rng: ChaCha8Rng,
+}
+
+/// TorchRec's block-usage penalty by the share of a block's lanes a table
+/// uses: 1 for a full block, `HALF_BLOCK_PENALTY` (1.15) from half, and
+/// `QUARTER_BLOCK_PENALTY` (1.75) below.
+pub fn block_penalty(share: f64) -> f64 {
+    if share >= 1.0 {
+        1.0
+    } else if share >= 0.5 {
+        1.15
+    } else {
+        1.75
+    }
+}
+
+/// Lanes of one bag's thread group: the next power of two of the group's
+/// widest dim, between half a warp and a full warp of 4-wide vectors
+/// (64 to 128 elements).
+pub fn block_width(max_dim: u32) -> u32 {
+    max_dim.next_power_of_two().clamp(64, 128)
+}
+
+/// Share of its lanes a table of `dim` uses in blocks of `width`.
+pub fn lane_share(dim: u32, width: u32) -> f64 {
+    let passes = dim.div_ceil(width);
+    dim as f64 / (passes * width) as f64
+}
+
+impl SimOracle {
+    pub fn new(cfg: SimConfig, mem: MemoryModel) -> Self {
+        let gib_per_ms = (1u64 << 30) as f64 / 1000.0;
+        SimOracle {
+            weight_bytes: mem.precision.bytes() as f64,
+            gather_bw: cfg.hbm_gibps * gib_per_ms * cfg.gather_efficiency,
+            link_bw: cfg.link_gibps * gib_per_ms,
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            cfg,
+        }
+    }
+
+    pub fn config(&self) -> &SimConfig {
+        &self.cfg
+    }
+
+    fn lookups(&self, t: &Table) -> f64 {
+        self.cfg.batch as f64 * t.pooling_factor
+    }
+
+    fn row_bytes(&self, t: &Table) -> f64 {
+        (t.dim as f64 * self.weight_bytes / SECTOR_BYTES).ceil() * SECTOR_BYTES
+    }
+
+    /// Soft maximum of the fixed floor and the work of one kernel call.
+    fn with_floor(&self, work_ms: f64) -> f64 {
+        let k = self.cfg.floor_sharpness;
+        (self.cfg.kernel_floor_ms.powf(k) + work_ms.powf(k)).powf(1.0 / k)
+    }
+
+    /// Bytes the forward of each table of a fused group moves, in group order.
+    fn fwd_bytes(&self, group: &[&Table]) -> Vec<f64> {
+        let Some(max_dim) = group.iter().map(|t| t.dim).max() else {
+            return Vec::new();
+        };
+        let width = block_width(max_dim);
+        let l2 = self.cfg.l2_mib * (1u64 << 20) as f64;
+        group
+            .iter()
+            .map(|t| {
+                // A repeated row hits L2 unless the table's repeated rows overflow it.
+                let unique = (self.lookups(t) / t.mean_reuse()).min(t.rows as f64);
+                let repeated_bytes = unique * (1.0 - t.bins[0]).max(0.0) * self.row_bytes(t);
+                let p_hit = l2 / (l2 + repeated_bytes);
+                let repeats = 1.0 - 1.0 / t.mean_reuse();
+                let locality = 1.0 - repeats * p_hit * (1.0 - self.cfg.l2_hit_cost);
+                let penalty = block_penalty(lane_share(t.dim, width));
+                let n = self.lookups(t);
+                n * (self.row_bytes(t) * locality * penalty + self.cfg.index_bytes as f64)
+                    + self.cfg.batch as f64 * t.dim as f64 * self.cfg.output_bytes as f64
+            })
+            .collect()
+    }
+
+    /// Forward time of one fused call over `group`, ms (0 for no table).
+    pub fn fused_fwd_ms(&self, group: &[&Table]) -> f64 {
+        if group.is_empty() {
+            return 0.0;
+        }
+        let bytes: f64 = self.fwd_bytes(group).iter().sum();
+        self.with_floor(bytes / self.gather_bw)
+    }
+
+    /// Backward time (with optimizer update) of one fused call, ms.
+    pub fn fused_bwd_ms(&self, group: &[&Table]) -> f64 {
+        if group.is_empty() {
+            return 0.0;
+        }
+        let bytes: f64 = self
+            .fwd_bytes(group)
+            .iter()
+            .zip(group)
+            .map(|(b, t)| {
+                let hot = t.lookup_share_above(HOT_ROW_ACCESSES);
+                b * self.cfg.bwd_multiplier * (1.0 + self.cfg.hot_row_contention * hot)
+            })
+            .sum();
+        self.with_floor(bytes / self.gather_bw)
+    }
+
+    /// Per-rank transfer time of one all-to-all of pooled rows, given each
+    /// rank's sum of table dims, ms. One rank exchanges nothing.
+    pub fn exchange_ms(&self, dim_sums: &[f64]) -> Vec<f64> {
+        let d = dim_sums.len() as f64;
+        if dim_sums.len() <= 1 {
+            return vec![0.0; dim_sums.len()];
+        }
+        let total: f64 = dim_sums.iter().sum();
+        let per_rank = self.cfg.batch as f64 / d;
+        let ob = self.cfg.output_bytes as f64;
+        dim_sums
+            .iter()
+            .map(|&mine| {
+                let send = per_rank * (d - 1.0) * mine * ob;
+                let recv = per_rank * (total - mine) * ob;
+                self.cfg.a2a_latency_ms + send.max(recv) / self.link_bw
+            })
+            .collect()
+    }
+
+    /// The noiseless cost of a plan.
+    pub fn evaluate(&self, tables: &[Table], plan: &Plan) -> Measurement {
+        self.assemble(tables, plan, |_| 1.0)
+    }
+
+    fn assemble(
+        &self,
+        tables: &[Table],
+        plan: &Plan,
+        mut noise: impl FnMut(usize) -> f64,
+    ) -> Measurement {
+        let groups: Vec<Vec<&Table>> = plan
+            .groups()
+            .into_iter()
+            .map(|g| g.into_iter().map(|i| &tables[i]).collect())
+            .collect();
+        let fwd: Vec<f64> = groups
+            .iter()
+            .map(|g| self.fused_fwd_ms(g) * noise(0))
+            .collect();
+        let bwd: Vec<f64> = groups
+            .iter()
+            .map(|g| self.fused_bwd_ms(g) * noise(1))
+            .collect();
+        let dim_sums: Vec<f64> = groups
+            .iter()
+            .map(|g| g.iter().map(|t| t.dim as f64).sum())
+            .collect();
+        let fwd_x: Vec<f64> = self
+            .exchange_ms(&dim_sums)
+            .into_iter()
+            .map(|x| x * noise(2))
+            .collect();
+        let bwd_x: Vec<f64> = self
+            .exchange_ms(&dim_sums)
+            .into_iter()
+            .map(|x| x * noise(3))
+            .collect();
+        let slowest = fwd.iter().copied().fold(0.0, f64::max);
+        let devices = (0..plan.devices)
+            .map(|d| DeviceCost::new(fwd[d], bwd[d], slowest - fwd[d] + fwd_x[d], bwd_x[d]))
+            .collect();
+        Measurement::from_devices(devices)
+    }
+}
+
+impl Oracle for SimOracle {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn measure(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, OracleError> {
+        check_plan(tables, plan)?;
+        if self.cfg.noise == 0.0 {
+            return Ok(self.evaluate(tables, plan));
+        }
+        let sigma = self.cfg.noise;
+        let mut rng = self.rng.clone();
+        let m = self.assemble(tables, plan, |_| {
+            let z: f64 = StandardNormal.sample(&mut rng);
+            (sigma * z).exp()
+        });
+        self.rng = rng;
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::generate::{generate_pool, PoolGenConfig};
+    use rand::seq::index::sample;
+    use rand::Rng;
+
+    fn sim() -> SimOracle {
+        SimOracle::new(SimConfig::default(), MemoryModel::default())
+    }
+
+    fn pool() -> Vec<Table> {
+        generate_pool(&PoolGenConfig::default(), 0)
+    }
+
+    fn table(dim: u32, pooling: f64, hot: bool) -> Table {
+        let mut bins = [0.0; common::NUM_BINS];
+        if hot {
+            bins[12] = 1.0;
+        } else {
+            bins[0] = 1.0;
+        }
+        Table {
+            name: format!("d{dim}p{pooling}"),
+            rows: 10_000_000,
+            dim,
+            pooling_factor: pooling,
+            bins,
+        }
+    }
+
+    fn random_groups(n: usize, seed: u64) -> Vec<Vec<Table>> {
+        let pool = pool();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| {
+                let size = rng.gen_range(2..=16);
+                sample(&mut rng, pool.len(), size)
+                    .into_iter()
+                    .map(|i| pool[i].clone())
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Property 1 (FBGEMM TBE fuses all tables of a device into one kernel;
+    /// DreamShard Fig. 12 measures 1×–3× fusion speedups over random mixes).
+    /// Fusion saves a floor per table; only a heavy narrow table fused beside a
+    /// wide one (property 2) can give more than that back: in the pool's
+    /// mixes, rarely (under 5%) and by at most 15%.
+    #[test]
+    fn fusion_is_sub_additive_with_one_to_three_times_speedups() {
+        let s = sim();
+        let mut speedups = Vec::new();
+        for g in random_groups(1000, 1) {
+            let refs: Vec<&Table> = g.iter().collect();
+            let fused = s.fused_fwd_ms(&refs) + s.fused_bwd_ms(&refs);
+            let singles: f64 = g
+                .iter()
+                .map(|t| s.fused_fwd_ms(&[t]) + s.fused_bwd_ms(&[t]))
+                .sum();
+            speedups.push(singles / fused);
+        }
+        speedups.sort_by(f64::total_cmp);
+        let n = speedups.len();
+        let median = speedups[n / 2];
+        let below_one = speedups.iter().filter(|&&x| x < 1.0).count();
+        let summary = format!(
+            "min {:.3} p5 {:.3} median {:.3} p95 {:.3} max {:.3}, {below_one} of {n} below 1",
+            speedups[0],
+            speedups[n / 20],
+            median,
+            speedups[n - n / 20 - 1],
+            speedups[n - 1]
+        );
+        assert!(speedups[0] >= 0.85, "{summary}");
+        assert!(speedups[n / 20] >= 1.0, "{summary}");
+        assert!((1.05..=3.0).contains(&median), "{summary}");
+        assert!(speedups[n - n / 20 - 1] <= 4.0, "{summary}");
+        eprintln!("fusion speedups: {summary}");
+    }
+
+    /// Property 2 (FBGEMM sizes the thread group from the widest table;
+    /// TorchRec's HALF/QUARTER_BLOCK_PENALTY price the idle lanes).
+    #[test]
+    fn narrow_tables_cost_more_beside_wide_ones() {
+        let s = sim();
+        let narrow = table(32, 30.0, false);
+        let narrow2 = table(32, 30.0, false);
+        let wide = table(128, 30.0, false);
+        let with_narrow = s.fused_fwd_ms(&[&narrow, &narrow2]) - s.fused_fwd_ms(&[&narrow2]);
+        let with_wide = s.fused_fwd_ms(&[&narrow, &wide]) - s.fused_fwd_ms(&[&wide]);
+        assert!(
+            with_wide > 1.5 * with_narrow,
+            "narrow beside wide {with_wide} vs beside narrow {with_narrow}"
+        );
+        assert_eq!(block_width(16), 64);
+        assert_eq!(block_width(100), 128);
+        assert_eq!(block_width(512), 128);
+        assert_eq!(lane_share(192, 128), 0.75);
+        assert_eq!(block_penalty(1.0), 1.0);
+        assert_eq!(block_penalty(0.5), 1.15);
+        assert_eq!(block_penalty(0.25), 1.75);
+    }
+
+    /// Property 2, second half (TorchRec PR #2365: a TBE call has a flat floor).
+    #[test]
+    fn a_small_table_joins_a_small_group_almost_free() {
+        let s = sim();
+        let a = table(32, 1.0, false);
+        let b = table(32, 1.0, false);
+        let alone = s.fused_fwd_ms(&[&b]);
+        let added = s.fused_fwd_ms(&[&a, &b]) - s.fused_fwd_ms(&[&a]);
+        assert!(added < 0.1 * alone, "added {added} vs alone {alone}");
+        // A heavy group has no floor to hide under: the same table costs its work.
+        let heavy: Vec<Table> = (0..8).map(|_| table(32, 200.0, false)).collect();
+        let mut refs: Vec<&Table> = heavy.iter().collect();
+        let before = s.fused_fwd_ms(&refs);
+        refs.push(&b);
+        assert!(s.fused_fwd_ms(&refs) - before > 5.0 * added);
+    }
+
+    /// Property 3 (repeated rows hit in L2).
+    #[test]
+    fn hot_rows_are_cheaper() {
+        let s = sim();
+        let cold = table(64, 50.0, false);
+        let hot = table(64, 50.0, true);
+        assert!(s.fused_fwd_ms(&[&hot]) < 0.8 * s.fused_fwd_ms(&[&cold]));
+        assert!(s.fused_bwd_ms(&[&hot]) < s.fused_bwd_ms(&[&cold]));
+    }
+
+    /// Property 4 (NCCL all-to-all: per-pair volume (B/D)·Σdims·bytes; the
+    /// collective waits for its slowest participant).
+    #[test]
+    fn all_to_all_moves_pooled_rows_and_waits_for_the_slowest() {
+        let s = sim();
+        let cfg = s.config().clone();
+        let x = s.exchange_ms(&[100.0, 300.0]);
+        // Rank 1 sends (B/2)·300·4 bytes to rank 0 and receives (B/2)·100·4.
+        let bytes = cfg.batch as f64 / 2.0 * 300.0 * cfg.output_bytes as f64;
+        let expect = cfg.a2a_latency_ms + bytes / (cfg.link_gibps * (1u64 << 30) as f64 / 1000.0);
+        assert!((x[1] - expect).abs() < 1e-9);
+        assert!(x[0] == x[1], "rank 0 receives what rank 1 sends");
+        assert_eq!(s.exchange_ms(&[500.0]), vec![0.0]);
+
+        let heavy = table(64, 200.0, false);
+        let light = table(64, 1.0, false);
+        let tables = vec![heavy, light];
+        let plan = Plan {
+            devices: 2,
+            assignment: vec![0, 1],
+        };
+        let m = s.evaluate(&tables, &plan);
+        let (d0, d1) = (m.devices[0], m.devices[1]);
+        assert!(d1.fwd_comm_ms > d0.fwd_comm_ms, "the light rank waits");
+        assert!(((d0.fwd_ms + d0.fwd_comm_ms) - (d1.fwd_ms + d1.fwd_comm_ms)).abs() < 1e-9);
+        assert_eq!(m.cost_ms, d0.total_ms.max(d1.total_ms));
+    }
+
+    /// Property 5 (TorchRec BWD_COMPUTE_MULTIPLIER = 2, plus hot-row contention).
+    #[test]
+    fn backward_is_one_and_a_half_to_two_and_a_half_forward() {
+        let s = sim();
+        for g in random_groups(200, 2) {
+            let refs: Vec<&Table> = g.iter().collect();
+            let (f, b) = (s.fused_fwd_ms(&refs), s.fused_bwd_ms(&refs));
+            if f > 2.0 * s.config().kernel_floor_ms {
+                assert!((1.5..=2.5).contains(&(b / f)), "bwd/fwd = {}", b / f);
+            }
+            assert!(b >= f);
+        }
+    }
+
+    /// Property 6.
+    #[test]
+    fn deterministic_for_a_seed_with_optional_noise() {
+        let pool = pool();
+        let tables = &pool[..20];
+        let plan = Plan {
+            devices: 4,
+            assignment: (0..20).map(|i| i % 4).collect(),
+        };
+        let mut exact = sim();
+        let a = exact.measure(tables, &plan).unwrap();
+        assert_eq!(a, exact.measure(tables, &plan).unwrap());
+        let noisy = |seed| {
+            let cfg = SimConfig {
+                noise: 0.05,
+                seed,
+                ..Default::default()
+            };
+            SimOracle::new(cfg, MemoryModel::default())
+        };
+        let (mut n1, mut n2, mut n3) = (noisy(1), noisy(1), noisy(2));
+        let m1 = n1.measure(tables, &plan).unwrap();
+        assert_eq!(m1, n2.measure(tables, &plan).unwrap());
+        assert_ne!(m1, n3.measure(tables, &plan).unwrap());
+        assert_ne!(m1, a);
+        assert!((m1.cost_ms / a.cost_ms - 1.0).abs() < 0.3);
+    }
+
+    /// Property 7 (DreamShard Fig. 1: 50 tables on 4 GPUs, tens of ms).
+    #[test]
+    fn fifty_tables_on_four_devices_take_tens_of_ms() {
+        let s = sim();
+        let pool = pool();
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut costs = Vec::new();
+        for _ in 0..20 {
+            let idx = sample(&mut rng, pool.len(), 50).into_vec();
+            let tables: Vec<Table> = idx.iter().map(|&i| pool[i].clone()).collect();
+            let plan = Plan {
+                devices: 4,
+                assignment: (0..50).map(|_| rng.gen_range(0..4)).collect(),
+            };
+            costs.push(s.evaluate(&tables, &plan).cost_ms);
+        }
+        let mean = costs.iter().sum::<f64>() / costs.len() as f64;
+        assert!(
+            (10.0..100.0).contains(&mean),
+            "random plans average {mean} ms"
+        );
+    }
+
+    #[test]
+    fn bad_plans_are_errors() {
+        let mut s = sim();
+        let pool = pool();
+        let plan = Plan {
+            devices: 2,
+            assignment: vec![0, 5],
+        };
+        assert!(s.measure(&pool[..2], &plan).is_err());
+    }
+}

@@ -1,0 +1,316 @@
+//! The configuration file (`configs/*.toml`), resolved once into validated
+//! types: every section is optional, every field has a default, unknown
+//! fields are refused, and an out-of-range value fails with its field name.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::generate::PoolGenConfig;
+use crate::table::MemoryModel;
+
+/// The `sim` oracle's constants (see `benchworker::sim` for their sources).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimConfig {
+    /// Samples per iteration (global batch).
+    pub batch: u64,
+    /// Peak HBM bandwidth, GiB/s.
+    pub hbm_gibps: f64,
+    /// Share of peak HBM bandwidth reached by random row gathers.
+    pub gather_efficiency: f64,
+    /// L2 cache, MiB: repeated rows of a device's group compete for it.
+    pub l2_mib: f64,
+    /// Cost of an L2 hit relative to an HBM read.
+    pub l2_hit_cost: f64,
+    /// Fixed floor of one fused kernel call, ms.
+    pub kernel_floor_ms: f64,
+    /// Sharpness of the soft maximum between the floor and the work.
+    pub floor_sharpness: f64,
+    /// Backward work relative to forward work.
+    pub bwd_multiplier: f64,
+    /// Extra backward work per unit share of lookups on very hot rows.
+    pub hot_row_contention: f64,
+    /// Bytes of one pooled output element (FBGEMM's default output dtype is fp32).
+    pub output_bytes: u64,
+    /// Bytes of one index.
+    pub index_bytes: u64,
+    /// Per-rank all-to-all bandwidth, GiB/s.
+    pub link_gibps: f64,
+    /// Fixed latency of one all-to-all, ms.
+    pub a2a_latency_ms: f64,
+    /// σ of the seeded multiplicative log-normal noise per phase (0: exact).
+    pub noise: f64,
+    pub seed: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            batch: 65536,
+            hbm_gibps: 897.0,
+            gather_efficiency: 0.59,
+            l2_mib: 40.0,
+            l2_hit_cost: 0.35,
+            kernel_floor_ms: 0.3,
+            floor_sharpness: 3.0,
+            bwd_multiplier: 2.0,
+            hot_row_contention: 0.25,
+            output_bytes: 4,
+            index_bytes: 8,
+            link_gibps: 600.0,
+            a2a_latency_ms: 0.05,
+            noise: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SimConfig {
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        positive("sim.batch", self.batch as f64)?;
+        positive("sim.hbm_gibps", self.hbm_gibps)?;
+        unit("sim.gather_efficiency", self.gather_efficiency)?;
+        positive("sim.l2_mib", self.l2_mib)?;
+        unit("sim.l2_hit_cost", self.l2_hit_cost)?;
+        non_negative("sim.kernel_floor_ms", self.kernel_floor_ms)?;
+        if !(self.floor_sharpness >= 1.0) {
+            return Err(format!(
+                "sim.floor_sharpness = {} must be at least 1",
+                self.floor_sharpness
+            ));
+        }
+        positive("sim.bwd_multiplier", self.bwd_multiplier)?;
+        non_negative("sim.hot_row_contention", self.hot_row_contention)?;
+        positive("sim.output_bytes", self.output_bytes as f64)?;
+        positive("sim.index_bytes", self.index_bytes as f64)?;
+        positive("sim.link_gibps", self.link_gibps)?;
+        non_negative("sim.a2a_latency_ms", self.a2a_latency_ms)?;
+        non_negative("sim.noise", self.noise)
+    }
+}
+
+/// The `cpu` oracle's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CpuConfig {
+    /// Samples per iteration on the CPU (the GPU batch scaled down to fit time).
+    pub batch: u64,
+    /// Rows of each table are capped at this to fit memory.
+    pub max_rows: u64,
+    pub warmup: usize,
+    pub repeats: usize,
+    /// Threads libtorch may use (0: libtorch's default).
+    pub threads: usize,
+    pub seed: u64,
+}
+
+impl Default for CpuConfig {
+    fn default() -> Self {
+        CpuConfig {
+            batch: 2048,
+            max_rows: 100_000,
+            warmup: 2,
+            repeats: 5,
+            threads: 0,
+            seed: 0,
+        }
+    }
+}
+
+impl CpuConfig {
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        positive("cpu.batch", self.batch as f64)?;
+        positive("cpu.max_rows", self.max_rows as f64)?;
+        positive("cpu.repeats", self.repeats as f64)
+    }
+}
+
+/// One default suite: `name` = `dlrm-<tables>x<devices>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SuiteConfig {
+    pub tables: usize,
+    pub devices: usize,
+    pub memory_gb: f64,
+}
+
+impl SuiteConfig {
+    pub fn name(&self) -> String {
+        format!("dlrm-{}x{}", self.tables, self.devices)
+    }
+}
+
+/// Where generated data goes and what suites to draw.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    pub dir: PathBuf,
+    pub seed: u64,
+    pub train_tasks: usize,
+    pub test_tasks: usize,
+    pub suites: Vec<SuiteConfig>,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        let s = |tables, devices, memory_gb| SuiteConfig {
+            tables,
+            devices,
+            memory_gb,
+        };
+        DataConfig {
+            dir: PathBuf::from("data/generated"),
+            seed: 0,
+            train_tasks: 50,
+            test_tasks: 20,
+            suites: vec![
+                s(50, 4, 5.0),
+                s(100, 4, 8.0),
+                s(100, 8, 4.0),
+                s(200, 8, 8.0),
+            ],
+        }
+    }
+}
+
+impl DataConfig {
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        positive("data.train_tasks", self.train_tasks as f64)?;
+        positive("data.test_tasks", self.test_tasks as f64)?;
+        for (i, s) in self.suites.iter().enumerate() {
+            positive(&format!("data.suites[{i}].tables"), s.tables as f64)?;
+            positive(&format!("data.suites[{i}].devices"), s.devices as f64)?;
+            positive(&format!("data.suites[{i}].memory_gb"), s.memory_gb)?;
+        }
+        Ok(())
+    }
+}
+
+/// `eval` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// Oracle calls the `search` reference may spend per task.
+    pub search_budget: usize,
+    pub seed: u64,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        EvalConfig {
+            search_budget: 4000,
+            seed: 0,
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub memory: MemoryModel,
+    pub sim: SimConfig,
+    pub cpu: CpuConfig,
+    pub generate: PoolGenConfig,
+    pub data: DataConfig,
+    pub eval: EvalConfig,
+}
+
+impl Config {
+    /// Parses TOML text; `path` names the source in messages.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Config> {
+        let cfg: Config = toml::from_str(text).map_err(|e| Error::Json {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        cfg.validate().map_err(|message| Error::Invalid {
+            path: path.to_path_buf(),
+            location: "config".into(),
+            message,
+        })?;
+        Ok(cfg)
+    }
+
+    /// Reads a config file, or the defaults when `path` is `None`.
+    pub fn load(path: Option<&Path>) -> Result<Config> {
+        match path {
+            None => Ok(Config::default()),
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
+                Config::from_toml(&text, p)
+            }
+        }
+    }
+
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        self.sim.validate()?;
+        self.cpu.validate()?;
+        self.generate.validate()?;
+        self.data.validate()
+    }
+}
+
+fn positive(field: &str, v: f64) -> std::result::Result<(), String> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(format!("{field} = {v} must be a positive number"))
+    }
+}
+
+fn non_negative(field: &str, v: f64) -> std::result::Result<(), String> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(format!("{field} = {v} must be a non-negative number"))
+    }
+}
+
+fn unit(field: &str, v: f64) -> std::result::Result<(), String> {
+    if v > 0.0 && v <= 1.0 {
+        Ok(())
+    } else {
+        Err(format!("{field} = {v} must lie in (0, 1]"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_default_config_spells_out_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/default.toml");
+        let c = Config::load(Some(&path)).unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn empty_text_gives_the_defaults() {
+        let c = Config::from_toml("", Path::new("c.toml")).unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn fields_override_and_bad_values_name_their_field() {
+        let c = Config::from_toml("[sim]\nbatch = 1024\n", Path::new("c.toml")).unwrap();
+        assert_eq!(c.sim.batch, 1024);
+        let e = Config::from_toml("[sim]\ngather_efficiency = 1.5\n", Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("c.toml") && e.contains("sim.gather_efficiency"),
+            "{e}"
+        );
+        let e = Config::from_toml("[sim]\nbogus = 1\n", Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bogus"), "{e}");
+        let e = Config::from_toml("[memory]\nprecision = \"fp8\"\n", Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fp8"), "{e}");
+    }
+}

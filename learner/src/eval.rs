@@ -1,0 +1,310 @@
+//! `eval`: every method on every task of a suite, measured by one oracle.
+//! A method that finds no memory-feasible plan for a task is counted as a
+//! failure for that task (`null` in `per_task_ms`), never dropped.
+
+use std::collections::BTreeMap;
+
+use benchworker::{Oracle, OracleError};
+use common::config::EvalConfig;
+use common::suite::fnv1a;
+use common::{MemoryModel, Suite};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use crate::baselines::{place, Context, Method};
+use crate::search;
+
+/// One method's results over a suite.
+#[derive(Debug, Clone, Serialize)]
+pub struct MethodResult {
+    /// Mean over the tasks it solved; `None` if it solved none.
+    pub mean_cost_ms: Option<f64>,
+    pub failures: usize,
+    pub per_task_ms: Vec<Option<f64>>,
+    /// Its total cost over the tasks both it and the best heuristic solved,
+    /// relative to the best heuristic's, in percent (negative is faster).
+    pub vs_best_heuristic_pct: Option<f64>,
+}
+
+/// A whole evaluation, in the order the methods were asked for.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub suite: String,
+    pub backend: String,
+    pub tasks: Vec<String>,
+    pub best_heuristic: Option<String>,
+    pub methods: BTreeMap<String, MethodResult>,
+    #[serde(skip)]
+    pub order: Vec<String>,
+}
+
+/// Evaluates `methods` on `suite`. `on_task` is called after each task (for
+/// a progress bar).
+pub fn evaluate(
+    suite: &Suite,
+    methods: &[Method],
+    oracle: &mut dyn Oracle,
+    mem: &MemoryModel,
+    cfg: &EvalConfig,
+    batch: u64,
+    mut on_task: impl FnMut(),
+) -> Result<Report, OracleError> {
+    let mut per_method: BTreeMap<Method, Vec<Option<f64>>> = BTreeMap::new();
+    for (k, task) in suite.tasks.iter().enumerate() {
+        let ctx = Context {
+            tables: &task.tables,
+            devices: task.devices,
+            cap_bytes: task.cap_bytes(),
+            mem,
+            batch,
+        };
+        let task_seed = cfg.seed ^ fnv1a(task.name.as_bytes()) ^ k as u64;
+        // Every heuristic is measured when `search` needs a start point.
+        let need_all = methods.contains(&Method::Search);
+        let mut best_start: Option<(common::Plan, f64)> = None;
+        for m in Method::ALL.into_iter().filter(|m| m.is_heuristic()) {
+            if !need_all && !methods.contains(&m) {
+                continue;
+            }
+            let mut rng = ChaCha8Rng::seed_from_u64(task_seed ^ fnv1a(m.name().as_bytes()));
+            let cost = match place(m, &ctx, &mut rng) {
+                Some(plan) => {
+                    let c = oracle.measure(&task.tables, &plan)?.cost_ms;
+                    if best_start.as_ref().is_none_or(|(_, b)| c < *b) {
+                        best_start = Some((plan, c));
+                    }
+                    Some(c)
+                }
+                None => None,
+            };
+            if methods.contains(&m) {
+                per_method.entry(m).or_default().push(cost);
+            }
+        }
+        if methods.contains(&Method::Search) {
+            let cost = match best_start {
+                Some((start, _)) => {
+                    let mut rng = ChaCha8Rng::seed_from_u64(task_seed ^ 0x5ea7c4);
+                    let out = search::search(
+                        oracle,
+                        &task.tables,
+                        &start,
+                        task.cap_bytes(),
+                        mem,
+                        cfg.search_budget,
+                        &mut rng,
+                    )?;
+                    Some(out.cost_ms)
+                }
+                None => None,
+            };
+            per_method.entry(Method::Search).or_default().push(cost);
+        }
+        on_task();
+    }
+    Ok(report(suite, oracle.name(), methods, per_method))
+}
+
+fn report(
+    suite: &Suite,
+    backend: &str,
+    methods: &[Method],
+    per_method: BTreeMap<Method, Vec<Option<f64>>>,
+) -> Report {
+    let mean = |v: &[Option<f64>]| {
+        let solved: Vec<f64> = v.iter().flatten().copied().collect();
+        (!solved.is_empty()).then(|| solved.iter().sum::<f64>() / solved.len() as f64)
+    };
+    let failures = |v: &[Option<f64>]| v.iter().filter(|c| c.is_none()).count();
+    // The best heuristic: fewest failures, then lowest mean.
+    let best = per_method
+        .iter()
+        .filter(|(m, _)| m.is_heuristic())
+        .filter_map(|(m, v)| mean(v).map(|x| (*m, failures(v), x)))
+        .min_by(|a, b| a.1.cmp(&b.1).then(a.2.total_cmp(&b.2)))
+        .map(|(m, _, _)| m);
+    let mut out = BTreeMap::new();
+    for (m, v) in &per_method {
+        let vs = best.and_then(|b| {
+            let base = &per_method[&b];
+            let (mut mine, mut theirs) = (0.0, 0.0);
+            for (x, y) in v.iter().zip(base) {
+                if let (Some(x), Some(y)) = (x, y) {
+                    mine += x;
+                    theirs += y;
+                }
+            }
+            (theirs > 0.0).then(|| 100.0 * (mine / theirs - 1.0))
+        });
+        out.insert(
+            m.name().to_string(),
+            MethodResult {
+                mean_cost_ms: mean(v),
+                failures: failures(v),
+                per_task_ms: v.clone(),
+                vs_best_heuristic_pct: vs,
+            },
+        );
+    }
+    Report {
+        suite: suite.path.display().to_string(),
+        backend: backend.to_string(),
+        tasks: suite.tasks.iter().map(|t| t.name.clone()).collect(),
+        best_heuristic: best.map(|m| m.name().to_string()),
+        methods: out,
+        order: methods.iter().map(|m| m.name().to_string()).collect(),
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "suite {} — {} tasks, backend {}",
+            self.suite,
+            self.tasks.len(),
+            self.backend
+        )?;
+        writeln!(
+            f,
+            "{:<12} {:>12} {:>8} {:>20}",
+            "method", "mean_cost_ms", "failed", "vs_best_heuristic"
+        )?;
+        for name in &self.order {
+            let r = &self.methods[name];
+            let mean = r
+                .mean_cost_ms
+                .map_or("-".to_string(), |x| format!("{x:.3}"));
+            let vs = r
+                .vs_best_heuristic_pct
+                .map_or("-".to_string(), |x| format!("{x:+.2}%"));
+            writeln!(
+                f,
+                "{name:<12} {mean:>12} {:>8} {vs:>20}",
+                format!("{}/{}", r.failures, self.tasks.len())
+            )?;
+        }
+        writeln!(
+            f,
+            "best heuristic: {}",
+            self.best_heuristic
+                .as_deref()
+                .unwrap_or("none solved every task")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use benchworker::sim::SimOracle;
+    use common::config::SimConfig;
+    use common::generate::{generate_pool, PoolGenConfig};
+    use common::suite::{generate, write, SuiteSpec};
+
+    fn suite(dir: &std::path::Path, memory_gb: f64) -> Suite {
+        let pool = generate_pool(
+            &PoolGenConfig {
+                tables: 60,
+                ..Default::default()
+            },
+            2,
+        );
+        common::pool::write(&dir.join("pool.csv"), &pool).unwrap();
+        let spec = SuiteSpec {
+            name: "t".into(),
+            tables_per_task: 12,
+            devices: 3,
+            memory_gb,
+            tasks: 3,
+        };
+        let mem = MemoryModel::default();
+        let file = generate(&spec, &pool, "pool.csv", &mem, 0).unwrap();
+        write(&dir.join("s.json"), &file).unwrap();
+        Suite::load(&dir.join("s.json"), &mem).unwrap()
+    }
+
+    #[test]
+    fn every_method_reports_every_task_and_search_is_best() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = suite(dir.path(), 1000.0);
+        let mem = MemoryModel::default();
+        let mut sim = SimOracle::new(SimConfig::default(), mem);
+        let cfg = EvalConfig {
+            search_budget: 300,
+            seed: 0,
+        };
+        let mut calls = 0;
+        let r = evaluate(&s, &Method::ALL, &mut sim, &mem, &cfg, 65536, || calls += 1).unwrap();
+        assert_eq!(calls, 3);
+        for m in Method::ALL {
+            let res = &r.methods[m.name()];
+            assert_eq!(res.per_task_ms.len(), 3, "{}", m.name());
+            assert_eq!(res.failures, 0);
+        }
+        let best = r.best_heuristic.clone().unwrap();
+        let best_tasks = &r.methods[&best].per_task_ms;
+        for (s, h) in r.methods["search"].per_task_ms.iter().zip(best_tasks) {
+            assert!(s.unwrap() <= h.unwrap() + 1e-9);
+        }
+        assert!(r.methods[&best].vs_best_heuristic_pct.unwrap().abs() < 1e-9);
+        let json = serde_json::to_value(&r).unwrap();
+        assert!(json["methods"]["size"]["per_task_ms"].is_array());
+        assert!(r.to_string().contains("best heuristic"));
+    }
+
+    #[test]
+    fn failures_are_counted_not_dropped() {
+        // Three tables on two devices of 10000 rows' room: A (6000 rows) must
+        // sit alone. `lookup` places B and C first, one per device, and then
+        // has no room for A; TorchRec's partitioner places A first.
+        let dir = tempfile::tempdir().unwrap();
+        let mem = MemoryModel::default();
+        let mk = |name: &str, rows: u64, pooling: f64| {
+            let mut bins = [0.0; common::NUM_BINS];
+            bins[0] = 1.0;
+            common::Table {
+                name: name.into(),
+                rows,
+                dim: 16,
+                pooling_factor: pooling,
+                bins,
+            }
+        };
+        let tables = vec![mk("A", 6000, 1.0), mk("B", 5000, 10.0), mk("C", 5000, 9.0)];
+        common::pool::write(&dir.path().join("pool.csv"), &tables).unwrap();
+        let cap_gb =
+            (10_000 * mem.table_bytes(&tables[0]) / 6000) as f64 / common::table::BYTES_PER_GB;
+        let task = common::suite::TaskSpec {
+            name: "tight".into(),
+            devices: 2,
+            memory_gb: cap_gb,
+            tables: vec!["A".into(), "B".into(), "C".into()],
+        };
+        let file = common::suite::SuiteFile {
+            pool: "pool.csv".into(),
+            tasks: vec![task.clone(), task],
+        };
+        write(&dir.path().join("s.json"), &file).unwrap();
+        let s = Suite::load(&dir.path().join("s.json"), &mem).unwrap();
+        let mut sim = SimOracle::new(SimConfig::default(), mem);
+        let r = evaluate(
+            &s,
+            &[Method::Lookup, Method::Torchrec],
+            &mut sim,
+            &mem,
+            &EvalConfig::default(),
+            65536,
+            || {},
+        )
+        .unwrap();
+        let lookup = &r.methods["lookup"];
+        assert_eq!(lookup.failures, 2);
+        assert_eq!(lookup.per_task_ms, vec![None, None]);
+        assert_eq!(lookup.mean_cost_ms, None);
+        assert_eq!(r.methods["torchrec"].failures, 0);
+        assert_eq!(r.best_heuristic.as_deref(), Some("torchrec"));
+        assert!(r.to_string().contains("2/2"));
+    }
+}

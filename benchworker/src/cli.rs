@@ -30,6 +30,32 @@ pub enum Command {
     /// Example:
     ///   benchworker measure --backend sim --tables pool.csv --placement plan.json
     Measure(MeasureArgs),
+    /// Time the oracle: plans measured per second on random plans.
+    ///
+    /// Draws a seeded DLRM-like pool of --tables tables and --plans random
+    /// plans over --devices devices, measures them all and reports the rate.
+    /// A benchmark, not a test: the figure depends on the machine.
+    ///
+    /// Example:
+    ///   benchworker bench --backend sim --tables 200 --devices 8 --plans 20000
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[arg(long, value_enum, default_value = "sim")]
+    pub backend: Backend,
+    #[arg(long, default_value_t = 200)]
+    pub tables: usize,
+    #[arg(long, default_value_t = 8)]
+    pub devices: usize,
+    #[arg(long, default_value_t = 10000)]
+    pub plans: usize,
+    /// Configuration TOML; defaults when omitted.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -56,7 +82,50 @@ pub struct MeasureArgs {
 pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     match cli.command {
         Command::Measure(args) => measure(args, out),
+        Command::Bench(args) => bench(args, out),
     }
+}
+
+fn bench(args: BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    use rand::{Rng, SeedableRng};
+    anyhow::ensure!(args.tables > 0, "--tables must be at least 1");
+    anyhow::ensure!(args.devices > 0, "--devices must be at least 1");
+    anyhow::ensure!(args.plans > 0, "--plans must be at least 1");
+    let cfg = Config::load(args.config.as_deref())?;
+    let gen = common::generate::PoolGenConfig {
+        tables: args.tables,
+        ..cfg.generate.clone()
+    };
+    let tables = common::generate::generate_pool(&gen, args.seed);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
+    let plans: Vec<common::Plan> = (0..args.plans)
+        .map(|_| common::Plan {
+            devices: args.devices,
+            assignment: (0..args.tables)
+                .map(|_| rng.gen_range(0..args.devices))
+                .collect(),
+        })
+        .collect();
+    let mut oracle = build(args.backend, &cfg)?;
+    let start = std::time::Instant::now();
+    let mut total = 0.0;
+    for p in &plans {
+        total += oracle.measure(&tables, p)?.cost_ms;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    writeln!(
+        out,
+        "{} backend: {} plans of {} tables on {} devices in {:.3} s: {:.0} plans/s ({:.2} µs per plan), mean cost {:.3} ms",
+        oracle.name(),
+        args.plans,
+        args.tables,
+        args.devices,
+        secs,
+        args.plans as f64 / secs,
+        1e6 * secs / args.plans as f64,
+        total / args.plans as f64
+    )?;
+    Ok(())
 }
 
 fn measure(args: MeasureArgs, out: &mut dyn Write) -> anyhow::Result<()> {

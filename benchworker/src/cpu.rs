@@ -796,7 +796,7 @@ mod throwaway_profile {
     use super::*;
     #[test]
     #[ignore]
-    fn profile_backward() {
+    fn profile_rounds() {
         let tables = common::generate::generate_pool(
             &common::generate::PoolGenConfig {
                 tables: 50,
@@ -804,22 +804,17 @@ mod throwaway_profile {
             },
             0,
         );
+        let threads: usize = std::env::var("THREADS")
+            .map(|s| s.parse().unwrap())
+            .unwrap_or(0);
+        if threads > 0 {
+            tch::set_num_threads(threads as i32);
+        }
         let p = Plan {
             devices: 4,
             assignment: (0..50).map(|i| i % 4).collect(),
         };
         let c = CpuConfig::default();
-        for &t in &p.groups()[1] {
-            let x = &tables[t];
-            eprintln!(
-                "{} rows {} dim {} pool {:.1} reuse {:.1}",
-                x.name,
-                x.rows,
-                x.dim,
-                x.pooling_factor,
-                x.mean_reuse()
-            );
-        }
         let weights = p
             .groups()
             .iter()
@@ -829,41 +824,20 @@ mod throwaway_profile {
             })
             .collect();
         let mut it = Iteration::build(&tables, &p, &c, weights).unwrap();
-        let w = it.devices[1].as_mut().unwrap();
-        eprintln!("lookups {}", w.indices.numel());
-        for _ in 0..6 {
-            let s = Instant::now();
-            let (rows, order) = w.indices.f_sort(0, false).unwrap();
-            let a = ms_since(s);
-            let bags = w.bags.f_index_select(0, &order).unwrap();
-            let (unique, _, counts) = rows.f_unique_consecutive(false, true, None).unwrap();
-            let starts = counts
-                .f_cumsum(0, Kind::Int64)
-                .unwrap()
-                .f_sub(&counts)
-                .unwrap();
-            let b = ms_since(s);
-            let (row_grad, _, _, _) = Tensor::f_embedding_bag(
-                &w.grad,
-                &bags,
-                &starts,
-                false,
-                MODE_SUM,
-                false,
-                None::<Tensor>,
-                false,
-            )
-            .unwrap();
-            let cc = ms_since(s);
-            let _ = w
-                .weight
-                .f_index_add_(0, &unique, &row_grad.f_mul_scalar(-LEARNING_RATE).unwrap())
-                .unwrap();
-            let dd = ms_since(s);
+        for _ in 0..15 {
+            let r = it.round().unwrap();
+            let f = |v: &Vec<f64>| {
+                v.iter()
+                    .map(|x| format!("{x:6.1}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
             eprintln!(
-                "sort {a:.2} uniq {b:.2} bag {cc:.2} add {dd:.2} unique {} maxcount {}",
-                unique.numel(),
-                counts.max().int64_value(&[])
+                "fwd {} | fx {} | bx {} | bwd {}",
+                f(&r.fwd),
+                f(&r.fwd_copy),
+                f(&r.bwd_copy),
+                f(&r.bwd)
             );
         }
     }

@@ -75,7 +75,7 @@ impl SimConfig {
         positive("sim.l2_mib", self.l2_mib)?;
         unit("sim.l2_hit_cost", self.l2_hit_cost)?;
         non_negative("sim.kernel_floor_ms", self.kernel_floor_ms)?;
-        if !(self.floor_sharpness >= 1.0) {
+        if self.floor_sharpness.is_nan() || self.floor_sharpness < 1.0 {
             return Err(format!(
                 "sim.floor_sharpness = {} must be at least 1",
                 self.floor_sharpness

@@ -102,7 +102,7 @@ impl PoolGenConfig {
                     .into(),
             );
         }
-        if self.dims.contains(&0) || self.dim_weights.iter().any(|w| !(*w >= 0.0)) {
+        if self.dims.contains(&0) || self.dim_weights.iter().any(|w| w.is_nan() || *w < 0.0) {
             return Err("generate.dims must be positive and dim_weights non-negative".into());
         }
         if !(0.0 < self.reuse_min && self.reuse_min <= self.reuse_max && self.reuse_max < 1.0) {

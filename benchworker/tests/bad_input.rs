@@ -1,0 +1,77 @@
+//! The real `benchworker` binary on bad input: a clear message naming the
+//! file, line and field, a non-zero exit, and no panic.
+
+use std::path::Path;
+use std::process::Command;
+
+const HEADER: &str = "name,rows,dim,pooling_factor,bin_0,bin_1,bin_2,bin_3,bin_4,bin_5,bin_6,bin_7,bin_8,bin_9,bin_10,bin_11,bin_12,bin_13,bin_14,bin_15,bin_16";
+const BINS: &str = "1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0";
+
+fn measure(dir: &Path, csv: &str, placement: &str) -> (bool, String) {
+    let t = dir.join("tables.csv");
+    let p = dir.join("plan.json");
+    std::fs::write(&t, csv).unwrap();
+    std::fs::write(&p, placement).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_benchworker"))
+        .args(["measure", "--backend", "sim", "--tables"])
+        .arg(&t)
+        .arg("--placement")
+        .arg(&p)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    (out.status.success(), stderr)
+}
+
+const PLAN: &str =
+    r#"{"devices": 2, "assignment": [{"table": "a", "device": 0}, {"table": "b", "device": 1}]}"#;
+
+#[test]
+fn bad_csv_fields_fail_with_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (format!("a,10,8,1,{BINS}\nb,-3,8,1,{BINS}"), ":3", "`rows`"),
+        (format!("a,10,0,1,{BINS}\nb,10,8,1,{BINS}"), ":2", "`dim`"),
+        (
+            format!("a,10,8,NaN,{BINS}\nb,10,8,1,{BINS}"),
+            ":2",
+            "`pooling_factor`",
+        ),
+        (
+            format!("a,10,8,1,{BINS}\nb,10,8,1,0.5,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0"),
+            ":3",
+            "bins sum",
+        ),
+        (
+            format!("a,10,8,1,{BINS}\na,10,8,1,{BINS}"),
+            ":3",
+            "duplicate",
+        ),
+    ];
+    for (body, line, field) in cases {
+        let (ok, err) = measure(dir.path(), &format!("{HEADER}\n{body}\n"), PLAN);
+        assert!(!ok, "accepted: {body}");
+        assert!(err.contains(&format!("tables.csv{line}")), "{err}");
+        assert!(err.contains(field), "{err}");
+    }
+}
+
+#[test]
+fn bad_placements_fail_with_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = format!("{HEADER}\na,10,8,1,{BINS}\nb,10,8,1,{BINS}\n");
+    let unknown = r#"{"devices": 2, "assignment": [{"table": "a", "device": 0}, {"table": "zz", "device": 1}]}"#;
+    let (ok, err) = measure(dir.path(), &csv, unknown);
+    assert!(
+        !ok && err.contains("plan.json") && err.contains("unknown table `zz`"),
+        "{err}"
+    );
+    let bad_device = r#"{"devices": 2, "assignment": [{"table": "a", "device": 0}, {"table": "b", "device": 9}]}"#;
+    let (ok, err) = measure(dir.path(), &csv, bad_device);
+    assert!(!ok && err.contains("assignment[1].device"), "{err}");
+    let (ok, err) = measure(dir.path(), &csv, "{not json");
+    assert!(!ok && err.contains("plan.json"), "{err}");
+    let (ok, _) = measure(dir.path(), &csv, PLAN);
+    assert!(ok, "a valid placement is measured");
+}

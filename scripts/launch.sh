@@ -20,7 +20,12 @@ while [ $# -gt 0 ]; do
 done
 
 BIN=target/release
-DATA=$("$BIN/learner" generate --config "$CONFIG" | tee /dev/stderr | sed -n 's|^wrote \(.*\)/[^/]*\.test\.json$|\1|p' | head -n 1)
 SUITES=()
-for s in "$DATA"/*.test.json; do SUITES+=(--suite "$s"); done
+while read -r line; do
+  echo "$line" >&2
+  case "$line" in
+    "wrote "*.test.json) SUITES+=(--suite "${line#wrote }") ;;
+  esac
+done < <("$BIN/learner" generate --config "$CONFIG")
+[ ${#SUITES[@]} -gt 0 ] || { echo "launch: generate wrote no test suite" >&2; exit 1; }
 "$BIN/learner" eval --config "$CONFIG" --backend "$BACKEND" --methods all "${SUITES[@]}"

@@ -138,7 +138,7 @@ fn lookup_rows<R: Rng>(rng: &mut R, table: &Table, total: usize, rows: u64) -> V
     let unique = rand::seq::index::sample(rng, rows as usize, counts.len());
     let mut out = Vec::with_capacity(total);
     for (row, &c) in unique.iter().zip(&counts) {
-        out.extend(std::iter::repeat(row as i64).take(c));
+        out.resize(out.len() + c, row as i64);
     }
     // The row cap left too few rows: repeat rows in proportion to their counts.
     let drawn = out.len();

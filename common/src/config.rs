@@ -101,7 +101,8 @@ pub struct CpuConfig {
     pub max_rows: u64,
     pub warmup: usize,
     pub repeats: usize,
-    /// Threads libtorch may use (0: libtorch's default).
+    /// Threads libtorch may use (0: libtorch's default). One thread gives the
+    /// steadiest medians on a small machine shared with other work.
     pub threads: usize,
     pub seed: u64,
 }
@@ -113,7 +114,7 @@ impl Default for CpuConfig {
             max_rows: 100_000,
             warmup: 2,
             repeats: 5,
-            threads: 0,
+            threads: 1,
             seed: 0,
         }
     }

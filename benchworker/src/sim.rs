@@ -1,13 +1,13 @@
 //! `sim`: a deterministic model of one training iteration's embedding work on
 //! GPUs, built from how FBGEMM's fused table-batched embedding kernel and
 //! NCCL's all-to-all behave (DESIGN §6). Nothing here looks at placement
-//! methods; every constant is a hardware or library figure from a public
-//! source, listed in [`common::config::SimConfig`]'s defaults:
+//! methods. The constants ([`common::config::SimConfig`]'s defaults) come
+//! from public sources where one exists; the others are stated assumptions:
 //!
 //! | constant | value | source |
 //! |---|---|---|
 //! | HBM bandwidth | 897 GiB/s | TorchRec planner `constants.py`, `HBM_MEM_BW` |
-//! | gather efficiency | 0.59 | FBGEMM TBE benchmark README: 1198 GB/s forward, read as a share of an A100-80GB's 2039 GB/s (an assumption: the README does not name the part) |
+//! | gather efficiency | 0.59 | FBGEMM TBE benchmark README: 1198 GB/s forward, read as a share of an A100-80GB's 2039 GB/s peak (assumption: the README does not name the part) |
 //! | all-to-all bandwidth | 600 GiB/s | TorchRec `INTRA_NODE_BANDWIDTH` |
 //! | index bytes | 8 | TorchRec `BIGINT_DTYPE` |
 //! | output bytes | 4 | FBGEMM TBE's default `output_dtype` (fp32) |
@@ -15,24 +15,28 @@
 //! | backward multiplier | 2 | TorchRec `BWD_COMPUTE_MULTIPLIER` |
 //! | kernel floor | 0.3 ms | TorchRec PR #2365: TBE calls flat at 0.29–0.32 ms from dim 16 to 1024 |
 //! | L2 | 40 MiB | NVIDIA A100 data sheet |
+//! | DRAM sector | 32 B | CUDA programming guide (global memory transactions) |
+//! | L2 hit cost | 0.35 of an HBM read | assumption (L2 bandwidth is a few times HBM's) |
+//! | hot-row contention | +25% backward per share of lookups on rows read > 1024 times | assumption |
+//! | all-to-all latency | 0.05 ms | assumption (tens of µs per NCCL collective) |
+//! | floor sharpness | 3 | assumption (how fast the floor gives way to work) |
 //!
 //! # The properties (each has a test below)
 //!
-//! 1. *Fusion is sub-additive*: a device runs its tables as one kernel with
-//!    one fixed floor; the floor and the work combine by a soft maximum
-//!    (`(floor^k + work^k)^(1/k)`), a norm, so one call over a group costs no
-//!    more than calls over its parts, unless the mixing penalty of (2) on a
-//!    heavy narrow table outweighs the floors saved. Over random mixes of the
-//!    default pool: median speedup 1.44×, 5th–95th percentile 1.05×–2.48×,
-//!    1.7% of mixes below 1× (worst 0.87×).
-//! 2. *Non-separable*: FBGEMM picks the threads per bag from the group's
-//!    widest table (`kThreadGroupSize` from `max_D`), so a narrow table in a
-//!    wide group leaves lanes idle and pays TorchRec's block penalty for the
-//!    block width it actually runs in; and small groups sit under the floor,
-//!    so adding a small table to a small group is almost free.
+//! 1. *Fusion is sub-additive*: a device runs its tables in one kernel call
+//!    with one fixed floor; floor and work combine by a soft maximum
+//!    (`(floor^k + work^k)^(1/k)`, a norm). Where the penalties of (2) and
+//!    (3) would make the fused call slower than one call per table, the
+//!    device runs them apart, so it never costs more than its tables alone.
+//! 2. *Non-separable*: FBGEMM picks the threads per bag from the call's
+//!    widest table (`kThreadGroupSize` from `max_D`), so a narrow table beside
+//!    a wide one leaves lanes idle and pays TorchRec's block penalty for the
+//!    wide block; the tables of one call share one L2 (3); and small groups
+//!    sit under the floor, so adding a small table to a small group is almost
+//!    free.
 //! 3. *Locality*: a lookup that repeats a row already read this batch hits
-//!    L2 with a probability that shrinks as the table's repeated rows outgrow
-//!    L2, and then costs `l2_hit_cost` of an HBM read.
+//!    L2 with a probability that shrinks as the repeated rows of all tables in
+//!    the call outgrow L2, and then costs `l2_hit_cost` of an HBM read.
 //! 4. *Communication*: the forward all-to-all sends each peer its
 //!    `B/D` samples of every local table, `(B/D)·Σdims·output_bytes` per peer
 //!    pair; a rank's transfer takes the larger of what it sends and receives
@@ -44,10 +48,14 @@
 //!    long segments are reduced serially.
 //! 6. *Deterministic*: no noise by default; with `noise > 0`, seeded
 //!    multiplicative log-normal noise per phase.
-//! 7. *Magnitude*: 50 DLRM-like tables at B = 65536 on 4 devices take tens of
-//!    milliseconds per iteration, as in DreamShard's Figure 1.
+//! 7. *Magnitude*: 50 DLRM-like tables at B = 65536 on 4 devices take ten to
+//!    a few tens of milliseconds per iteration (DreamShard's Figure 1, on
+//!    other hardware and tables, shows 36–57 ms).
 
 use common::config::SimConfig;
+use common::published::{
+    gibps_to_bytes_per_ms, FULL_BLOCK_EMB_DIM, HALF_BLOCK_PENALTY, QUARTER_BLOCK_PENALTY,
+};
 use common::{DeviceCost, Measurement, MemoryModel, Plan, Table};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -79,9 +87,9 @@ pub fn block_penalty(share: f64) -> f64 {
     if share >= 1.0 {
         1.0
     } else if share >= 0.5 {
-        1.15
+        HALF_BLOCK_PENALTY
     } else {
-        1.75
+        QUARTER_BLOCK_PENALTY
     }
 }
 
@@ -89,7 +97,9 @@ pub fn block_penalty(share: f64) -> f64 {
 /// widest dim, between half a warp and a full warp of 4-wide vectors
 /// (64 to 128 elements).
 pub fn block_width(max_dim: u32) -> u32 {
-    max_dim.next_power_of_two().clamp(64, 128)
+    max_dim
+        .next_power_of_two()
+        .clamp(FULL_BLOCK_EMB_DIM / 2, FULL_BLOCK_EMB_DIM)
 }
 
 /// Share of its lanes a table of `dim` uses in blocks of `width`.
@@ -100,11 +110,10 @@ pub fn lane_share(dim: u32, width: u32) -> f64 {
 
 impl SimOracle {
     pub fn new(cfg: SimConfig, mem: MemoryModel) -> Self {
-        let gib_per_ms = (1u64 << 30) as f64 / 1000.0;
         SimOracle {
             weight_bytes: mem.precision.bytes() as f64,
-            gather_bw: cfg.hbm_gibps * gib_per_ms * cfg.gather_efficiency,
-            link_bw: cfg.link_gibps * gib_per_ms,
+            gather_bw: gibps_to_bytes_per_ms(cfg.hbm_gibps) * cfg.gather_efficiency,
+            link_bw: gibps_to_bytes_per_ms(cfg.link_gibps),
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             cfg,
         }
@@ -134,14 +143,19 @@ impl SimOracle {
             return Vec::new();
         };
         let width = block_width(max_dim);
+        // Repeated rows of every table in the call compete for one L2.
+        let repeated_bytes: f64 = group
+            .iter()
+            .map(|t| {
+                let unique = (self.lookups(t) / t.mean_reuse()).min(t.rows as f64);
+                unique * (1.0 - t.bins[0]).max(0.0) * self.row_bytes(t)
+            })
+            .sum();
         let l2 = self.cfg.l2_mib * (1u64 << 20) as f64;
+        let p_hit = l2 / (l2 + repeated_bytes);
         group
             .iter()
             .map(|t| {
-                // A repeated row hits L2 unless the table's repeated rows overflow it.
-                let unique = (self.lookups(t) / t.mean_reuse()).min(t.rows as f64);
-                let repeated_bytes = unique * (1.0 - t.bins[0]).max(0.0) * self.row_bytes(t);
-                let p_hit = l2 / (l2 + repeated_bytes);
                 let repeats = 1.0 - 1.0 / t.mean_reuse();
                 let locality = 1.0 - repeats * p_hit * (1.0 - self.cfg.l2_hit_cost);
                 let penalty = block_penalty(lane_share(t.dim, width));
@@ -152,22 +166,14 @@ impl SimOracle {
             .collect()
     }
 
-    /// Forward time of one fused call over `group`, ms (0 for no table).
-    pub fn fused_fwd_ms(&self, group: &[&Table]) -> f64 {
+    /// Forward and backward (with optimizer update) of one fused call over
+    /// `group`, ms.
+    fn one_call_ms(&self, group: &[&Table]) -> (f64, f64) {
         if group.is_empty() {
-            return 0.0;
+            return (0.0, 0.0);
         }
-        let bytes: f64 = self.fwd_bytes(group).iter().sum();
-        self.with_floor(bytes / self.gather_bw)
-    }
-
-    /// Backward time (with optimizer update) of one fused call, ms.
-    pub fn fused_bwd_ms(&self, group: &[&Table]) -> f64 {
-        if group.is_empty() {
-            return 0.0;
-        }
-        let bytes: f64 = self
-            .fwd_bytes(group)
+        let fwd_bytes = self.fwd_bytes(group);
+        let bwd_bytes: f64 = fwd_bytes
             .iter()
             .zip(group)
             .map(|(b, t)| {
@@ -175,7 +181,42 @@ impl SimOracle {
                 b * self.cfg.bwd_multiplier * (1.0 + self.cfg.hot_row_contention * hot)
             })
             .sum();
-        self.with_floor(bytes / self.gather_bw)
+        let fwd_bytes: f64 = fwd_bytes.iter().sum();
+        (
+            self.with_floor(fwd_bytes / self.gather_bw),
+            self.with_floor(bwd_bytes / self.gather_bw),
+        )
+    }
+
+    /// Forward and backward of a device holding `group`, ms: its tables run
+    /// as one fused call (FBGEMM's table-batched kernel, TorchRec's default
+    /// grouping), unless running them one call each would be faster, as a
+    /// runtime that measured both would choose. Fusion is therefore never
+    /// slower than no fusion.
+    pub fn device_ms(&self, group: &[&Table]) -> (f64, f64) {
+        let fused = self.one_call_ms(group);
+        if group.len() < 2 {
+            return fused;
+        }
+        let apart = group.iter().fold((0.0, 0.0), |acc, t| {
+            let (f, b) = self.one_call_ms(&[t]);
+            (acc.0 + f, acc.1 + b)
+        });
+        if apart.0 + apart.1 < fused.0 + fused.1 {
+            apart
+        } else {
+            fused
+        }
+    }
+
+    /// Forward time of a device holding `group`, ms (0 for no table).
+    pub fn fused_fwd_ms(&self, group: &[&Table]) -> f64 {
+        self.device_ms(group).0
+    }
+
+    /// Backward time (with optimizer update) of a device holding `group`, ms.
+    pub fn fused_bwd_ms(&self, group: &[&Table]) -> f64 {
+        self.device_ms(group).1
     }
 
     /// Per-rank transfer time of one all-to-all of pooled rows, given each
@@ -214,14 +255,13 @@ impl SimOracle {
             .into_iter()
             .map(|g| g.into_iter().map(|i| &tables[i]).collect())
             .collect();
-        let fwd: Vec<f64> = groups
+        let (fwd, bwd): (Vec<f64>, Vec<f64>) = groups
             .iter()
-            .map(|g| self.fused_fwd_ms(g) * noise(0))
-            .collect();
-        let bwd: Vec<f64> = groups
-            .iter()
-            .map(|g| self.fused_bwd_ms(g) * noise(1))
-            .collect();
+            .map(|g| {
+                let (f, b) = self.device_ms(g);
+                (f * noise(0), b * noise(1))
+            })
+            .unzip();
         let dim_sums: Vec<f64> = groups
             .iter()
             .map(|g| g.iter().map(|t| t.dim as f64).sum())
@@ -312,9 +352,6 @@ mod tests {
 
     /// Property 1 (FBGEMM TBE fuses all tables of a device into one kernel;
     /// DreamShard Fig. 12 measures 1×–3× fusion speedups over random mixes).
-    /// Fusion saves a floor per table; only a heavy narrow table fused beside a
-    /// wide one (property 2) can give more than that back: in the pool's
-    /// mixes, rarely (under 5%) and by at most 15%.
     #[test]
     fn fusion_is_sub_additive_with_one_to_three_times_speedups() {
         let s = sim();
@@ -326,22 +363,23 @@ mod tests {
                 .iter()
                 .map(|t| s.fused_fwd_ms(&[t]) + s.fused_bwd_ms(&[t]))
                 .sum();
+            assert!(
+                fused <= singles * (1.0 + 1e-12),
+                "fused {fused} > singles {singles}"
+            );
             speedups.push(singles / fused);
         }
         speedups.sort_by(f64::total_cmp);
         let n = speedups.len();
         let median = speedups[n / 2];
-        let below_one = speedups.iter().filter(|&&x| x < 1.0).count();
         let summary = format!(
-            "min {:.3} p5 {:.3} median {:.3} p95 {:.3} max {:.3}, {below_one} of {n} below 1",
+            "min {:.3} p5 {:.3} median {:.3} p95 {:.3} max {:.3}",
             speedups[0],
             speedups[n / 20],
             median,
             speedups[n - n / 20 - 1],
             speedups[n - 1]
         );
-        assert!(speedups[0] >= 0.85, "{summary}");
-        assert!(speedups[n / 20] >= 1.0, "{summary}");
         assert!((1.05..=3.0).contains(&median), "{summary}");
         assert!(speedups[n - n / 20 - 1] <= 4.0, "{summary}");
         eprintln!("fusion speedups: {summary}");
@@ -352,15 +390,28 @@ mod tests {
     #[test]
     fn narrow_tables_cost_more_beside_wide_ones() {
         let s = sim();
-        let narrow = table(32, 30.0, false);
-        let narrow2 = table(32, 30.0, false);
-        let wide = table(128, 30.0, false);
+        let narrow = table(32, 8.0, false);
+        let narrow2 = table(32, 8.0, false);
+        let wide = table(128, 8.0, false);
         let with_narrow = s.fused_fwd_ms(&[&narrow, &narrow2]) - s.fused_fwd_ms(&[&narrow2]);
         let with_wide = s.fused_fwd_ms(&[&narrow, &wide]) - s.fused_fwd_ms(&[&wide]);
         assert!(
-            with_wide > 1.5 * with_narrow,
+            with_wide > 1.2 * with_narrow,
             "narrow beside wide {with_wide} vs beside narrow {with_narrow}"
         );
+        // A device runs one fused call or, where that is slower, one call each.
+        let (f_one, b_one) = s.one_call_ms(&[&narrow, &wide]);
+        let (f_n, b_n) = s.one_call_ms(&[&narrow]);
+        let (f_w, b_w) = s.one_call_ms(&[&wide]);
+        let (f, b) = s.device_ms(&[&narrow, &wide]);
+        assert_eq!(f + b, (f_one + b_one).min(f_n + f_w + b_n + b_w));
+        // Hot tables in one call share L2: each costs more than beside a cold one.
+        let hot = table(64, 50.0, true);
+        let hot2 = table(64, 50.0, true);
+        let cold = table(64, 50.0, false);
+        let beside_hot = s.fwd_bytes(&[&hot, &hot2])[0];
+        let beside_cold = s.fwd_bytes(&[&hot, &cold])[0];
+        assert!(beside_hot > beside_cold, "{beside_hot} vs {beside_cold}");
         assert_eq!(block_width(16), 64);
         assert_eq!(block_width(100), 128);
         assert_eq!(block_width(512), 128);
@@ -406,7 +457,7 @@ mod tests {
         let x = s.exchange_ms(&[100.0, 300.0]);
         // Rank 1 sends (B/2)·300·4 bytes to rank 0 and receives (B/2)·100·4.
         let bytes = cfg.batch as f64 / 2.0 * 300.0 * cfg.output_bytes as f64;
-        let expect = cfg.a2a_latency_ms + bytes / (cfg.link_gibps * (1u64 << 30) as f64 / 1000.0);
+        let expect = cfg.a2a_latency_ms + bytes / gibps_to_bytes_per_ms(cfg.link_gibps);
         assert!((x[1] - expect).abs() < 1e-9);
         assert!(x[0] == x[1], "rank 0 receives what rank 1 sends");
         assert_eq!(s.exchange_ms(&[500.0]), vec![0.0]);
@@ -429,14 +480,18 @@ mod tests {
     #[test]
     fn backward_is_one_and_a_half_to_two_and_a_half_forward() {
         let s = sim();
+        let mut checked = 0;
         for g in random_groups(200, 2) {
             let refs: Vec<&Table> = g.iter().collect();
-            let (f, b) = (s.fused_fwd_ms(&refs), s.fused_bwd_ms(&refs));
+            let (f, b) = s.one_call_ms(&refs);
             if f > 2.0 * s.config().kernel_floor_ms {
                 assert!((1.5..=2.5).contains(&(b / f)), "bwd/fwd = {}", b / f);
+                checked += 1;
             }
+            let (f, b) = s.device_ms(&refs);
             assert!(b >= f);
         }
+        assert!(checked > 100, "only {checked} groups above the floor");
     }
 
     /// Property 6.

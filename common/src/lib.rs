@@ -10,6 +10,7 @@
 //!   `dlrm_datasets` (`fbgemm_t856_bs65536`), its statistics, the train/test split.
 //! - [`suite`]: task suites (JSON) and their seeded generator.
 //! - [`placement`]: placement JSON and the in-memory plan type.
+//! - [`published`]: TorchRec planner constants shared by the simulator and the baseline.
 //! - [`measurement`]: a plan's measured per-device costs, as every oracle returns it.
 //! - [`config`]: the TOML configuration, resolved once into validated types.
 //! - [`error`]: the typed errors of this crate.
@@ -22,6 +23,7 @@ pub mod logging;
 pub mod measurement;
 pub mod placement;
 pub mod pool;
+pub mod published;
 pub mod suite;
 pub mod table;
 

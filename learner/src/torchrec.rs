@@ -18,16 +18,10 @@
 
 use common::{MemoryModel, Plan, Table};
 
-/// 897 GB/s in bytes per ms (`HBM_MEM_BW`).
-pub const HBM_MEM_BW: f64 = 897.0 * (1u64 << 30) as f64 / 1000.0;
-/// 600 GB/s in bytes per ms (`INTRA_NODE_BANDWIDTH`).
-pub const INTRA_NODE_BANDWIDTH: f64 = 600.0 * (1u64 << 30) as f64 / 1000.0;
-/// Bytes of one index (`BIGINT_DTYPE`).
-pub const BIGINT_DTYPE: f64 = 8.0;
-pub const FULL_BLOCK_EMB_DIM: u32 = 128;
-pub const HALF_BLOCK_PENALTY: f64 = 1.15;
-pub const QUARTER_BLOCK_PENALTY: f64 = 1.75;
-pub const BWD_COMPUTE_MULTIPLIER: f64 = 2.0;
+pub use common::published::{
+    BIGINT_DTYPE, BWD_COMPUTE_MULTIPLIER, FULL_BLOCK_EMB_DIM, HALF_BLOCK_PENALTY, HBM_MEM_BW,
+    INTRA_NODE_BANDWIDTH, QUARTER_BLOCK_PENALTY,
+};
 
 /// TorchRec's estimate for one table-wise shard, in ms.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,23 +1,38 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: set up (idempotent), generate the
 # default DLRM-like pool and task suites, and compare every placement method
-# on the test suites with the `sim` oracle.
+# on the test suites.
 #
-# Usage: scripts/launch.sh [--config FILE] [--backend sim|cpu]
+# Usage: scripts/launch.sh [--config FILE] [--backend sim|cpu] [--search-budget N]
+#   --config FILE        configuration (default: configs/default.toml)
+#   --backend sim|cpu    the oracle that measures plans (default: sim)
+#   --search-budget N    measurements per task for `search` (default: the
+#                        config's eval.search_budget on sim, 20 on cpu)
 set -euo pipefail
-. "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
-cd "$EMBSHARD_ROOT"
 
-CONFIG=configs/default.toml
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
+
+CONFIG=""
 BACKEND=sim
+BUDGET=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --config) CONFIG=$2; shift 2 ;;
-    --backend) BACKEND=$2; shift 2 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
-    *) echo "launch: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+    --config) [ $# -ge 2 ] || { usage >&2; exit 2; }; CONFIG=$(realpath "$2"); shift 2 ;;
+    --backend) [ $# -ge 2 ] || { usage >&2; exit 2; }; BACKEND=$2; shift 2 ;;
+    --search-budget) [ $# -ge 2 ] || { usage >&2; exit 2; }; BUDGET=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "launch: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
+case "$BACKEND" in
+  sim) ;;
+  cpu) BUDGET=${BUDGET:-20} ;;
+  *) echo "launch: --backend must be sim or cpu, not '$BACKEND'" >&2; exit 2 ;;
+esac
+
+. "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+cd "$EMBSHARD_ROOT"
+CONFIG=${CONFIG:-configs/default.toml}
 
 BIN=target/release
 SUITES=()
@@ -28,4 +43,6 @@ while read -r line; do
   esac
 done < <("$BIN/learner" generate --config "$CONFIG")
 [ ${#SUITES[@]} -gt 0 ] || { echo "launch: generate wrote no test suite" >&2; exit 1; }
-"$BIN/learner" eval --config "$CONFIG" --backend "$BACKEND" --methods all "${SUITES[@]}"
+EXTRA=()
+[ -z "$BUDGET" ] || EXTRA=(--search-budget "$BUDGET")
+"$BIN/learner" eval --config "$CONFIG" --backend "$BACKEND" --methods all "${EXTRA[@]}" "${SUITES[@]}"

@@ -4,17 +4,20 @@
 #      that tch 0.26 links against (LIBTORCH_USE_PYTORCH=1);
 #   2. the release build of every binary (target/release/{learner,actor,benchworker}),
 #      which find libtorch through an rpath set at build time.
-# Source it (`. scripts/setup.sh`) to also get the environment in your shell.
+# The other scripts source this file; running it alone is fine too.
 set -euo pipefail
 
 EMBSHARD_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TORCH_VERSION=2.13.0
 VENV="$EMBSHARD_ROOT/.venv"
 
-if ! command -v cargo >/dev/null 2>&1; then
-  echo "setup: cargo not found; install Rust (https://rustup.rs) first" >&2
-  exit 1
-fi
+for tool in cargo python3 c++; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "setup: '$tool' not found: embshard needs a Rust toolchain (https://rustup.rs)," \
+         "Python 3.10+ with venv, and a C++ compiler" >&2
+    exit 1
+  fi
+done
 
 torch_ok() {
   "$VENV/bin/python" - "$TORCH_VERSION" 2>/dev/null <<'PY'
@@ -25,13 +28,20 @@ PY
 
 if ! torch_ok; then
   echo "setup: installing torch==$TORCH_VERSION into $VENV (a few minutes, ~5 GB)" >&2
-  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
-  torch_ok || { echo "setup: torch $TORCH_VERSION did not install" >&2; exit 1; }
+  # A venv without a working pip (an interrupted or failed creation) is rebuilt.
+  if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+    rm -rf "$VENV"
+    python3 -m venv "$VENV" || {
+      echo "setup: 'python3 -m venv' failed; install your distribution's python3-venv" >&2
+      exit 1
+    }
+  fi
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
+  torch_ok || { echo "setup: torch $TORCH_VERSION did not install into $VENV" >&2; exit 1; }
 fi
 
 export LIBTORCH_USE_PYTORCH=1
 export PATH="$VENV/bin:$PATH"
 
 echo "setup: building the release binaries" >&2
-cargo build --release --workspace --quiet
+(cd "$EMBSHARD_ROOT" && cargo build --release --workspace --quiet)

@@ -17,6 +17,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print the resolved configuration (defaults filled in, validated) as TOML.
+    ///
+    /// Example:
+    ///   actor config --config configs/default.toml
     Config {
         /// Configuration TOML; defaults when omitted.
         #[arg(long)]

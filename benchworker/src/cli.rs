@@ -73,7 +73,8 @@ pub struct MeasureArgs {
     /// Configuration TOML (sections [memory], [sim], [cpu]); defaults when omitted.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Print the measurement as JSON: {"cost_ms", "devices": [{"fwd_ms", …}]}.
+    /// Print the measurement as JSON: {"cost_ms", "devices": [{"fwd_ms", …}]},
+    /// plus "spread" over the repeats for backends that time real work.
     #[arg(long)]
     pub json: bool,
 }
@@ -96,7 +97,8 @@ fn bench(args: BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         tables: args.tables,
         ..cfg.generate.clone()
     };
-    let tables = common::generate::generate_pool(&gen, args.seed);
+    let tables =
+        common::generate::generate_pool(&gen, args.seed).map_err(|e| anyhow::anyhow!(e))?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     let plans: Vec<common::Plan> = (0..args.plans)
         .map(|_| common::Plan {
@@ -137,7 +139,11 @@ fn measure(args: MeasureArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .measure(&tables, &plan)
         .with_context(|| format!("measuring {}", args.placement.display()))?;
     if args.json {
-        serde_json::to_writer(&mut *out, &m)?;
+        let mut v = serde_json::to_value(&m)?;
+        if let (Some(spread), Some(obj)) = (oracle.spread(), v.as_object_mut()) {
+            obj.insert("spread".into(), serde_json::to_value(spread)?);
+        }
+        serde_json::to_writer(&mut *out, &v)?;
         writeln!(out)?;
     } else {
         write_table(&m, out)?;
@@ -177,7 +183,8 @@ mod tests {
                 ..Default::default()
             },
             0,
-        );
+        )
+        .unwrap();
         let t = dir.join("t.csv");
         pool::write(&t, &tables).unwrap();
         let p = dir.join("p.json");
@@ -209,7 +216,8 @@ mod tests {
                 ..Default::default()
             },
             0,
-        );
+        )
+        .unwrap();
         let plan = Plan {
             devices: 2,
             assignment: vec![0, 1, 0, 1],

@@ -73,12 +73,7 @@ impl Lookups {
 /// A stable seed for one table's lookups: FNV-1a of the name mixed with the
 /// run's seed by SplitMix64 (std's hasher is not stable across releases).
 pub fn table_seed(seed: u64, name: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    let mut z = h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut z = common::fs::fnv1a(name.as_bytes()) ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)

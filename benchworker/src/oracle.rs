@@ -41,7 +41,7 @@ pub trait Oracle {
 }
 
 /// How much the iteration cost varied over the repeats of one measurement.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Spread {
     pub median_ms: f64,
     pub min_ms: f64,
@@ -125,7 +125,8 @@ mod tests {
                 ..Default::default()
             },
             0,
-        );
+        )
+        .unwrap();
         let plan = |devices, assignment| Plan {
             devices,
             assignment,

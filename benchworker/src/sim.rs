@@ -317,7 +317,7 @@ mod tests {
     }
 
     fn pool() -> Vec<Table> {
-        generate_pool(&PoolGenConfig::default(), 0)
+        generate_pool(&PoolGenConfig::default(), 0).unwrap()
     }
 
     fn table(dim: u32, pooling: f64, hot: bool) -> Table {

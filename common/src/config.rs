@@ -222,7 +222,7 @@ pub struct Config {
 impl Config {
     /// Parses TOML text; `path` names the source in messages.
     pub fn from_toml(text: &str, path: &Path) -> Result<Config> {
-        let cfg: Config = toml::from_str(text).map_err(|e| Error::Json {
+        let cfg: Config = toml::from_str(text).map_err(|e| Error::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;

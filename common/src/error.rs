@@ -21,9 +21,9 @@ pub enum Error {
         field: String,
         message: String,
     },
-    /// A JSON file does not parse or does not have the expected shape.
+    /// A JSON or TOML file does not parse or does not have the expected shape.
     #[error("{path}: {message}")]
-    Json { path: PathBuf, message: String },
+    Parse { path: PathBuf, message: String },
     /// A JSON document parses but one of its values is invalid.
     #[error("{path}: {location}: {message}")]
     Invalid {

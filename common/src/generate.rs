@@ -22,6 +22,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, LogNormal, Normal};
 use serde::{Deserialize, Serialize};
 
+use crate::pool::{MAX_DIM, MAX_POOLING, MAX_ROWS};
 use crate::table::{MemoryModel, Table, NUM_BINS};
 
 /// The published figures of `fbgemm_t856_bs65536` the generator is shaped like.
@@ -84,16 +85,49 @@ impl Default for PoolGenConfig {
 impl PoolGenConfig {
     /// Checks ranges; the message names the field.
     pub fn validate(&self) -> Result<(), String> {
+        let finite = |field: &str, v: f64| {
+            if v.is_finite() {
+                Ok(())
+            } else {
+                Err(format!("generate.{field} = {v} must be a finite number"))
+            }
+        };
+        let non_negative = |field: &str, v: f64| {
+            finite(field, v)?;
+            if v >= 0.0 {
+                Ok(())
+            } else {
+                Err(format!("generate.{field} = {v} must not be negative"))
+            }
+        };
         if self.tables == 0 {
             return Err("generate.tables must be at least 1".into());
         }
         if self.batch == 0 {
             return Err("generate.batch must be at least 1".into());
         }
+        finite("max_pooling", self.max_pooling)?;
+        if !(1.0..=MAX_POOLING).contains(&self.max_pooling) {
+            return Err(format!(
+                "generate.max_pooling = {} must lie in [1, {MAX_POOLING}]",
+                self.max_pooling
+            ));
+        }
+        finite("mean_pooling", self.mean_pooling)?;
         if !(self.mean_pooling >= 1.0 && self.mean_pooling < self.max_pooling) {
             return Err(format!(
                 "generate.mean_pooling = {} must lie in [1, max_pooling)",
                 self.mean_pooling
+            ));
+        }
+        non_negative("pooling_sigma", self.pooling_sigma)?;
+        finite("log10_rows_mean", self.log10_rows_mean)?;
+        non_negative("log10_rows_sigma", self.log10_rows_sigma)?;
+        finite("rows_pooling_slope", self.rows_pooling_slope)?;
+        if !(100..=MAX_ROWS).contains(&self.max_rows) {
+            return Err(format!(
+                "generate.max_rows = {} must lie in [100, {MAX_ROWS}]",
+                self.max_rows
             ));
         }
         if self.dims.is_empty() || self.dims.len() != self.dim_weights.len() {
@@ -102,14 +136,17 @@ impl PoolGenConfig {
                     .into(),
             );
         }
-        if self.dims.contains(&0) || self.dim_weights.iter().any(|w| w.is_nan() || *w < 0.0) {
-            return Err("generate.dims must be positive and dim_weights non-negative".into());
+        if self.dims.iter().any(|&d| d == 0 || d as u64 > MAX_DIM) {
+            return Err(format!("generate.dims must lie in 1..={MAX_DIM}"));
+        }
+        for &w in &self.dim_weights {
+            non_negative("dim_weights", w)?;
+        }
+        if self.dim_weights.iter().sum::<f64>() <= 0.0 {
+            return Err("generate.dim_weights must not all be 0".into());
         }
         if !(0.0 < self.reuse_min && self.reuse_min <= self.reuse_max && self.reuse_max < 1.0) {
             return Err("generate.reuse_min/reuse_max must satisfy 0 < min ≤ max < 1".into());
-        }
-        if self.max_rows < 100 {
-            return Err("generate.max_rows must be at least 100".into());
         }
         Ok(())
     }
@@ -136,11 +173,13 @@ pub fn unique_rows(t: &Table, batch: u64) -> f64 {
     (batch as f64 * t.pooling_factor / t.mean_reuse()).min(t.rows as f64)
 }
 
-/// Generates a pool; the same config and seed give the same pool.
-pub fn generate_pool(cfg: &PoolGenConfig, seed: u64) -> Vec<Table> {
+/// Generates a pool; the same config and seed give the same pool. Fails
+/// with the field's name when the config is out of range.
+pub fn generate_pool(cfg: &PoolGenConfig, seed: u64) -> Result<Vec<Table>, String> {
+    cfg.validate()?;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut pooling: Vec<f64> = {
-        let ln = LogNormal::new(0.0, cfg.pooling_sigma).expect("sigma validated");
+        let ln = LogNormal::new(0.0, cfg.pooling_sigma).map_err(|e| e.to_string())?;
         (0..cfg.tables).map(|_| ln.sample(&mut rng)).collect()
     };
     // Rescale to the target mean; clamping moves the mean, so repeat a few times.
@@ -198,7 +237,7 @@ pub fn generate_pool(cfg: &PoolGenConfig, seed: u64) -> Vec<Table> {
             bins: geometric_bins(r).map(|b| (b * 1e6).round() / 1e6),
         });
     }
-    tables
+    Ok(tables)
 }
 
 /// Splits a pool at random into disjoint halves (train, test), DreamShard's 50/50.
@@ -337,13 +376,14 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(generate_pool(&cfg, 1), generate_pool(&cfg, 1));
+        assert!(generate_pool(&cfg, 1).is_ok());
         assert_ne!(generate_pool(&cfg, 1), generate_pool(&cfg, 2));
     }
 
     #[test]
     fn default_pool_is_shaped_like_the_trace() {
         let cfg = PoolGenConfig::default();
-        let pool = generate_pool(&cfg, 0);
+        let pool = generate_pool(&cfg, 0).unwrap();
         let s = stats(&pool, cfg.batch, &MemoryModel::default());
         eprintln!("{s}");
         assert_eq!(s.tables, published::TABLES);
@@ -365,6 +405,50 @@ mod tests {
     }
 
     #[test]
+    fn out_of_range_settings_are_errors_naming_the_field() {
+        for (cfg, field) in [
+            (
+                PoolGenConfig {
+                    pooling_sigma: -1.0,
+                    ..Default::default()
+                },
+                "pooling_sigma",
+            ),
+            (
+                PoolGenConfig {
+                    log10_rows_mean: f64::NAN,
+                    ..Default::default()
+                },
+                "log10_rows_mean",
+            ),
+            (
+                PoolGenConfig {
+                    max_rows: 1 << 50,
+                    ..Default::default()
+                },
+                "max_rows",
+            ),
+            (
+                PoolGenConfig {
+                    dim_weights: vec![0.0; 4],
+                    ..Default::default()
+                },
+                "dim_weights",
+            ),
+            (
+                PoolGenConfig {
+                    max_pooling: f64::INFINITY,
+                    ..Default::default()
+                },
+                "max_pooling",
+            ),
+        ] {
+            let e = generate_pool(&cfg, 0).unwrap_err();
+            assert!(e.contains(field), "{e}");
+        }
+    }
+
+    #[test]
     fn split_is_disjoint_and_complete() {
         let pool = generate_pool(
             &PoolGenConfig {
@@ -372,7 +456,8 @@ mod tests {
                 ..Default::default()
             },
             3,
-        );
+        )
+        .unwrap();
         let (train, test) = split(&pool, 9);
         assert_eq!(train.len() + test.len(), 101);
         for t in &train {

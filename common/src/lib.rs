@@ -13,11 +13,13 @@
 //! - [`published`]: TorchRec planner constants shared by the simulator and the baseline.
 //! - [`measurement`]: a plan's measured per-device costs, as every oracle returns it.
 //! - [`config`]: the TOML configuration, resolved once into validated types.
+//! - [`fs`]: atomic file writes and stable name hashes.
 //! - [`error`]: the typed errors of this crate.
 //! - [`logging`]: tracing set-up shared by the binaries.
 
 pub mod config;
 pub mod error;
+pub mod fs;
 pub mod generate;
 pub mod logging;
 pub mod measurement;

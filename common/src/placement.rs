@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::table::{MemoryModel, Table};
 
+/// Most devices a plan or task may name: far above any cluster's GPUs, low
+/// enough that a typo cannot make us allocate per-device state for billions.
+pub const MAX_DEVICES: usize = 1 << 16;
+
 /// A plan over a task's tables: `assignment[i]` is the device of table `i`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Plan {
@@ -31,7 +35,7 @@ impl Plan {
     pub fn device_bytes(&self, tables: &[Table], mem: &MemoryModel) -> Vec<u64> {
         let mut used = vec![0u64; self.devices];
         for (t, &d) in tables.iter().zip(&self.assignment) {
-            used[d] += mem.table_bytes(t);
+            used[d] = used[d].saturating_add(mem.table_bytes(t));
         }
         used
     }
@@ -79,7 +83,7 @@ impl Placement {
     /// Reads a placement file (shape only; see [`Placement::resolve`]).
     pub fn read(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        serde_json::from_str(&text).map_err(|e| Error::Json {
+        serde_json::from_str(&text).map_err(|e| Error::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
         })
@@ -93,8 +97,11 @@ impl Placement {
             location,
             message,
         };
-        if self.devices == 0 {
-            return Err(invalid("devices".into(), "must be at least 1".into()));
+        if self.devices == 0 || self.devices > MAX_DEVICES {
+            return Err(invalid(
+                "devices".into(),
+                format!("{} must lie in 1..={MAX_DEVICES}", self.devices),
+            ));
         }
         let index: HashMap<&str, usize> = tables
             .iter()
@@ -184,6 +191,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("assignment[1].device") && e.contains("device 2 does not exist"));
+        let e = placement(&[("a", 0), ("b", 1)], usize::MAX)
+            .resolve(&tables(), Path::new("p.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("devices") && e.contains("must lie in"), "{e}");
     }
 
     #[test]

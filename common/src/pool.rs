@@ -11,6 +11,12 @@ use crate::table::{Table, NUM_BINS};
 /// Tolerance on the bins' sum: they are shares of unique rows and must sum to 1,
 /// but files written with a few decimals round.
 pub const BIN_SUM_TOLERANCE: f64 = 0.02;
+/// Largest accepted hash size (2^40 rows: terabytes of weights per table).
+pub const MAX_ROWS: u64 = 1 << 40;
+/// Largest accepted embedding dimension.
+pub const MAX_DIM: u64 = 1 << 16;
+/// Largest accepted pooling factor (lookups per sample).
+pub const MAX_POOLING: f64 = 1e5;
 
 /// The header every pool CSV starts with.
 pub fn header() -> Vec<String> {
@@ -78,18 +84,17 @@ pub fn read_from<R: std::io::Read>(reader: R, path: &Path) -> Result<Vec<Table>>
         if name.is_empty() {
             return Err(csv_err(line, "name", "empty table name".into()));
         }
-        let rows: u64 = parse_positive_int(&rec[1])
+        let rows: u64 = parse_positive_int(&rec[1], MAX_ROWS)
             .map_err(|m| csv_err(line, "rows", format!("`{}`: {m}", &rec[1])))?;
-        let dim: u64 = parse_positive_int(&rec[2])
-            .map_err(|m| csv_err(line, "dim", format!("`{}`: {m}", &rec[2])))?;
-        let dim = u32::try_from(dim)
-            .map_err(|_| csv_err(line, "dim", format!("`{dim}` is too large")))?;
+        let dim = parse_positive_int(&rec[2], MAX_DIM)
+            .map_err(|m| csv_err(line, "dim", format!("`{}`: {m}", &rec[2])))?
+            as u32;
         let pooling = parse_finite(&rec[3])
             .and_then(|v| {
-                if v > 0.0 {
+                if v > 0.0 && v <= MAX_POOLING {
                     Ok(v)
                 } else {
-                    Err("must be greater than 0".into())
+                    Err(format!("must lie in (0, {MAX_POOLING}]"))
                 }
             })
             .map_err(|m| csv_err(line, "pooling_factor", format!("`{}`: {m}", &rec[3])))?;
@@ -144,12 +149,15 @@ fn parse_finite(s: &str) -> std::result::Result<f64, String> {
     }
 }
 
-fn parse_positive_int(s: &str) -> std::result::Result<u64, String> {
+fn parse_positive_int(s: &str, max: u64) -> std::result::Result<u64, String> {
     let v: i128 = s.parse().map_err(|_| "not an integer".to_string())?;
     if v <= 0 {
         return Err("must be a positive integer".into());
     }
-    u64::try_from(v).map_err(|_| "is too large".to_string())
+    if v > max as i128 {
+        return Err(format!("is larger than the maximum {max}"));
+    }
+    Ok(v as u64)
 }
 
 /// Writes a pool CSV (atomically: a temp file renamed over the target).
@@ -164,28 +172,14 @@ pub fn write(path: &Path, tables: &[Table]) -> Result<()> {
                 t.name.clone(),
                 t.rows.to_string(),
                 t.dim.to_string(),
-                format!("{:.6}", t.pooling_factor),
+                t.pooling_factor.to_string(),
             ];
-            rec.extend(t.bins.iter().map(|b| format!("{b:.6}")));
+            rec.extend(t.bins.iter().map(|b| b.to_string()));
             w.write_record(&rec).map_err(io)?;
         }
         w.flush().map_err(|e| Error::io(path, e))?;
     }
-    write_atomic(path, &buf)
-}
-
-/// Writes `bytes` to a temp file beside `path`, fsyncs it and renames it over
-/// `path`, so a reader never sees half a file.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
-    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    crate::fs::write_atomic(path, &buf)
 }
 
 #[cfg(test)]
@@ -244,6 +238,12 @@ mod tests {
         assert!(e.contains("`dim`"), "{e}");
         let e = err_of(&row("t0", "10", "abc", "1", &GOOD_BINS));
         assert!(e.contains("`dim`") && e.contains("not an integer"), "{e}");
+        let e = err_of(&row("t0", "99999999999999999999", "8", "1", &GOOD_BINS));
+        assert!(e.contains("`rows`") && e.contains("maximum"), "{e}");
+        let e = err_of(&row("t0", "10", "70000", "1", &GOOD_BINS));
+        assert!(e.contains("`dim`") && e.contains("maximum"), "{e}");
+        let e = err_of(&row("t0", "10", "8", "1e15", &GOOD_BINS));
+        assert!(e.contains("`pooling_factor`"), "{e}");
     }
 
     #[test]

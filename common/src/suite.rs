@@ -13,6 +13,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::placement::MAX_DEVICES;
 use crate::pool;
 use crate::table::{MemoryModel, Table, BYTES_PER_GB};
 
@@ -61,7 +62,10 @@ impl Task {
                 self.memory_gb
             ));
         }
-        let total: u64 = self.tables.iter().map(|t| mem.table_bytes(t)).sum();
+        let total = self
+            .tables
+            .iter()
+            .fold(0u64, |s, t| s.saturating_add(mem.table_bytes(t)));
         if total > cap.saturating_mul(self.devices as u64) {
             return Some(format!(
                 "its tables need {:.3} GB in all, more than {} devices × {} GB",
@@ -87,7 +91,7 @@ impl Suite {
     /// tables and pass [`Task::infeasibility`] under `mem`.
     pub fn load(path: &Path, mem: &MemoryModel) -> Result<Suite> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let file: SuiteFile = serde_json::from_str(&text).map_err(|e| Error::Json {
+        let file: SuiteFile = serde_json::from_str(&text).map_err(|e| Error::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
@@ -120,10 +124,10 @@ fn resolve_tasks(
     let by_name: HashMap<&str, &Table> = pool.iter().map(|t| (t.name.as_str(), t)).collect();
     let mut tasks = Vec::with_capacity(file.tasks.len());
     for (i, spec) in file.tasks.iter().enumerate() {
-        if spec.devices == 0 {
+        if spec.devices == 0 || spec.devices > MAX_DEVICES {
             return Err(invalid(
                 format!("tasks[{i}].devices"),
-                "must be at least 1".into(),
+                format!("{} must lie in 1..={MAX_DEVICES}", spec.devices),
             ));
         }
         if !(spec.memory_gb.is_finite() && spec.memory_gb > 0.0) {
@@ -183,7 +187,7 @@ pub fn first_fit_decreasing(
     let mut assignment = vec![0; tables.len()];
     for i in order {
         let b = mem.table_bytes(&tables[i]);
-        let d = (0..devices).find(|&d| used[d] + b <= cap_bytes)?;
+        let d = (0..devices).find(|&d| used[d].saturating_add(b) <= cap_bytes)?;
         used[d] += b;
         assignment[i] = d;
     }
@@ -221,7 +225,7 @@ pub fn generate(
             ),
         });
     }
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ fnv1a(spec.name.as_bytes()));
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ crate::fs::fnv1a(spec.name.as_bytes()));
     let cap = (spec.memory_gb * BYTES_PER_GB) as u64;
     const MAX_DRAWS: usize = 1000;
     let mut tasks = Vec::with_capacity(spec.tasks);
@@ -257,18 +261,11 @@ pub fn generate(
 
 /// Writes a suite file atomically, pretty-printed.
 pub fn write(path: &Path, suite: &SuiteFile) -> Result<()> {
-    let text = serde_json::to_string_pretty(suite).map_err(|e| Error::Json {
+    let text = serde_json::to_string_pretty(suite).map_err(|e| Error::Parse {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;
-    pool::write_atomic(path, text.as_bytes())
-}
-
-/// A stable 64-bit hash (FNV-1a) for deriving seeds from names.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100000001b3)
-    })
+    crate::fs::write_atomic(path, text.as_bytes())
 }
 
 #[cfg(test)]
@@ -374,6 +371,11 @@ mod tests {
     fn rejects_bad_devices_memory_and_missing_pool() {
         let dir = tempfile::tempdir().unwrap();
         let p = suite_with(dir.path(), spec(&["t1"], 0, 1.0));
+        assert!(Suite::load(&p, &mem())
+            .unwrap_err()
+            .to_string()
+            .contains("tasks[0].devices"));
+        let p = suite_with(dir.path(), spec(&["t1"], 1 << 40, 1.0));
         assert!(Suite::load(&p, &mem())
             .unwrap_err()
             .to_string()

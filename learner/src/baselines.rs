@@ -170,7 +170,7 @@ fn greedy(ctx: &Context, cost: impl Fn(&Table) -> f64) -> Option<Plan> {
     let mut assignment = vec![0; ctx.tables.len()];
     for i in order {
         let d = (0..ctx.devices)
-            .filter(|&d| used[d] + bytes[i] <= ctx.cap_bytes)
+            .filter(|&d| used[d].saturating_add(bytes[i]) <= ctx.cap_bytes)
             .min_by(|&a, &b| {
                 sum[a]
                     .total_cmp(&sum[b])
@@ -248,6 +248,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plan.assignment, vec![0, 1, 1, 0, 1]);
+    }
+
+    #[test]
+    fn greedy_ties_go_to_the_device_with_fewer_bytes() {
+        // `dim` sees equal costs everywhere: after t0 (big) on device 0 and
+        // t1 on device 1, t2 ties on cost sum and goes where fewer bytes are.
+        let tables = vec![
+            table(0, 5000, 8, 1.0),
+            table(1, 100, 8, 1.0),
+            table(2, 100, 8, 1.0),
+        ];
+        let plan = place(
+            Method::Dim,
+            &ctx(&tables, 2, u64::MAX),
+            &mut ChaCha8Rng::seed_from_u64(0),
+        )
+        .unwrap();
+        assert_eq!(plan.assignment, vec![0, 1, 1]);
     }
 
     #[test]

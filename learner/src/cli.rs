@@ -32,6 +32,9 @@ pub enum Command {
     /// one DIR/<suite>.{train,test}.json per configured suite, and prints the
     /// pool's statistics next to the published trace's. Deterministic: the
     /// same config gives the same files.
+    ///
+    /// Example:
+    ///   learner generate --config configs/default.toml --out data/generated
     Generate(GenerateArgs),
     /// Compare placement methods on a suite.
     ///
@@ -42,6 +45,9 @@ pub enum Command {
     ///
     /// Example:
     ///   learner eval --suite data/generated/dlrm-50x4.test.json --methods all --backend sim
+    ///
+    /// On the `cpu` backend a measurement takes about a second: give `search`
+    /// a small budget (--search-budget 20).
     Eval(EvalArgs),
 }
 

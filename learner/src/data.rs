@@ -25,13 +25,17 @@ pub struct Generated {
 
 pub fn generate(cfg: &Config, dir: &Path) -> Result<Generated> {
     let seed = cfg.data.seed;
-    let tables = generate_pool(&cfg.generate, seed);
+    let tables =
+        generate_pool(&cfg.generate, seed).map_err(|message| common::Error::Infeasible {
+            context: "generating the pool".into(),
+            message,
+        })?;
     let (train, test) = split(&tables, seed.wrapping_add(1));
     pool::write(&dir.join("pool.csv"), &tables)?;
     pool::write(&dir.join("pool.train.csv"), &train)?;
     pool::write(&dir.join("pool.test.csv"), &test)?;
     let stats = stats(&tables, cfg.generate.batch, &cfg.memory);
-    pool::write_atomic(&dir.join("pool.stats.txt"), stats.to_string().as_bytes())?;
+    common::fs::write_atomic(&dir.join("pool.stats.txt"), stats.to_string().as_bytes())?;
     let mut suites = Vec::new();
     for s in &cfg.data.suites {
         for (half, tables, n) in [

@@ -38,17 +38,10 @@ struct Neighbourhood<'a> {
     bytes: Vec<u64>,
     cap: u64,
     tables: &'a [Table],
+    mem: &'a MemoryModel,
 }
 
 impl Neighbourhood<'_> {
-    fn used(&self, plan: &Plan) -> Vec<u64> {
-        let mut used = vec![0u64; plan.devices];
-        for (i, &d) in plan.assignment.iter().enumerate() {
-            used[d] += self.bytes[i];
-        }
-        used
-    }
-
     /// A random feasible move or swap of a table on `from`; `None` if the
     /// draw was infeasible.
     fn propose(&self, plan: &Plan, from: usize, rng: &mut impl Rng) -> Option<Plan> {
@@ -63,10 +56,10 @@ impl Neighbourhood<'_> {
         if to >= from {
             to += 1;
         }
-        let used = self.used(plan);
+        let used = plan.device_bytes(self.tables, self.mem);
         let mut next = plan.clone();
         if rng.gen_bool(0.5) {
-            if used[to] + self.bytes[i] > self.cap {
+            if used[to].saturating_add(self.bytes[i]) > self.cap {
                 return None;
             }
             next.assignment[i] = to;
@@ -78,8 +71,8 @@ impl Neighbourhood<'_> {
                 return None;
             }
             let j = on_to[rng.gen_range(0..on_to.len())];
-            if used[to] - self.bytes[j] + self.bytes[i] > self.cap
-                || used[from] - self.bytes[i] + self.bytes[j] > self.cap
+            if (used[to] - self.bytes[j]).saturating_add(self.bytes[i]) > self.cap
+                || (used[from] - self.bytes[i]).saturating_add(self.bytes[j]) > self.cap
             {
                 return None;
             }
@@ -105,6 +98,7 @@ pub fn search(
         bytes: tables.iter().map(|t| mem.table_bytes(t)).collect(),
         cap: cap_bytes,
         tables,
+        mem,
     };
     let mut cur = start.clone();
     let mut cur_m = oracle.measure(tables, &cur)?;
@@ -182,7 +176,8 @@ mod tests {
                 ..Default::default()
             },
             4,
-        );
+        )
+        .unwrap();
         let mem = MemoryModel::default();
         let mut sim = SimOracle::new(SimConfig::default(), mem);
         // Everything on device 0 of 4: a poor start.

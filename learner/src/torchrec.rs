@@ -137,6 +137,28 @@ mod tests {
     }
 
     #[test]
+    fn partitioner_places_the_largest_storage_first() {
+        let mem = MemoryModel {
+            precision: Precision::Fp32,
+            optimizer: Optimizer::Sgd,
+        };
+        // Given small-to-large, it places t2 (largest) first on rank 0, then
+        // t1 on the idle rank 1, then t0 on whichever has less perf so far.
+        let tables = vec![
+            table(100, 16, 50.0),
+            table(2000, 16, 1.0),
+            table(9000, 16, 1.0),
+        ];
+        let plan = partition(&tables, 2, u64::MAX, &mem, 1024).unwrap();
+        assert_eq!(plan.assignment[2], 0);
+        assert_eq!(plan.assignment[1], 1);
+        assert_eq!(
+            plan.assignment[0], 0,
+            "rank 0 and 1 tie on perf: lower rank"
+        );
+    }
+
+    #[test]
     fn partitioner_balances_perf_and_respects_memory() {
         let mem = MemoryModel {
             precision: Precision::Fp32,

@@ -55,6 +55,9 @@ const MODE_SUM: i64 = 0;
 const WEIGHT_INIT: f64 = 0.01;
 const GRAD_VALUE: f64 = 1e-3;
 const LEARNING_RATE: f64 = 1e-3;
+/// Most lookups one measurement may draw (their indices, offsets and bags
+/// take about 24 bytes each).
+const MAX_LOOKUPS: f64 = (1u64 << 28) as f64;
 /// Headroom when the weight arena grows, so plans of slightly different
 /// sizes do not reallocate it each time.
 const ARENA_SLACK: f64 = 1.25;
@@ -205,6 +208,21 @@ impl Oracle for CpuOracle {
     fn measure(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, OracleError> {
         check_plan(tables, plan)?;
         self.last_spread = None;
+        let lookups: f64 = tables
+            .iter()
+            .map(|t| self.cfg.batch as f64 * t.pooling_factor)
+            .sum();
+        if lookups > MAX_LOOKUPS {
+            return Err(OracleError::Backend {
+                backend: BACKEND,
+                message: format!(
+                    "the plan needs {lookups:.0} lookups per iteration at cpu.batch = {}, \
+                     more than the {MAX_LOOKUPS:.0} this backend holds in memory; \
+                     lower cpu.batch",
+                    self.cfg.batch
+                ),
+            });
+        }
         self.run(tables, plan).map_err(backend_error)
     }
 
@@ -636,6 +654,16 @@ mod tests {
             (0.0, 0.0, 0.0)
         );
         assert!(empty.fwd_comm_ms > 0.0, "it waits for the slowest: {m:?}");
+    }
+
+    #[test]
+    fn plans_beyond_the_lookup_budget_are_refused() {
+        let t = table("huge", 100, 8, 1e5);
+        let e = oracle(1 << 12)
+            .measure(&[t], &plan(1, vec![0]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lower cpu.batch"), "{e}");
     }
 
     #[test]

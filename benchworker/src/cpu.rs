@@ -69,6 +69,22 @@ fn backend_error(e: TchError) -> OracleError {
     }
 }
 
+/// `embedding_bag` in sum mode: row `b` of the result sums the rows of
+/// `weight` that `indices[offsets[b]..offsets[b + 1]]` name.
+fn sum_bags(weight: &Tensor, indices: &Tensor, offsets: &Tensor) -> Result<Tensor, TchError> {
+    let (out, _, _, _) = Tensor::f_embedding_bag(
+        weight,
+        indices,
+        offsets,
+        false,
+        MODE_SUM,
+        false,
+        None::<Tensor>,
+        false,
+    )?;
+    Ok(out)
+}
+
 fn ms_since(start: Instant) -> f64 {
     start.elapsed().as_secs_f64() * 1e3
 }
@@ -354,17 +370,7 @@ impl DeviceWork {
 
     /// The fused lookup: one call over all the device's bags, `[T_d·B, D_max]`.
     fn forward(&self) -> Result<Tensor, TchError> {
-        let (out, _, _, _) = Tensor::f_embedding_bag(
-            &self.weight,
-            &self.indices,
-            &self.offsets,
-            false,
-            MODE_SUM,
-            false,
-            None::<Tensor>,
-            false,
-        )?;
-        Ok(out)
+        sum_bags(&self.weight, &self.indices, &self.offsets)
     }
 
     /// Sort by row, segment-reduce the output gradients per unique row, and
@@ -374,16 +380,7 @@ impl DeviceWork {
         let bags = self.bags.f_index_select(0, &order)?;
         let (unique, _, counts) = rows.f_unique_consecutive(false, true, None)?;
         let starts = counts.f_cumsum(0, Kind::Int64)?.f_sub(&counts)?;
-        let (row_grad, _, _, _) = Tensor::f_embedding_bag(
-            &self.grad,
-            &bags,
-            &starts,
-            false,
-            MODE_SUM,
-            false,
-            None::<Tensor>,
-            false,
-        )?;
+        let row_grad = sum_bags(&self.grad, &bags, &starts)?;
         let _ = self
             .weight
             .f_index_add_(0, &unique, &row_grad.f_mul_scalar(-LEARNING_RATE)?)?;

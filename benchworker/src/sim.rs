@@ -321,19 +321,12 @@ mod tests {
     }
 
     fn table(dim: u32, pooling: f64, hot: bool) -> Table {
-        let mut bins = [0.0; common::NUM_BINS];
+        let mut t = Table::cold(format!("d{dim}p{pooling}"), 10_000_000, dim, pooling);
         if hot {
-            bins[12] = 1.0;
-        } else {
-            bins[0] = 1.0;
+            t.bins = [0.0; common::NUM_BINS];
+            t.bins[12] = 1.0;
         }
-        Table {
-            name: format!("d{dim}p{pooling}"),
-            rows: 10_000_000,
-            dim,
-            pooling_factor: pooling,
-            bins,
-        }
+        t
     }
 
     fn random_groups(n: usize, seed: u64) -> Vec<Vec<Table>> {

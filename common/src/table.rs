@@ -50,6 +50,20 @@ pub struct Table {
 }
 
 impl Table {
+    /// A table whose rows are each read at most once per batch (all of the
+    /// reuse histogram in `bin_0`): the coldest access pattern.
+    pub fn cold(name: impl Into<String>, rows: u64, dim: u32, pooling_factor: f64) -> Table {
+        let mut bins = [0.0; NUM_BINS];
+        bins[0] = 1.0;
+        Table {
+            name: name.into(),
+            rows,
+            dim,
+            pooling_factor,
+            bins,
+        }
+    }
+
     /// `rows × dim`, the number of weights.
     pub fn size(&self) -> f64 {
         self.rows as f64 * self.dim as f64

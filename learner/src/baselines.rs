@@ -190,20 +190,12 @@ fn greedy(ctx: &Context, cost: impl Fn(&Table) -> f64) -> Option<Plan> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::{Optimizer, Precision, NUM_BINS};
+    use common::{Optimizer, Precision};
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 
     fn table(i: usize, rows: u64, dim: u32, pooling: f64) -> Table {
-        let mut bins = [0.0; NUM_BINS];
-        bins[0] = 1.0;
-        Table {
-            name: format!("t{i}"),
-            rows,
-            dim,
-            pooling_factor: pooling,
-            bins,
-        }
+        Table::cold(format!("t{i}"), rows, dim, pooling)
     }
 
     const MEM: MemoryModel = MemoryModel {

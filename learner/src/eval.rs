@@ -284,17 +284,7 @@ mod tests {
         // has no room for A; TorchRec's partitioner places A first.
         let dir = tempfile::tempdir().unwrap();
         let mem = MemoryModel::default();
-        let mk = |name: &str, rows: u64, pooling: f64| {
-            let mut bins = [0.0; common::NUM_BINS];
-            bins[0] = 1.0;
-            common::Table {
-                name: name.into(),
-                rows,
-                dim: 16,
-                pooling_factor: pooling,
-                bins,
-            }
-        };
+        let mk = |name: &str, rows: u64, pooling: f64| common::Table::cold(name, rows, 16, pooling);
         let tables = vec![mk("A", 6000, 1.0), mk("B", 5000, 10.0), mk("C", 5000, 9.0)];
         common::pool::write(&dir.path().join("pool.csv"), &tables).unwrap();
         let cap_gb =

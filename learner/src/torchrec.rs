@@ -104,18 +104,10 @@ pub fn partition(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::{Optimizer, Precision, NUM_BINS};
+    use common::{Optimizer, Precision};
 
     fn table(rows: u64, dim: u32, pooling: f64) -> Table {
-        let mut bins = [0.0; NUM_BINS];
-        bins[0] = 1.0;
-        Table {
-            name: format!("r{rows}d{dim}"),
-            rows,
-            dim,
-            pooling_factor: pooling,
-            bins,
-        }
+        Table::cold(format!("r{rows}d{dim}"), rows, dim, pooling)
     }
 
     /// TorchRec's own unit test (`test_shard_estimators.py`, one table of

@@ -68,6 +68,24 @@ const SECTOR_BYTES: f64 = 32.0;
 /// Accesses per batch above which a row's gradient segment is "very hot".
 const HOT_ROW_ACCESSES: f64 = 1024.0;
 
+/// A table's figures that do not depend on its call: computed once per
+/// measurement, so a step of the model costs a few multiplications.
+#[derive(Debug, Clone)]
+struct Prepared {
+    dim: u32,
+    lookups: f64,
+    /// Bytes read per lookup from HBM on a miss (whole 32-byte sectors).
+    row_bytes: f64,
+    /// Share of lookups that repeat a row read earlier in the batch.
+    repeats: f64,
+    /// Bytes of the rows read more than once: what competes for L2.
+    repeated_bytes: f64,
+    /// Index reads and pooled-output writes, which no placement changes.
+    fixed_bytes: f64,
+    /// Backward bytes per forward byte.
+    bwd_factor: f64,
+}
+
 /// The `sim` oracle.
 pub struct SimOracle {
     cfg: SimConfig,
@@ -123,12 +141,23 @@ impl SimOracle {
         &self.cfg
     }
 
-    fn lookups(&self, t: &Table) -> f64 {
-        self.cfg.batch as f64 * t.pooling_factor
-    }
-
-    fn row_bytes(&self, t: &Table) -> f64 {
-        (t.dim as f64 * self.weight_bytes / SECTOR_BYTES).ceil() * SECTOR_BYTES
+    /// What a call needs of a table, computed once per measurement.
+    fn prepare(&self, t: &Table) -> Prepared {
+        let n = self.cfg.batch as f64 * t.pooling_factor;
+        let row_bytes = (t.dim as f64 * self.weight_bytes / SECTOR_BYTES).ceil() * SECTOR_BYTES;
+        let reuse = t.mean_reuse();
+        let unique = (n / reuse).min(t.rows as f64);
+        let hot = t.lookup_share_above(HOT_ROW_ACCESSES);
+        Prepared {
+            dim: t.dim,
+            lookups: n,
+            row_bytes,
+            repeats: 1.0 - 1.0 / reuse,
+            repeated_bytes: unique * (1.0 - t.bins[0]).max(0.0) * row_bytes,
+            fixed_bytes: n * self.cfg.index_bytes as f64
+                + self.cfg.batch as f64 * t.dim as f64 * self.cfg.output_bytes as f64,
+            bwd_factor: self.cfg.bwd_multiplier * (1.0 + self.cfg.hot_row_contention * hot),
+        }
     }
 
     /// Soft maximum of the fixed floor and the work of one kernel call.
@@ -137,63 +166,45 @@ impl SimOracle {
         (self.cfg.kernel_floor_ms.powf(k) + work_ms.powf(k)).powf(1.0 / k)
     }
 
-    /// Bytes the forward of each table of a fused group moves, in group order.
-    fn fwd_bytes(&self, group: &[&Table]) -> Vec<f64> {
-        let Some(max_dim) = group.iter().map(|t| t.dim).max() else {
-            return Vec::new();
-        };
-        let width = block_width(max_dim);
-        // Repeated rows of every table in the call compete for one L2.
-        let repeated_bytes: f64 = group
-            .iter()
-            .map(|t| {
-                let unique = (self.lookups(t) / t.mean_reuse()).min(t.rows as f64);
-                unique * (1.0 - t.bins[0]).max(0.0) * self.row_bytes(t)
-            })
-            .sum();
+    /// Forward bytes of one table in a call of block `width` whose repeated
+    /// rows hit L2 with probability `p_hit`.
+    fn table_fwd_bytes(&self, t: &Prepared, width: u32, p_hit: f64) -> f64 {
+        let locality = 1.0 - t.repeats * p_hit * (1.0 - self.cfg.l2_hit_cost);
+        let penalty = block_penalty(lane_share(t.dim, width));
+        t.lookups * t.row_bytes * locality * penalty + t.fixed_bytes
+    }
+
+    /// Block width and L2 hit probability of one call over `group`: the
+    /// widest table sizes the block, and the repeated rows of every table
+    /// in the call compete for one L2.
+    fn call_shape(&self, group: &[&Prepared]) -> (u32, f64) {
+        let max_dim = group.iter().map(|t| t.dim).max().unwrap_or(1);
+        let repeated: f64 = group.iter().map(|t| t.repeated_bytes).sum();
         let l2 = self.cfg.l2_mib * (1u64 << 20) as f64;
-        let p_hit = l2 / (l2 + repeated_bytes);
-        group
-            .iter()
-            .map(|t| {
-                let repeats = 1.0 - 1.0 / t.mean_reuse();
-                let locality = 1.0 - repeats * p_hit * (1.0 - self.cfg.l2_hit_cost);
-                let penalty = block_penalty(lane_share(t.dim, width));
-                let n = self.lookups(t);
-                n * (self.row_bytes(t) * locality * penalty + self.cfg.index_bytes as f64)
-                    + self.cfg.batch as f64 * t.dim as f64 * self.cfg.output_bytes as f64
-            })
-            .collect()
+        (block_width(max_dim), l2 / (l2 + repeated))
     }
 
     /// Forward and backward (with optimizer update) of one fused call over
     /// `group`, ms.
-    fn one_call_ms(&self, group: &[&Table]) -> (f64, f64) {
+    fn one_call_ms(&self, group: &[&Prepared]) -> (f64, f64) {
         if group.is_empty() {
             return (0.0, 0.0);
         }
-        let fwd_bytes = self.fwd_bytes(group);
-        let bwd_bytes: f64 = fwd_bytes
-            .iter()
-            .zip(group)
-            .map(|(b, t)| {
-                let hot = t.lookup_share_above(HOT_ROW_ACCESSES);
-                b * self.cfg.bwd_multiplier * (1.0 + self.cfg.hot_row_contention * hot)
-            })
-            .sum();
-        let fwd_bytes: f64 = fwd_bytes.iter().sum();
+        let (width, p_hit) = self.call_shape(group);
+        let (mut fwd, mut bwd) = (0.0, 0.0);
+        for t in group {
+            let b = self.table_fwd_bytes(t, width, p_hit);
+            fwd += b;
+            bwd += b * t.bwd_factor;
+        }
         (
-            self.with_floor(fwd_bytes / self.gather_bw),
-            self.with_floor(bwd_bytes / self.gather_bw),
+            self.with_floor(fwd / self.gather_bw),
+            self.with_floor(bwd / self.gather_bw),
         )
     }
 
-    /// Forward and backward of a device holding `group`, ms: its tables run
-    /// as one fused call (FBGEMM's table-batched kernel, TorchRec's default
-    /// grouping), unless running them one call each would be faster, as a
-    /// runtime that measured both would choose. Fusion is therefore never
-    /// slower than no fusion.
-    pub fn device_ms(&self, group: &[&Table]) -> (f64, f64) {
+    /// Forward and backward of a device, from prepared tables.
+    fn device_ms_prepared(&self, group: &[&Prepared]) -> (f64, f64) {
         let fused = self.one_call_ms(group);
         if group.len() < 2 {
             return fused;
@@ -207,6 +218,17 @@ impl SimOracle {
         } else {
             fused
         }
+    }
+
+    /// Forward and backward of a device holding `group`, ms: its tables run
+    /// as one fused call (FBGEMM's table-batched kernel, TorchRec's default
+    /// grouping), unless running them one call each would be faster, as a
+    /// runtime that measured both would choose. Fusion is therefore never
+    /// slower than no fusion.
+    pub fn device_ms(&self, group: &[&Table]) -> (f64, f64) {
+        let prepared: Vec<Prepared> = group.iter().map(|t| self.prepare(t)).collect();
+        let refs: Vec<&Prepared> = prepared.iter().collect();
+        self.device_ms_prepared(&refs)
     }
 
     /// Forward time of a device holding `group`, ms (0 for no table).
@@ -250,15 +272,15 @@ impl SimOracle {
         plan: &Plan,
         mut noise: impl FnMut(usize) -> f64,
     ) -> Measurement {
-        let groups: Vec<Vec<&Table>> = plan
-            .groups()
-            .into_iter()
-            .map(|g| g.into_iter().map(|i| &tables[i]).collect())
-            .collect();
+        let prepared: Vec<Prepared> = tables.iter().map(|t| self.prepare(t)).collect();
+        let mut groups: Vec<Vec<&Prepared>> = vec![Vec::new(); plan.devices];
+        for (t, &d) in prepared.iter().zip(&plan.assignment) {
+            groups[d].push(t);
+        }
         let (fwd, bwd): (Vec<f64>, Vec<f64>) = groups
             .iter()
             .map(|g| {
-                let (f, b) = self.device_ms(g);
+                let (f, b) = self.device_ms_prepared(g);
                 (f * noise(0), b * noise(1))
             })
             .unzip();
@@ -314,6 +336,14 @@ mod tests {
 
     fn sim() -> SimOracle {
         SimOracle::new(SimConfig::default(), MemoryModel::default())
+    }
+
+    impl SimOracle {
+        /// One fused call over `group`, never split.
+        fn call_ms(&self, group: &[&Table]) -> (f64, f64) {
+            let p: Vec<Prepared> = group.iter().map(|t| self.prepare(t)).collect();
+            self.one_call_ms(&p.iter().collect::<Vec<_>>())
+        }
     }
 
     fn pool() -> Vec<Table> {
@@ -393,17 +423,23 @@ mod tests {
             "narrow beside wide {with_wide} vs beside narrow {with_narrow}"
         );
         // A device runs one fused call or, where that is slower, one call each.
-        let (f_one, b_one) = s.one_call_ms(&[&narrow, &wide]);
-        let (f_n, b_n) = s.one_call_ms(&[&narrow]);
-        let (f_w, b_w) = s.one_call_ms(&[&wide]);
+        let (f_one, b_one) = s.call_ms(&[&narrow, &wide]);
+        let (f_n, b_n) = s.call_ms(&[&narrow]);
+        let (f_w, b_w) = s.call_ms(&[&wide]);
         let (f, b) = s.device_ms(&[&narrow, &wide]);
         assert_eq!(f + b, (f_one + b_one).min(f_n + f_w + b_n + b_w));
         // Hot tables in one call share L2: each costs more than beside a cold one.
         let hot = table(64, 50.0, true);
         let hot2 = table(64, 50.0, true);
         let cold = table(64, 50.0, false);
-        let beside_hot = s.fwd_bytes(&[&hot, &hot2])[0];
-        let beside_cold = s.fwd_bytes(&[&hot, &cold])[0];
+        let first_bytes = |group: &[&Table]| {
+            let p: Vec<Prepared> = group.iter().map(|t| s.prepare(t)).collect();
+            let refs: Vec<&Prepared> = p.iter().collect();
+            let (width, p_hit) = s.call_shape(&refs);
+            s.table_fwd_bytes(refs[0], width, p_hit)
+        };
+        let beside_hot = first_bytes(&[&hot, &hot2]);
+        let beside_cold = first_bytes(&[&hot, &cold]);
         assert!(beside_hot > beside_cold, "{beside_hot} vs {beside_cold}");
         assert_eq!(block_width(16), 64);
         assert_eq!(block_width(100), 128);
@@ -476,7 +512,7 @@ mod tests {
         let mut checked = 0;
         for g in random_groups(200, 2) {
             let refs: Vec<&Table> = g.iter().collect();
-            let (f, b) = s.one_call_ms(&refs);
+            let (f, b) = s.call_ms(&refs);
             if f > 2.0 * s.config().kernel_floor_ms {
                 assert!((1.5..=2.5).contains(&(b / f)), "bwd/fwd = {}", b / f);
                 checked += 1;

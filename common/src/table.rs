@@ -107,18 +107,19 @@ impl Table {
 
     /// Share of lookups that fall on rows accessed more than `threshold` times.
     pub fn lookup_share_above(&self, threshold: f64) -> f64 {
-        let weights: Vec<f64> = (0..NUM_BINS)
-            .map(|k| self.bins[k] * Self::bin_count(k))
-            .collect();
-        let total: f64 = weights.iter().sum();
-        if total <= 0.0 {
-            return 0.0;
+        let (mut above, mut total) = (0.0, 0.0);
+        for (k, b) in self.bins.iter().enumerate() {
+            let w = b * Self::bin_count(k);
+            total += w;
+            if Self::bin_count(k) > threshold {
+                above += w;
+            }
         }
-        (0..NUM_BINS)
-            .filter(|&k| Self::bin_count(k) > threshold)
-            .map(|k| weights[k])
-            .sum::<f64>()
-            / total
+        if total > 0.0 {
+            above / total
+        } else {
+            0.0
+        }
     }
 }
 

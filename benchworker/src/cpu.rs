@@ -262,18 +262,26 @@ fn weight_shape(tables: &[Table], group: &[usize], max_rows: u64) -> (i64, i64) 
 }
 
 fn median(xs: &[f64]) -> f64 {
+    quantile(xs, 0.5)
+}
+
+/// The `q` quantile, interpolated linearly between order statistics.
+fn quantile(xs: &[f64], q: f64) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    if v.is_empty() {
+        return 0.0;
     }
+    let pos = q * (v.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
 }
 
 fn spread(costs: &[f64]) -> Spread {
     Spread {
         median_ms: median(costs),
+        p25_ms: quantile(costs, 0.25),
+        p75_ms: quantile(costs, 0.75),
         min_ms: costs.iter().copied().fold(f64::INFINITY, f64::min),
         max_ms: costs.iter().copied().fold(0.0, f64::max),
         repeats: costs.len(),
@@ -581,6 +589,18 @@ mod tests {
             devices,
             assignment,
         }
+    }
+
+    #[test]
+    fn quantiles_interpolate_between_order_statistics() {
+        let xs = [4.0, 1.0, 3.0, 2.0, 100.0];
+        assert_eq!(median(&xs), 3.0);
+        assert_eq!(quantile(&xs, 0.25), 2.0);
+        assert_eq!(quantile(&xs, 0.75), 4.0);
+        assert_eq!(median(&[1.0, 2.0]), 1.5);
+        let s = spread(&xs);
+        assert_eq!((s.min_ms, s.max_ms, s.repeats), (1.0, 100.0, 5));
+        assert_eq!(s.relative_iqr(), 2.0 / 3.0);
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub trait Oracle {
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Spread {
     pub median_ms: f64,
+    /// First and third quartiles: the spread without the outliers.
+    pub p25_ms: f64,
+    pub p75_ms: f64,
     pub min_ms: f64,
     pub max_ms: f64,
     pub repeats: usize,
@@ -54,15 +57,24 @@ impl Spread {
     pub fn relative(&self) -> f64 {
         (self.max_ms - self.min_ms) / self.median_ms
     }
+
+    /// Interquartile range over the median.
+    pub fn relative_iqr(&self) -> f64 {
+        (self.p75_ms - self.p25_ms) / self.median_ms
+    }
 }
 
 impl std::fmt::Display for Spread {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "spread over {} repeats: median {:.3} ms, min {:.3}, max {:.3} ({:.1}% of the median)",
+            "spread over {} repeats: median {:.3} ms, quartiles {:.3}–{:.3} ({:.1}% of the median), \
+             min {:.3}, max {:.3} ({:.1}%)",
             self.repeats,
             self.median_ms,
+            self.p25_ms,
+            self.p75_ms,
+            100.0 * self.relative_iqr(),
             self.min_ms,
             self.max_ms,
             100.0 * self.relative()

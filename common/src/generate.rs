@@ -190,7 +190,7 @@ pub fn generate_pool(cfg: &PoolGenConfig, seed: u64) -> Result<Vec<Table>, Strin
         }
     }
     let rows_dist =
-        Normal::new(cfg.log10_rows_mean, cfg.log10_rows_sigma).expect("sigma validated");
+        Normal::new(cfg.log10_rows_mean, cfg.log10_rows_sigma).map_err(|e| e.to_string())?;
     let total_w: f64 = cfg.dim_weights.iter().sum();
     let median_pf = {
         let mut p = pooling.clone();
@@ -206,7 +206,7 @@ pub fn generate_pool(cfg: &PoolGenConfig, seed: u64) -> Result<Vec<Table>, Strin
             .clamp(100.0, cfg.max_rows as f64)
             .round() as u64;
         let mut pick = rng.gen::<f64>() * total_w;
-        let mut dim = *cfg.dims.last().expect("validated non-empty");
+        let mut dim = cfg.dims[cfg.dims.len() - 1]; // validated non-empty
         for (d, w) in cfg.dims.iter().zip(&cfg.dim_weights) {
             if pick < *w {
                 dim = *d;

@@ -9,6 +9,7 @@
 //! - [`search`]: the local-search reference on the oracle.
 //! - [`eval`]: every method on every task of a suite, failures counted.
 //! - [`data`]: generation of the default pool, its split and the suites.
+//! - [`vtrace`]: IMPALA's V-trace targets and the masked softmax of legal actions.
 //! - [`cli`]: the `learner` command line.
 
 pub mod baselines;
@@ -17,3 +18,4 @@ pub mod data;
 pub mod eval;
 pub mod search;
 pub mod torchrec;
+pub mod vtrace;

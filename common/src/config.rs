@@ -207,6 +207,63 @@ impl Default for EvalConfig {
     }
 }
 
+/// Layer sizes of the cost and policy networks (DESIGN §5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Cost network: table MLP 21 → `cost_table_hidden` → `cost_table_out`.
+    pub cost_table_hidden: i64,
+    pub cost_table_out: i64,
+    /// Hidden width of each cost head (per-device fwd, bwd, comm; overall).
+    pub cost_head_hidden: i64,
+    /// Policy network: its own table MLP.
+    pub policy_table_hidden: i64,
+    pub policy_table_out: i64,
+    /// Policy network: cost-feature MLP 3 → hidden → out.
+    pub cost_feature_hidden: i64,
+    pub cost_feature_out: i64,
+    /// Hidden width of the per-device score MLP and of the value head.
+    pub score_hidden: i64,
+    pub value_hidden: i64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            cost_table_hidden: 128,
+            cost_table_out: 32,
+            cost_head_hidden: 64,
+            policy_table_hidden: 128,
+            policy_table_out: 32,
+            cost_feature_hidden: 64,
+            cost_feature_out: 32,
+            score_hidden: 64,
+            value_hidden: 64,
+        }
+    }
+}
+
+impl ModelConfig {
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        for (field, v) in [
+            ("model.cost_table_hidden", self.cost_table_hidden),
+            ("model.cost_table_out", self.cost_table_out),
+            ("model.cost_head_hidden", self.cost_head_hidden),
+            ("model.policy_table_hidden", self.policy_table_hidden),
+            ("model.policy_table_out", self.policy_table_out),
+            ("model.cost_feature_hidden", self.cost_feature_hidden),
+            ("model.cost_feature_out", self.cost_feature_out),
+            ("model.score_hidden", self.score_hidden),
+            ("model.value_hidden", self.value_hidden),
+        ] {
+            if !(1..=65536).contains(&v) {
+                return Err(format!("{field} = {v} must lie in 1..=65536"));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -217,6 +274,7 @@ pub struct Config {
     pub generate: PoolGenConfig,
     pub data: DataConfig,
     pub eval: EvalConfig,
+    pub model: ModelConfig,
 }
 
 impl Config {
@@ -249,7 +307,8 @@ impl Config {
         self.sim.validate()?;
         self.cpu.validate()?;
         self.generate.validate()?;
-        self.data.validate()
+        self.data.validate()?;
+        self.model.validate()
     }
 }
 

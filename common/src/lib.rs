@@ -4,6 +4,7 @@
 //! # Layout
 //!
 //! - [`table`]: a table's 21 features (DESIGN §1) and its memory footprint.
+//! - [`features`]: the scaled features the networks read.
 //! - [`pool`]: the pool CSV format (`name,rows,dim,pooling_factor,bin_0..bin_16`),
 //!   read with validation that names file, line and field, and written back.
 //! - [`generate`]: a seeded generator of a DLRM-like pool shaped like Meta's
@@ -19,6 +20,7 @@
 
 pub mod config;
 pub mod error;
+pub mod features;
 pub mod fs;
 pub mod generate;
 pub mod logging;

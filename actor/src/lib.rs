@@ -4,6 +4,8 @@
 //!
 //! # Layout
 //!
+//! - [`nets`]: the cost network and the policy network with its value head.
 //! - [`cli`]: the `actor` command line.
 
 pub mod cli;
+pub mod nets;

@@ -1,0 +1,439 @@
+//! DreamShard's two networks (DESIGN §5), sized by [`ModelConfig`], both
+//! indifferent to how many tables and devices a task has: table
+//! representations are **summed** per device, device representations are
+//! reduced by **max** (cost) or **mean** (value) across devices.
+//!
+//! Batches are flattened so that plans of different sizes share one forward:
+//! tables are rows of one `[N, 21]` feature tensor, `device_of[n]` names the
+//! device (numbered across the whole batch) each table sits on, and
+//! `plan_of_device[g]` the plan each device belongs to.
+
+use common::config::ModelConfig;
+use common::NUM_FEATURES;
+use tch::nn::{self, Module};
+use tch::{Kind, Tensor};
+
+/// Per-device cost features the policy reads: forward, backward and
+/// backward-communication time (ms). Forward communication is left out: it
+/// includes the wait for the slowest device, not the device's own work.
+pub const COST_FEATURES: i64 = 3;
+
+fn mlp(p: &nn::Path, input: i64, hidden: i64, out: i64) -> nn::Sequential {
+    nn::seq()
+        .add(nn::linear(p / "l1", input, hidden, Default::default()))
+        .add_fn(|x| x.relu())
+        .add(nn::linear(p / "l2", hidden, out, Default::default()))
+}
+
+/// Sums row `n` of `rows` into row `index[n]` of a `[groups, width]` result;
+/// groups nothing is summed into stay zero (an empty device).
+pub fn sum_by(rows: &Tensor, index: &Tensor, groups: i64) -> Tensor {
+    let width = rows.size()[1];
+    Tensor::zeros([groups, width], (rows.kind(), rows.device())).index_add(0, index, rows)
+}
+
+/// Element-wise maximum of the rows of each group (`[groups, width]`); a
+/// group without rows is zero (torch's `scatter_reduce` with `amax`, not
+/// including the zero it starts from).
+pub fn max_by(rows: &Tensor, index: &Tensor, groups: i64) -> Tensor {
+    let width = rows.size()[1];
+    let idx = index.unsqueeze(1).expand([-1, width], false);
+    Tensor::zeros([groups, width], (rows.kind(), rows.device()))
+        .internal_scatter_reduce(0, &idx, rows, "amax", false)
+}
+
+/// One plan as the networks see it.
+#[derive(Debug, Clone)]
+pub struct PlacedTables {
+    /// Scaled features of each table.
+    pub features: Vec<[f32; NUM_FEATURES]>,
+    /// Device of each table.
+    pub assignment: Vec<usize>,
+    pub devices: usize,
+}
+
+/// A flattened batch of plans.
+#[derive(Debug)]
+pub struct PlanBatch {
+    /// `[N, 21]` scaled table features.
+    pub features: Tensor,
+    /// `[N]` (int64): the device of each table, numbered across the batch.
+    pub device_of: Tensor,
+    /// `[G]` (int64): the plan of each device.
+    pub plan_of_device: Tensor,
+    pub devices: i64,
+    pub plans: i64,
+}
+
+impl PlanBatch {
+    /// Flattens plans into one batch.
+    pub fn new(plans: &[PlacedTables]) -> PlanBatch {
+        let mut features = Vec::new();
+        let mut device_of = Vec::new();
+        let mut plan_of_device = Vec::new();
+        let mut first_device = 0i64;
+        for (p, plan) in plans.iter().enumerate() {
+            for (f, &d) in plan.features.iter().zip(&plan.assignment) {
+                features.extend_from_slice(f);
+                device_of.push(first_device + d as i64);
+            }
+            plan_of_device.extend(std::iter::repeat_n(p as i64, plan.devices));
+            first_device += plan.devices as i64;
+        }
+        let n = device_of.len() as i64;
+        PlanBatch {
+            features: Tensor::from_slice(&features).view([n, NUM_FEATURES as i64]),
+            device_of: Tensor::from_slice(&device_of),
+            plan_of_device: Tensor::from_slice(&plan_of_device),
+            devices: first_device,
+            plans: plans.len() as i64,
+        }
+    }
+}
+
+/// What the cost network predicts for a batch.
+#[derive(Debug)]
+pub struct CostPrediction {
+    /// `[G, 3]`: forward, backward, backward communication per device (ms).
+    pub per_device: Tensor,
+    /// `[P]`: the iteration cost of each plan (ms).
+    pub overall: Tensor,
+}
+
+/// The cost network: a shared table MLP, summed per device; per-device
+/// heads for forward, backward and communication time; an overall head on
+/// the maximum of the device representations.
+#[derive(Debug)]
+pub struct CostNet {
+    table: nn::Sequential,
+    fwd: nn::Sequential,
+    bwd: nn::Sequential,
+    comm: nn::Sequential,
+    overall: nn::Sequential,
+}
+
+impl CostNet {
+    pub fn new(p: &nn::Path, cfg: &ModelConfig) -> CostNet {
+        let (h, o, hh) = (
+            cfg.cost_table_hidden,
+            cfg.cost_table_out,
+            cfg.cost_head_hidden,
+        );
+        CostNet {
+            table: mlp(&(p / "table"), NUM_FEATURES as i64, h, o).add_fn(|x| x.relu()),
+            fwd: mlp(&(p / "fwd"), o, hh, 1),
+            bwd: mlp(&(p / "bwd"), o, hh, 1),
+            comm: mlp(&(p / "comm"), o, hh, 1),
+            overall: mlp(&(p / "overall"), o, hh, 1),
+        }
+    }
+
+    /// `[N, out]` table representations; they do not depend on the plan,
+    /// so an episode computes them once.
+    pub fn tables(&self, features: &Tensor) -> Tensor {
+        self.table.forward(features)
+    }
+
+    /// `[G, 3]` cost features of devices given their summed representations.
+    pub fn device_costs(&self, device_repr: &Tensor) -> Tensor {
+        Tensor::cat(
+            &[
+                self.fwd.forward(device_repr),
+                self.bwd.forward(device_repr),
+                self.comm.forward(device_repr),
+            ],
+            1,
+        )
+    }
+
+    /// `[P]` overall costs from device representations.
+    pub fn overall_cost(
+        &self,
+        device_repr: &Tensor,
+        plan_of_device: &Tensor,
+        plans: i64,
+    ) -> Tensor {
+        self.overall
+            .forward(&max_by(device_repr, plan_of_device, plans))
+            .squeeze_dim(1)
+    }
+
+    pub fn forward(&self, batch: &PlanBatch) -> CostPrediction {
+        let dev = sum_by(
+            &self.tables(&batch.features),
+            &batch.device_of,
+            batch.devices,
+        );
+        CostPrediction {
+            per_device: self.device_costs(&dev),
+            overall: self.overall_cost(&dev, &batch.plan_of_device, batch.plans),
+        }
+    }
+}
+
+/// The policy network with its value head.
+///
+/// A device's representation is its tables' summed representations
+/// (own MLP), its cost features (through their MLP) and the representation
+/// of the table being placed; a shared score MLP turns each into a logit,
+/// and a softmax over the legal devices gives the action. The value head
+/// reads the mean device representation and how far the episode is.
+#[derive(Debug)]
+pub struct PolicyNet {
+    table: nn::Sequential,
+    cost: nn::Sequential,
+    score: nn::Sequential,
+    value: nn::Sequential,
+    device_width: i64,
+}
+
+/// The policy's outputs for a batch of states over `D` devices.
+#[derive(Debug)]
+pub struct PolicyOutput {
+    /// `[E, D]` unnormalised scores.
+    pub logits: Tensor,
+    /// `[E]` state values.
+    pub value: Tensor,
+}
+
+impl PolicyNet {
+    pub fn new(p: &nn::Path, cfg: &ModelConfig) -> PolicyNet {
+        let o = cfg.policy_table_out;
+        let co = cfg.cost_feature_out;
+        let device_width = o + co + o;
+        PolicyNet {
+            table: mlp(
+                &(p / "table"),
+                NUM_FEATURES as i64,
+                cfg.policy_table_hidden,
+                o,
+            )
+            .add_fn(|x| x.relu()),
+            cost: mlp(&(p / "cost"), COST_FEATURES, cfg.cost_feature_hidden, co)
+                .add_fn(|x| x.relu()),
+            score: mlp(&(p / "score"), device_width, cfg.score_hidden, 1),
+            value: mlp(&(p / "value"), device_width + 1, cfg.value_hidden, 1),
+            device_width,
+        }
+    }
+
+    /// `[N, out]` table representations (once per episode).
+    pub fn tables(&self, features: &Tensor) -> Tensor {
+        self.table.forward(features)
+    }
+
+    /// Scores and values for `E` states over `D` devices:
+    /// `device_tables` `[E, D, out]` (summed table representations),
+    /// `cost_features` `[E, D, 3]`, `current` `[E, out]` (the table being
+    /// placed) and `progress` `[E]` (steps taken / steps in the episode).
+    pub fn forward(
+        &self,
+        device_tables: &Tensor,
+        cost_features: &Tensor,
+        current: &Tensor,
+        progress: &Tensor,
+    ) -> PolicyOutput {
+        let d = device_tables.size()[1];
+        let cur = current.unsqueeze(1).expand([-1, d, -1], false);
+        let dev = Tensor::cat(
+            &[
+                device_tables.shallow_clone(),
+                self.cost.forward(cost_features),
+                cur,
+            ],
+            2,
+        );
+        debug_assert_eq!(dev.size()[2], self.device_width);
+        let logits = self.score.forward(&dev).squeeze_dim(2);
+        let pooled = dev.mean_dim([1i64].as_slice(), false, Kind::Float);
+        let value = self
+            .value
+            .forward(&Tensor::cat(&[pooled, progress.unsqueeze(1)], 1))
+            .squeeze_dim(1);
+        PolicyOutput { logits, value }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::features::scaled;
+    use common::generate::{generate_pool, PoolGenConfig};
+    use tch::nn::OptimizerConfig;
+    use tch::Device;
+
+    fn pool(n: usize) -> Vec<[f32; NUM_FEATURES]> {
+        generate_pool(
+            &PoolGenConfig {
+                tables: n,
+                ..Default::default()
+            },
+            1,
+        )
+        .unwrap()
+        .iter()
+        .map(scaled)
+        .collect()
+    }
+
+    fn cost_net() -> (nn::VarStore, CostNet) {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let net = CostNet::new(&vs.root(), &ModelConfig::default());
+        (vs, net)
+    }
+
+    fn placed(
+        features: Vec<[f32; NUM_FEATURES]>,
+        assignment: Vec<usize>,
+        devices: usize,
+    ) -> PlacedTables {
+        PlacedTables {
+            features,
+            assignment,
+            devices,
+        }
+    }
+
+    fn close(a: &Tensor, b: &Tensor) -> bool {
+        (a - b).abs().max().double_value(&[]) < 1e-5
+    }
+
+    #[test]
+    fn cost_net_handles_any_table_and_device_count() {
+        let (_vs, net) = cost_net();
+        let f = pool(12);
+        let batch = PlanBatch::new(&[
+            placed(f[..5].to_vec(), vec![0, 1, 1, 0, 1], 2),
+            placed(f[5..].to_vec(), vec![0, 3, 2, 7, 5, 1, 4], 8),
+        ]);
+        let out = net.forward(&batch);
+        assert_eq!(out.per_device.size(), vec![10, 3]);
+        assert_eq!(out.overall.size(), vec![2]);
+    }
+
+    #[test]
+    fn cost_net_is_invariant_to_table_order_and_device_numbering() {
+        let (_vs, net) = cost_net();
+        let f = pool(6);
+        let a = net.forward(&PlanBatch::new(&[placed(
+            f.clone(),
+            vec![0, 0, 1, 1, 2, 2],
+            3,
+        )]));
+        // Same plan, tables listed in another order and devices renamed 0↔2.
+        let order = [5, 3, 1, 4, 2, 0];
+        let rename = [2, 1, 0];
+        let feats: Vec<_> = order.iter().map(|&i| f[i]).collect();
+        let devs: Vec<usize> = order
+            .iter()
+            .map(|&i| rename[[0, 0, 1, 1, 2, 2][i]])
+            .collect();
+        let b = net.forward(&PlanBatch::new(&[placed(feats, devs, 3)]));
+        assert!(close(&a.overall, &b.overall));
+        assert!(close(&a.per_device.get(0), &b.per_device.get(2)));
+        assert!(close(&a.per_device.get(1), &b.per_device.get(1)));
+    }
+
+    #[test]
+    fn empty_devices_have_zero_representation_and_max_ignores_padding() {
+        let rows = Tensor::from_slice(&[1.0f32, -2.0, 3.0, -4.0]).view([2, 2]);
+        let idx = Tensor::from_slice(&[0i64, 2]);
+        let s = sum_by(&rows, &idx, 3);
+        assert_eq!(
+            Vec::<f32>::try_from(s.view([-1])).unwrap(),
+            vec![1.0, -2.0, 0.0, 0.0, 3.0, -4.0]
+        );
+        // Max of negative rows stays negative: the zero init takes no part.
+        let m = max_by(&rows, &Tensor::from_slice(&[0i64, 0]), 1);
+        assert_eq!(Vec::<f32>::try_from(m.view([-1])).unwrap(), vec![3.0, -2.0]);
+    }
+
+    #[test]
+    fn cost_net_learns_a_non_additive_cost() {
+        // Target: per device, the largest scaled pooling plus 0.1 per table;
+        // overall, the max over devices. A table MLP summed per device can fit
+        // it only approximately; the loss must still fall a lot.
+        let (vs, net) = cost_net();
+        let f = pool(64);
+        let mut rng = 7u64;
+        let mut next = || {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 33) as usize
+        };
+        let plans: Vec<PlacedTables> = (0..64)
+            .map(|_| {
+                let feats: Vec<_> = (0..8).map(|_| f[next() % f.len()]).collect();
+                let devs: Vec<usize> = (0..8).map(|_| next() % 4).collect();
+                placed(feats, devs, 4)
+            })
+            .collect();
+        let target: Vec<f32> = plans
+            .iter()
+            .map(|p| {
+                (0..p.devices)
+                    .map(|k| {
+                        let on: Vec<_> = p
+                            .features
+                            .iter()
+                            .zip(&p.assignment)
+                            .filter(|(_, &x)| x == k)
+                            .collect();
+                        on.iter().map(|(t, _)| t[2]).fold(0.0f32, f32::max) + 0.1 * on.len() as f32
+                    })
+                    .fold(0.0f32, f32::max)
+            })
+            .collect();
+        let batch = PlanBatch::new(&plans);
+        let target = Tensor::from_slice(&target);
+        let mut opt = nn::Adam::default().build(&vs, 3e-3).unwrap();
+        let loss_of = |net: &CostNet| {
+            net.forward(&batch)
+                .overall
+                .mse_loss(&target, tch::Reduction::Mean)
+        };
+        let first = loss_of(&net).double_value(&[]);
+        for _ in 0..300 {
+            let loss = loss_of(&net);
+            opt.backward_step(&loss);
+        }
+        let last = loss_of(&net).double_value(&[]);
+        assert!(last < 0.1 * first, "loss {first} → {last}");
+    }
+
+    #[test]
+    fn policy_scores_every_device_of_any_count() {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let cfg = ModelConfig::default();
+        let net = PolicyNet::new(&vs.root(), &cfg);
+        for d in [2i64, 4, 8] {
+            let e = 5;
+            let out = net.forward(
+                &Tensor::randn([e, d, cfg.policy_table_out], (Kind::Float, Device::Cpu)),
+                &Tensor::rand([e, d, COST_FEATURES], (Kind::Float, Device::Cpu)),
+                &Tensor::randn([e, cfg.policy_table_out], (Kind::Float, Device::Cpu)),
+                &Tensor::full([e], 0.5, (Kind::Float, Device::Cpu)),
+            );
+            assert_eq!(out.logits.size(), vec![e, d]);
+            assert_eq!(out.value.size(), vec![e]);
+        }
+        // Renaming devices permutes the scores and leaves the value alone.
+        let dt = Tensor::randn([1, 3, cfg.policy_table_out], (Kind::Float, Device::Cpu));
+        let cf = Tensor::rand([1, 3, COST_FEATURES], (Kind::Float, Device::Cpu));
+        let cur = Tensor::randn([1, cfg.policy_table_out], (Kind::Float, Device::Cpu));
+        let prog = Tensor::zeros([1], (Kind::Float, Device::Cpu));
+        let perm = Tensor::from_slice(&[2i64, 0, 1]);
+        let a = net.forward(&dt, &cf, &cur, &prog);
+        let b = net.forward(
+            &dt.index_select(1, &perm),
+            &cf.index_select(1, &perm),
+            &cur,
+            &prog,
+        );
+        assert!(close(&a.logits.index_select(1, &perm), &b.logits));
+        assert!(close(&a.value, &b.value));
+    }
+}

@@ -25,6 +25,28 @@ pub enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Time rollouts on the estimated MDP: placement steps per second.
+    ///
+    /// Untrained networks of the configured sizes place a seeded DLRM-like
+    /// task `--rounds` times, `--episodes` episodes in lockstep, on one
+    /// libtorch thread. A benchmark, not a test: the figure depends on the
+    /// machine.
+    ///
+    /// Example:
+    ///   actor bench --tables 50 --devices 4 --episodes 256 --rounds 20
+    Bench {
+        #[arg(long, default_value_t = 50)]
+        tables: usize,
+        #[arg(long, default_value_t = 4)]
+        devices: usize,
+        #[arg(long, default_value_t = 256)]
+        episodes: usize,
+        #[arg(long, default_value_t = 20)]
+        rounds: usize,
+        /// Configuration TOML ([model], [generate]); defaults when omitted.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
 
 pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -34,7 +56,57 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             write!(out, "{}", toml::to_string_pretty(&cfg)?)?;
             Ok(())
         }
+        Command::Bench {
+            tables,
+            devices,
+            episodes,
+            rounds,
+            config,
+        } => bench(tables, devices, episodes, rounds, config, out),
     }
+}
+
+fn bench(
+    tables: usize,
+    devices: usize,
+    episodes: usize,
+    rounds: usize,
+    config: Option<PathBuf>,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    use crate::mdp::{rollout, MdpTask, Mode};
+    use crate::nets::{CostNet, PolicyNet};
+    anyhow::ensure!(
+        tables > 0 && devices > 0 && episodes > 0 && rounds > 0,
+        "every count must be at least 1"
+    );
+    let cfg = Config::load(config.as_deref())?;
+    let gen = common::generate::PoolGenConfig {
+        tables,
+        ..cfg.generate.clone()
+    };
+    let pool = common::generate::generate_pool(&gen, 0).map_err(|e| anyhow::anyhow!(e))?;
+    tch::set_num_threads(1);
+    tch::manual_seed(0);
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let policy = PolicyNet::new(&(vs.root() / "policy"), &cfg.model);
+    let cost = CostNet::new(&(vs.root() / "cost"), &cfg.model);
+    let task = MdpTask::new(&pool, devices, u64::MAX, &cfg.memory);
+    rollout(&policy, &cost, &task, episodes, Mode::Sample); // warm-up
+    let start = std::time::Instant::now();
+    for _ in 0..rounds {
+        rollout(&policy, &cost, &task, episodes, Mode::Sample);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let steps = (rounds * episodes * tables) as f64;
+    writeln!(
+        out,
+        "{rounds} rounds × {episodes} episodes × {tables} tables on {devices} devices in {secs:.3} s: \
+         {:.0} placement steps/s on one thread ({:.1} ms per lockstep round)",
+        steps / secs,
+        1e3 * secs / rounds as f64
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -4,8 +4,10 @@
 //!
 //! # Layout
 //!
+//! - [`mdp`]: the estimated MDP, many episodes in lockstep.
 //! - [`nets`]: the cost network and the policy network with its value head.
 //! - [`cli`]: the `actor` command line.
 
 pub mod cli;
+pub mod mdp;
 pub mod nets;

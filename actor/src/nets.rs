@@ -52,6 +52,18 @@ pub struct PlacedTables {
     pub devices: usize,
 }
 
+/// Log-probabilities of a softmax restricted to legal actions: illegal
+/// entries (`mask` false) get probability exactly zero and no gradient.
+///
+/// `logits` and `mask` have the same shape; the last dimension holds the
+/// actions. Every row must allow at least one action.
+pub fn masked_log_softmax(logits: &Tensor, mask: &Tensor) -> Tensor {
+    let neg_inf = Tensor::full([1], f64::NEG_INFINITY, (logits.kind(), logits.device()));
+    logits
+        .where_self(mask, &neg_inf)
+        .log_softmax(-1, Kind::Float)
+}
+
 /// A flattened batch of plans.
 #[derive(Debug)]
 pub struct PlanBatch {
@@ -401,6 +413,30 @@ mod tests {
         }
         let last = loss_of(&net).double_value(&[]);
         assert!(last < 0.1 * first, "loss {first} → {last}");
+    }
+
+    #[test]
+    fn masked_actions_never_get_probability_or_gradient() {
+        let logits = Tensor::from_slice(&[2.0f32, 5.0, -1.0, 0.5, 3.0, 1.0])
+            .view([2, 3])
+            .set_requires_grad(true);
+        let mask = Tensor::from_slice(&[true, false, true, false, true, true]).view([2, 3]);
+        let logp = masked_log_softmax(&logits, &mask);
+        let p = logp.exp();
+        assert_eq!(p.double_value(&[0, 1]), 0.0);
+        assert_eq!(p.double_value(&[1, 0]), 0.0);
+        let sums = p.sum_dim_intlist([1i64].as_slice(), false, Kind::Float);
+        assert!((sums.double_value(&[0]) - 1.0).abs() < 1e-6);
+        assert!((sums.double_value(&[1]) - 1.0).abs() < 1e-6);
+        // The best legal action, not the masked larger logit, wins row 0.
+        assert!(p.double_value(&[0, 0]) > 0.9);
+        // A loss over legal log-probabilities sends no gradient to illegal logits.
+        let legal = logp.where_self(&mask, &Tensor::zeros_like(&logp));
+        legal.sum(Kind::Float).backward();
+        let g = logits.grad();
+        assert_eq!(g.double_value(&[0, 1]), 0.0);
+        assert_eq!(g.double_value(&[1, 0]), 0.0);
+        assert!(g.double_value(&[0, 0]).abs() > 0.0);
     }
 
     #[test]

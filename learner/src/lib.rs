@@ -9,7 +9,7 @@
 //! - [`search`]: the local-search reference on the oracle.
 //! - [`eval`]: every method on every task of a suite, failures counted.
 //! - [`data`]: generation of the default pool, its split and the suites.
-//! - [`vtrace`]: IMPALA's V-trace targets and the masked softmax of legal actions.
+//! - [`vtrace`]: IMPALA's V-trace targets.
 //! - [`cli`]: the `learner` command line.
 
 pub mod baselines;

@@ -11,7 +11,7 @@
 //! laid end to end in one unroll and get the targets they would get alone.
 //! Targets carry no gradient.
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 /// Clipping thresholds and the trace-cutting λ.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -94,18 +94,6 @@ pub fn from_importance_weights(
             rhos.clamp_max(clip.pg_rho) * (&rewards + &discounts * &vs_next - &values);
         VTraceReturns { vs, pg_advantages }
     })
-}
-
-/// Log-probabilities of a softmax restricted to legal actions: illegal
-/// entries (`mask` false) get probability exactly zero and no gradient.
-///
-/// `logits` and `mask` have the same shape; the last dimension holds the
-/// actions. Every row must allow at least one action.
-pub fn masked_log_softmax(logits: &Tensor, mask: &Tensor) -> Tensor {
-    let neg_inf = Tensor::full([1], f64::NEG_INFINITY, (logits.kind(), logits.device()));
-    logits
-        .where_self(mask, &neg_inf)
-        .log_softmax(-1, Kind::Float)
 }
 
 #[cfg(test)]
@@ -301,29 +289,5 @@ mod tests {
             .collect();
         assert_close(&rows(&together.vs), &expect_vs, "vs");
         assert_close(&rows(&together.pg_advantages), &expect_adv, "pg advantages");
-    }
-
-    #[test]
-    fn masked_actions_never_get_probability_or_gradient() {
-        let logits = Tensor::from_slice(&[2.0f32, 5.0, -1.0, 0.5, 3.0, 1.0])
-            .view([2, 3])
-            .set_requires_grad(true);
-        let mask = Tensor::from_slice(&[true, false, true, false, true, true]).view([2, 3]);
-        let logp = masked_log_softmax(&logits, &mask);
-        let p = logp.exp();
-        assert_eq!(p.double_value(&[0, 1]), 0.0);
-        assert_eq!(p.double_value(&[1, 0]), 0.0);
-        let sums = p.sum_dim_intlist([1i64].as_slice(), false, Kind::Float);
-        assert!((sums.double_value(&[0]) - 1.0).abs() < 1e-6);
-        assert!((sums.double_value(&[1]) - 1.0).abs() < 1e-6);
-        // The best legal action, not the masked larger logit, wins row 0.
-        assert!(p.double_value(&[0, 0]) > 0.9);
-        // A loss over legal log-probabilities sends no gradient to illegal logits.
-        let legal = logp.where_self(&mask, &Tensor::zeros_like(&logp));
-        legal.sum(Kind::Float).backward();
-        let g = logits.grad();
-        assert_eq!(g.double_value(&[0, 1]), 0.0);
-        assert_eq!(g.double_value(&[1, 0]), 0.0);
-        assert!(g.double_value(&[0, 0]).abs() > 0.0);
     }
 }

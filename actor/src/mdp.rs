@@ -1,0 +1,345 @@
+//! The estimated MDP (DESIGN §4): placing a task's tables one per step, with
+//! the state's cost features and the final reward predicted by the cost
+//! network instead of measured. `E` episodes of one task run in lockstep, so
+//! each step is one batched forward of the policy.
+//!
+//! A step is cheap: table representations (of both networks) are computed
+//! once per episode batch; a device's representation is a running sum; only
+//! the device that received the table is re-costed. Tables are placed in
+//! descending order of their predicted single-table cost (DreamShard's
+//! order). A device is a legal action while the table still fits its memory;
+//! an episode with no legal device left is marked infeasible and continues on
+//! the device with the most free memory.
+//!
+//! The same code serves training rollouts (sampled actions) and `plan`
+//! (greedy actions).
+
+use common::features::scaled;
+use common::{MemoryModel, Table, NUM_FEATURES};
+use tch::{Device, Kind, Tensor};
+
+use crate::nets::{masked_log_softmax, CostNet, PolicyNet, COST_FEATURES};
+
+/// A task as the MDP sees it.
+#[derive(Debug)]
+pub struct MdpTask {
+    /// `[M, 21]` scaled features.
+    pub features: Tensor,
+    /// Device memory each table takes.
+    pub bytes: Vec<u64>,
+    pub cap_bytes: u64,
+    pub devices: usize,
+}
+
+impl MdpTask {
+    pub fn new(tables: &[Table], devices: usize, cap_bytes: u64, mem: &MemoryModel) -> MdpTask {
+        let flat: Vec<f32> = tables.iter().flat_map(scaled).collect();
+        MdpTask {
+            features: Tensor::from_slice(&flat).view([tables.len() as i64, NUM_FEATURES as i64]),
+            bytes: tables.iter().map(|t| mem.table_bytes(t)).collect(),
+            cap_bytes,
+            devices,
+        }
+    }
+
+    pub fn tables(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// How actions are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Sample from the policy (training).
+    Sample,
+    /// The most probable legal device (placing for a user).
+    Greedy,
+}
+
+/// `E` episodes of one task, time-major over the `M` steps.
+#[derive(Debug)]
+pub struct Unroll {
+    /// Table placed at each step (DreamShard's order).
+    pub order: Vec<usize>,
+    /// `[M, E]` int64: the device chosen at each step.
+    pub actions: Tensor,
+    /// `[M, E]`: log-probability of that choice under the acting policy.
+    pub behaviour_logp: Tensor,
+    /// `[M, E, D]` bool: the legal devices at each step.
+    pub masks: Tensor,
+    /// `[M, E, D, 3]`: the cost features the policy saw.
+    pub cost_features: Tensor,
+    /// `[E]`: the predicted iteration cost of each finished placement (ms).
+    pub predicted_cost_ms: Tensor,
+    /// Episodes that ran out of memory somewhere.
+    pub infeasible: Vec<bool>,
+    /// Each episode's plan, indexed by table (not by step).
+    pub plans: Vec<Vec<usize>>,
+}
+
+fn opts() -> (Kind, Device) {
+    (Kind::Float, Device::Cpu)
+}
+
+/// DreamShard's order: tables by predicted single-table cost, descending.
+pub fn placement_order(cost: &CostNet, task: &MdpTask) -> Vec<usize> {
+    let m = task.tables() as i64;
+    let single = tch::no_grad(|| {
+        let repr = cost.tables(&task.features);
+        cost.overall_cost(&repr, &Tensor::arange(m, (Kind::Int64, Device::Cpu)), m)
+    });
+    let single: Vec<f32> = Vec::try_from(single).unwrap_or_default();
+    let mut order: Vec<usize> = (0..task.tables()).collect();
+    order.sort_by(|&a, &b| single[b].total_cmp(&single[a]).then(a.cmp(&b)));
+    order
+}
+
+/// Rolls out `episodes` placements of `task` in lockstep.
+pub fn rollout(
+    policy: &PolicyNet,
+    cost: &CostNet,
+    task: &MdpTask,
+    episodes: usize,
+    mode: Mode,
+) -> Unroll {
+    tch::no_grad(|| rollout_inner(policy, cost, task, episodes, mode))
+}
+
+fn rollout_inner(
+    policy: &PolicyNet,
+    cost: &CostNet,
+    task: &MdpTask,
+    episodes: usize,
+    mode: Mode,
+) -> Unroll {
+    let (m, e, d) = (task.tables(), episodes as i64, task.devices as i64);
+    let order = placement_order(cost, task);
+    let pol_repr = policy.tables(&task.features);
+    let cost_repr = cost.tables(&task.features);
+    let (pw, cw) = (pol_repr.size()[1], cost_repr.size()[1]);
+    let mut dev_pol = Tensor::zeros([e, d, pw], opts());
+    let mut dev_cost = Tensor::zeros([e, d, cw], opts());
+    // An empty device's cost features are zero (DreamShard's q_0).
+    let mut cost_feat = Tensor::zeros([e, d, COST_FEATURES], opts());
+    let mut used = vec![vec![0u64; task.devices]; episodes];
+    let mut infeasible = vec![false; episodes];
+    let mut plans = vec![vec![0usize; m]; episodes];
+    let rows = Tensor::arange(e, (Kind::Int64, Device::Cpu));
+    let (mut actions, mut logps, mut masks, mut feats) = (
+        Vec::with_capacity(m),
+        Vec::with_capacity(m),
+        Vec::with_capacity(m),
+        Vec::with_capacity(m),
+    );
+    for (step, &table) in order.iter().enumerate() {
+        let need = task.bytes[table];
+        let mut mask = vec![false; episodes * task.devices];
+        for (k, u) in used.iter().enumerate() {
+            let legal = &mut mask[k * task.devices..(k + 1) * task.devices];
+            for (dev, l) in legal.iter_mut().enumerate() {
+                *l = u[dev].saturating_add(need) <= task.cap_bytes;
+            }
+            if !legal.iter().any(|&l| l) {
+                infeasible[k] = true;
+                let roomiest = (0..task.devices).min_by_key(|&x| u[x]).unwrap_or(0);
+                legal[roomiest] = true;
+            }
+        }
+        let mask_t = Tensor::from_slice(&mask).view([e, d]);
+        let current = pol_repr
+            .get(table as i64)
+            .unsqueeze(0)
+            .expand([e, pw], false);
+        let progress = Tensor::full([e], step as f64 / m as f64, opts());
+        let out = policy.forward(&dev_pol, &cost_feat, &current, &progress);
+        let logp = masked_log_softmax(&out.logits, &mask_t);
+        let action = match mode {
+            Mode::Sample => logp.exp().multinomial(1, true).squeeze_dim(1),
+            Mode::Greedy => logp.argmax(1, false),
+        };
+        let chosen_logp = logp.gather(1, &action.unsqueeze(1), false).squeeze_dim(1);
+        // A copy: the state tensors are updated in place below.
+        feats.push(cost_feat.copy());
+        masks.push(mask_t);
+        logps.push(chosen_logp);
+        let acts: Vec<i64> = Vec::try_from(&action).unwrap_or_default();
+        for (k, &a) in acts.iter().enumerate() {
+            used[k][a as usize] = used[k][a as usize].saturating_add(need);
+            plans[k][table] = a as usize;
+        }
+        // Running sums, then re-cost only the device that changed.
+        let at = [Some(rows.shallow_clone()), Some(action.shallow_clone())];
+        let _ = dev_pol.index_put_(
+            &at,
+            &pol_repr.get(table as i64).expand([e, pw], false),
+            true,
+        );
+        let _ = dev_cost.index_put_(
+            &at,
+            &cost_repr.get(table as i64).expand([e, cw], false),
+            true,
+        );
+        let q = cost.device_costs(&dev_cost.index(&at));
+        let _ = cost_feat.index_put_(&at, &q, false);
+        actions.push(action);
+    }
+    let plan_of_device =
+        Tensor::arange(e, (Kind::Int64, Device::Cpu)).repeat_interleave_self_int(d, 0, None);
+    let predicted = cost.overall_cost(&dev_cost.view([e * d, cw]), &plan_of_device, e);
+    Unroll {
+        order,
+        actions: Tensor::stack(&actions, 0),
+        behaviour_logp: Tensor::stack(&logps, 0),
+        masks: Tensor::stack(&masks, 0),
+        cost_features: Tensor::stack(&feats, 0),
+        predicted_cost_ms: predicted,
+        infeasible,
+        plans,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nets::{PlacedTables, PlanBatch};
+    use common::config::ModelConfig;
+    use common::generate::{generate_pool, PoolGenConfig};
+    use tch::nn;
+
+    fn nets() -> (nn::VarStore, PolicyNet, CostNet) {
+        tch::manual_seed(3);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let cfg = ModelConfig::default();
+        let policy = PolicyNet::new(&(vs.root() / "policy"), &cfg);
+        let cost = CostNet::new(&(vs.root() / "cost"), &cfg);
+        (vs, policy, cost)
+    }
+
+    fn tables(n: usize) -> Vec<Table> {
+        generate_pool(
+            &PoolGenConfig {
+                tables: n,
+                ..Default::default()
+            },
+            5,
+        )
+        .unwrap()
+    }
+
+    fn close(a: &Tensor, b: &Tensor) -> bool {
+        (a - b).abs().max().double_value(&[]) < 1e-4
+    }
+
+    #[test]
+    fn incremental_state_equals_state_recomputed_from_scratch() {
+        let (_vs, policy, cost) = nets();
+        let t = tables(12);
+        let task = MdpTask::new(&t, 3, u64::MAX, &MemoryModel::default());
+        let u = rollout(&policy, &cost, &task, 4, Mode::Sample);
+        let repr = tch::no_grad(|| cost.tables(&task.features));
+        for (k, plan) in u.plans.iter().enumerate() {
+            for (step, _) in u.order.iter().enumerate() {
+                // Devices hold the tables placed before this step.
+                let sums = Tensor::zeros([3, repr.size()[1]], opts());
+                for &placed in &u.order[..step] {
+                    let row = repr.get(placed as i64);
+                    let _ = sums.get(plan[placed] as i64).f_add_(&row).unwrap();
+                }
+                let expect = tch::no_grad(|| cost.device_costs(&sums));
+                // Devices still empty have zero cost features.
+                for dev in 0..3usize {
+                    let occupied = u.order[..step].iter().any(|&p| plan[p] == dev);
+                    let seen = u
+                        .cost_features
+                        .get(step as i64)
+                        .get(k as i64)
+                        .get(dev as i64);
+                    if occupied {
+                        assert!(
+                            close(&seen, &expect.get(dev as i64)),
+                            "step {step} dev {dev}"
+                        );
+                    } else {
+                        assert_eq!(seen.abs().sum(Kind::Float).double_value(&[]), 0.0);
+                    }
+                }
+            }
+            // The final predicted cost is the cost network on the final plan.
+            let feats: Vec<[f32; NUM_FEATURES]> = t.iter().map(scaled).collect();
+            let batch = PlanBatch::new(&[PlacedTables {
+                features: feats,
+                assignment: plan.clone(),
+                devices: 3,
+            }]);
+            let direct = tch::no_grad(|| cost.forward(&batch).overall);
+            assert!(close(
+                &direct,
+                &u.predicted_cost_ms.get(k as i64).unsqueeze(0)
+            ));
+        }
+    }
+
+    /// Tables of one size and varied pooling: with room for six per device
+    /// and twenty tables on four devices, a legal device always exists, and
+    /// the cap binds once a device holds six.
+    fn equal_tables(n: usize) -> Vec<Table> {
+        (0..n)
+            .map(|i| Table::cold(format!("t{i}"), 100_000, 64, 1.0 + i as f64))
+            .collect()
+    }
+
+    #[test]
+    fn every_plan_fits_memory_and_illegal_devices_are_never_chosen() {
+        let (_vs, policy, cost) = nets();
+        let t = equal_tables(20);
+        let mem = MemoryModel::default();
+        let cap = 6 * mem.table_bytes(&t[0]);
+        let task = MdpTask::new(&t, 4, cap, &mem);
+        let u = rollout(&policy, &cost, &task, 32, Mode::Sample);
+        for (k, plan) in u.plans.iter().enumerate() {
+            assert!(!u.infeasible[k]);
+            let p = common::Plan {
+                devices: 4,
+                assignment: plan.clone(),
+            };
+            assert!(p.fits(&t, &mem, cap), "episode {k}");
+        }
+        let chosen_legal = u
+            .masks
+            .gather(2, &u.actions.unsqueeze(2), false)
+            .all()
+            .int64_value(&[]);
+        assert_eq!(chosen_legal, 1);
+        // The cap binds: some steps had illegal devices.
+        assert_eq!(u.masks.all().int64_value(&[]), 0);
+        assert_eq!(u.behaviour_logp.le(0.0).all().int64_value(&[]), 1);
+    }
+
+    #[test]
+    fn a_task_that_cannot_fit_is_flagged_infeasible() {
+        let (_vs, policy, cost) = nets();
+        let t = equal_tables(6);
+        let mem = MemoryModel::default();
+        let task = MdpTask::new(&t, 2, 2 * mem.table_bytes(&t[0]), &mem);
+        let u = rollout(&policy, &cost, &task, 3, Mode::Sample);
+        assert!(u.infeasible.iter().all(|&f| f));
+    }
+
+    #[test]
+    fn greedy_is_deterministic_and_sampling_explores() {
+        let (_vs, policy, cost) = nets();
+        let t = tables(10);
+        let task = MdpTask::new(&t, 4, u64::MAX, &MemoryModel::default());
+        let a = rollout(&policy, &cost, &task, 3, Mode::Greedy);
+        let b = rollout(&policy, &cost, &task, 3, Mode::Greedy);
+        assert_eq!(a.plans, b.plans);
+        assert!(a.plans.iter().all(|p| p == &a.plans[0]));
+        let s = rollout(&policy, &cost, &task, 64, Mode::Sample);
+        let distinct: std::collections::HashSet<_> = s.plans.iter().collect();
+        assert!(
+            distinct.len() > 10,
+            "{} distinct plans of 64",
+            distinct.len()
+        );
+    }
+}

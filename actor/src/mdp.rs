@@ -71,6 +71,10 @@ pub struct Unroll {
     pub cost_features: Tensor,
     /// `[E]`: the predicted iteration cost of each finished placement (ms).
     pub predicted_cost_ms: Tensor,
+    /// What rewards are divided by: the predicted single-table costs summed
+    /// and divided by the device count, the cost of a perfectly balanced
+    /// placement without fusion. It makes tasks of different sizes comparable.
+    pub reward_scale: f64,
     /// Episodes that ran out of memory somewhere.
     pub infeasible: Vec<bool>,
     /// Each episode's plan, indexed by table (not by step).
@@ -81,17 +85,29 @@ fn opts() -> (Kind, Device) {
     (Kind::Float, Device::Cpu)
 }
 
-/// DreamShard's order: tables by predicted single-table cost, descending.
-pub fn placement_order(cost: &CostNet, task: &MdpTask) -> Vec<usize> {
+/// Each table's predicted cost alone on a device (ms).
+pub fn single_table_costs(cost: &CostNet, task: &MdpTask) -> Vec<f32> {
     let m = task.tables() as i64;
     let single = tch::no_grad(|| {
         let repr = cost.tables(&task.features);
         cost.overall_cost(&repr, &Tensor::arange(m, (Kind::Int64, Device::Cpu)), m)
     });
-    let single: Vec<f32> = Vec::try_from(single).unwrap_or_default();
-    let mut order: Vec<usize> = (0..task.tables()).collect();
+    Vec::try_from(single).unwrap_or_default()
+}
+
+/// DreamShard's order: tables by predicted single-table cost, descending.
+pub fn placement_order(single: &[f32]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..single.len()).collect();
     order.sort_by(|&a, &b| single[b].total_cmp(&single[a]).then(a.cmp(&b)));
     order
+}
+
+impl Unroll {
+    /// `[E]` rewards of the episodes' last steps: minus the predicted cost
+    /// over [`Unroll::reward_scale`].
+    pub fn final_rewards(&self) -> Tensor {
+        -(&self.predicted_cost_ms / self.reward_scale)
+    }
 }
 
 /// Rolls out `episodes` placements of `task` in lockstep.
@@ -113,7 +129,10 @@ fn rollout_inner(
     mode: Mode,
 ) -> Unroll {
     let (m, e, d) = (task.tables(), episodes as i64, task.devices as i64);
-    let order = placement_order(cost, task);
+    let single = single_table_costs(cost, task);
+    let order = placement_order(&single);
+    let reward_scale =
+        (single.iter().map(|&c| c.max(0.0) as f64).sum::<f64>() / task.devices as f64).max(1e-3);
     let pol_repr = policy.tables(&task.features);
     let cost_repr = cost.tables(&task.features);
     let (pw, cw) = (pol_repr.size()[1], cost_repr.size()[1]);
@@ -193,6 +212,7 @@ fn rollout_inner(
         masks: Tensor::stack(&masks, 0),
         cost_features: Tensor::stack(&feats, 0),
         predicted_cost_ms: predicted,
+        reward_scale,
         infeasible,
         plans,
     }

@@ -264,6 +264,77 @@ impl ModelConfig {
     }
 }
 
+/// Training (DreamShard's Algorithm 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Suite of training tasks (relative to the working directory).
+    pub suite: PathBuf,
+    /// Rounds of collect → cost updates → policy updates.
+    pub iterations: usize,
+    /// Plans measured on the oracle per iteration (the measurement budget is
+    /// `iterations × measure_per_iteration`).
+    pub measure_per_iteration: usize,
+    pub cost_steps: usize,
+    pub cost_batch: usize,
+    pub cost_lr: f64,
+    pub policy_steps: usize,
+    /// Episodes per policy update, in lockstep on one task.
+    pub episodes: usize,
+    pub policy_lr: f64,
+    pub entropy_cost: f64,
+    pub baseline_cost: f64,
+    pub max_grad_norm: f64,
+    /// V-trace's ρ̄, c̄ and ρ̄_pg.
+    pub clip_rho: f64,
+    pub clip_c: f64,
+    pub clip_pg_rho: f64,
+    pub seed: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            suite: PathBuf::from("data/generated/dlrm-50x4.train.json"),
+            iterations: 10,
+            measure_per_iteration: 10,
+            cost_steps: 300,
+            cost_batch: 64,
+            cost_lr: 5e-4,
+            policy_steps: 10,
+            episodes: 10,
+            policy_lr: 5e-4,
+            entropy_cost: 1e-3,
+            baseline_cost: 0.5,
+            max_grad_norm: 40.0,
+            clip_rho: 1.0,
+            clip_c: 1.0,
+            clip_pg_rho: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+impl TrainConfig {
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        positive("train.iterations", self.iterations as f64)?;
+        positive(
+            "train.measure_per_iteration",
+            self.measure_per_iteration as f64,
+        )?;
+        positive("train.cost_batch", self.cost_batch as f64)?;
+        positive("train.episodes", self.episodes as f64)?;
+        positive("train.cost_lr", self.cost_lr)?;
+        positive("train.policy_lr", self.policy_lr)?;
+        non_negative("train.entropy_cost", self.entropy_cost)?;
+        non_negative("train.baseline_cost", self.baseline_cost)?;
+        positive("train.max_grad_norm", self.max_grad_norm)?;
+        positive("train.clip_rho", self.clip_rho)?;
+        positive("train.clip_c", self.clip_c)?;
+        positive("train.clip_pg_rho", self.clip_pg_rho)
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -275,6 +346,7 @@ pub struct Config {
     pub data: DataConfig,
     pub eval: EvalConfig,
     pub model: ModelConfig,
+    pub train: TrainConfig,
 }
 
 impl Config {
@@ -308,7 +380,8 @@ impl Config {
         self.cpu.validate()?;
         self.generate.validate()?;
         self.data.validate()?;
-        self.model.validate()
+        self.model.validate()?;
+        self.train.validate()
     }
 }
 

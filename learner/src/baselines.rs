@@ -21,6 +21,8 @@ pub enum Method {
     SizeLookup,
     Torchrec,
     Search,
+    /// A trained policy (needs a checkpoint).
+    Policy,
 }
 
 impl Method {
@@ -45,12 +47,13 @@ impl Method {
             Method::SizeLookup => "size_lookup",
             Method::Torchrec => "torchrec",
             Method::Search => "search",
+            Method::Policy => "policy",
         }
     }
 
-    /// A heuristic places without measuring; `search` measures.
+    /// A heuristic places by a fixed rule; `search` measures, `policy` learns.
     pub fn is_heuristic(self) -> bool {
-        self != Method::Search
+        !matches!(self, Method::Search | Method::Policy)
     }
 
     /// Parses `a,b,…` or `all`; the message lists the known names.
@@ -62,11 +65,12 @@ impl Method {
         for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             let m = Method::ALL
                 .into_iter()
+                .chain([Method::Policy])
                 .find(|m| m.name() == name)
                 .ok_or_else(|| {
                     let known: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
                     format!(
-                        "unknown method `{name}` (known: {}, or all)",
+                        "unknown method `{name}` (known: {}, policy, or all)",
                         known.join(", ")
                     )
                 })?;
@@ -112,7 +116,7 @@ pub fn place(method: Method, ctx: &Context, rng: &mut impl Rng) -> Option<Plan> 
         Method::Torchrec => {
             torchrec::partition(ctx.tables, ctx.devices, ctx.cap_bytes, ctx.mem, ctx.batch)
         }
-        Method::Search => None,
+        Method::Search | Method::Policy => None,
     }
 }
 

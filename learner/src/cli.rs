@@ -49,6 +49,29 @@ pub enum Command {
     /// On the `cpu` backend a measurement takes about a second: give `search`
     /// a small budget (--search-budget 20).
     Eval(EvalArgs),
+    /// Train the cost and policy networks (DreamShard's Algorithm 1).
+    ///
+    /// Measures plans drawn from the current policy on the oracle, fits the
+    /// cost network to them, and improves the policy on the estimated MDP
+    /// with V-trace. Writes DIR/config.toml (the resolved configuration),
+    /// DIR/metrics.jsonl (one line per iteration) and DIR/checkpoint/.
+    ///
+    /// Example:
+    ///   learner train --config configs/default.toml --run-dir runs/first
+    Train(TrainArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TrainArgs {
+    /// Configuration TOML ([train], [model], …); defaults when omitted.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Run directory: configuration, metrics and checkpoint go there.
+    #[arg(long)]
+    pub run_dir: PathBuf,
+    /// The oracle that measures plans.
+    #[arg(long, value_enum, default_value = "sim")]
+    pub backend: benchworker::Backend,
 }
 
 #[derive(Debug, clap::Args)]
@@ -83,6 +106,10 @@ pub struct EvalArgs {
     /// Print JSON instead of a table: one object per suite, one per line.
     #[arg(long)]
     pub json: bool,
+    /// Run directory of a trained model: adds the method `policy` (its
+    /// network sizes come from the run's config.toml).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
 }
 
 /// Runs a parsed command, writing results to `out`.
@@ -90,7 +117,49 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(args) => generate(args, out),
         Command::Eval(args) => eval(args, out),
+        Command::Train(args) => train(args, out),
     }
+}
+
+fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let cfg = Config::load(args.config.as_deref())?;
+    let suite = Suite::load(&cfg.train.suite, &cfg.memory)?;
+    let dir = &args.run_dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    common::fs::write_atomic(
+        &dir.join("config.toml"),
+        toml::to_string_pretty(&cfg)?.as_bytes(),
+    )?;
+    let metrics_path = dir.join("metrics.jsonl");
+    let mut metrics = std::fs::File::create(&metrics_path)
+        .with_context(|| format!("creating {}", metrics_path.display()))?;
+    let mut oracle = benchworker::build(args.backend, &cfg)?;
+    let model = crate::train::Model::new(&cfg);
+    let bar = progress(cfg.train.iterations as u64, "training");
+    let mut write_err = None;
+    crate::train::train(&cfg, &suite.tasks, oracle.as_mut(), &model, |m| {
+        bar.inc(1);
+        bar.set_message(format!(
+            "measured {:.2} ms, predicted {:.2} ms, cost loss {:.3}",
+            m.mean_measured_ms, m.mean_predicted_ms, m.cost_loss
+        ));
+        let line = serde_json::to_string(m).map_err(std::io::Error::other);
+        if let Err(e) = line.and_then(|l| writeln!(metrics, "{l}")) {
+            write_err.get_or_insert(e);
+        }
+    })?;
+    bar.finish_and_clear();
+    if let Some(e) = write_err {
+        return Err(e).with_context(|| format!("writing {}", metrics_path.display()));
+    }
+    model.save(&dir.join("checkpoint"))?;
+    writeln!(
+        out,
+        "trained {} iterations; run in {}",
+        cfg.train.iterations,
+        dir.display()
+    )?;
+    Ok(())
 }
 
 fn generate(args: GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -110,8 +179,22 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(b) = args.search_budget {
         cfg.eval.search_budget = b;
     }
-    let methods =
+    let mut methods =
         Method::parse_list(&args.methods).map_err(|e| anyhow::anyhow!("--methods: {e}"))?;
+    let model = match &args.checkpoint {
+        Some(run) => {
+            let run_cfg = Config::load(Some(&run.join("config.toml")))?;
+            let model = crate::train::Model::load(&run_cfg, &run.join("checkpoint"))?;
+            if args.methods.trim() == "all" {
+                methods.push(Method::Policy);
+            }
+            Some(model)
+        }
+        None if methods.contains(&Method::Policy) => {
+            anyhow::bail!("--methods: `policy` needs --checkpoint RUN_DIR")
+        }
+        None => None,
+    };
     let suites = args
         .suite
         .iter()
@@ -128,9 +211,12 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             suite,
             &methods,
             oracle.as_mut(),
-            &cfg.memory,
-            &cfg.eval,
-            batch,
+            &crate::eval::Setting {
+                mem: &cfg.memory,
+                cfg: &cfg.eval,
+                batch,
+                model: model.as_ref(),
+            },
             || bar.inc(1),
         )
         .with_context(|| format!("evaluating {}", suite.path.display()))?;

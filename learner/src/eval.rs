@@ -39,6 +39,17 @@ pub struct Report {
     pub order: Vec<String>,
 }
 
+/// What every task of an evaluation shares.
+#[derive(Clone, Copy)]
+pub struct Setting<'a> {
+    pub mem: &'a MemoryModel,
+    pub cfg: &'a EvalConfig,
+    /// Global batch of the oracle, for TorchRec's estimator.
+    pub batch: u64,
+    /// A trained model, for the method `policy`.
+    pub model: Option<&'a crate::train::Model>,
+}
+
 /// Evaluates `methods` on `suite`. Every heuristic runs on every task, asked
 /// for or not: the best of them is the yardstick, and `search` starts from
 /// it. `on_task` is called after each task (for a progress bar).
@@ -46,11 +57,15 @@ pub fn evaluate(
     suite: &Suite,
     methods: &[Method],
     oracle: &mut dyn Oracle,
-    mem: &MemoryModel,
-    cfg: &EvalConfig,
-    batch: u64,
+    setting: &Setting,
     mut on_task: impl FnMut(),
 ) -> Result<Report, OracleError> {
+    let Setting {
+        mem,
+        cfg,
+        batch,
+        model,
+    } = *setting;
     let mut per_method: BTreeMap<Method, Vec<Option<f64>>> = BTreeMap::new();
     for (k, task) in suite.tasks.iter().enumerate() {
         let ctx = Context {
@@ -97,6 +112,15 @@ pub fn evaluate(
             };
             per_method.entry(Method::Search).or_default().push(cost);
         }
+        if let (true, Some(model)) = (methods.contains(&Method::Policy), model) {
+            let (plan, _, infeasible) = model.plan(task, mem);
+            let cost = if infeasible {
+                None
+            } else {
+                Some(oracle.measure(&task.tables, &plan)?.cost_ms)
+            };
+            per_method.entry(Method::Policy).or_default().push(cost);
+        }
         on_task();
     }
     Ok(report(suite, oracle.name(), methods, per_method))
@@ -135,7 +159,9 @@ fn report(
     let best = best_heuristic(&per_method);
     let mut out = BTreeMap::new();
     for m in methods {
-        let v = &per_method[m];
+        let Some(v) = per_method.get(m) else {
+            continue;
+        };
         let solved: Vec<f64> = v.iter().flatten().copied().collect();
         let vs = best.and_then(|b| {
             let (mut mine, mut theirs) = (0.0, 0.0);
@@ -247,8 +273,14 @@ mod tests {
             search_budget: 300,
             seed: 0,
         };
+        let setting = Setting {
+            mem: &mem,
+            cfg: &cfg,
+            batch: 65536,
+            model: None,
+        };
         let mut calls = 0;
-        let r = evaluate(&s, &Method::ALL, &mut sim, &mem, &cfg, 65536, || calls += 1).unwrap();
+        let r = evaluate(&s, &Method::ALL, &mut sim, &setting, || calls += 1).unwrap();
         assert_eq!(calls, 3);
         for m in Method::ALL {
             let res = &r.methods[m.name()];
@@ -268,7 +300,7 @@ mod tests {
         );
         // The yardstick does not depend on which methods are asked for.
         let mut sim = SimOracle::new(SimConfig::default(), mem);
-        let only = evaluate(&s, &[Method::Random], &mut sim, &mem, &cfg, 65536, || {}).unwrap();
+        let only = evaluate(&s, &[Method::Random], &mut sim, &setting, || {}).unwrap();
         assert_eq!(only.best_heuristic, r.best_heuristic);
         assert_eq!(only.methods.len(), 1);
         assert!(only.methods["random"].vs_best_heuristic_pct.unwrap() > 0.0);
@@ -306,9 +338,12 @@ mod tests {
             &s,
             &[Method::Lookup, Method::Torchrec],
             &mut sim,
-            &mem,
-            &EvalConfig::default(),
-            65536,
+            &Setting {
+                mem: &mem,
+                cfg: &EvalConfig::default(),
+                batch: 65536,
+                model: None,
+            },
             || {},
         )
         .unwrap();

@@ -18,4 +18,5 @@ pub mod data;
 pub mod eval;
 pub mod search;
 pub mod torchrec;
+pub mod train;
 pub mod vtrace;

@@ -1,0 +1,457 @@
+//! Training, DreamShard's Algorithm 1 in one thread: each iteration measures
+//! plans drawn from the current policy on the oracle, fits the cost network
+//! to every measurement so far by MSE, then improves the policy on the
+//! estimated MDP with V-trace.
+//!
+//! The two losses are the pieces the asynchronous learner reuses:
+//! [`cost_loss`] over a batch of measured plans, [`policy_loss`] over an
+//! actor's unroll.
+
+use actor::mdp::{rollout, MdpTask, Mode, Unroll};
+use actor::nets::{masked_log_softmax, CostNet, PlacedTables, PlanBatch, PolicyNet, COST_FEATURES};
+use benchworker::{Oracle, OracleError};
+use common::config::{Config, TrainConfig};
+use common::features::scaled;
+use common::{Measurement, Plan, Task};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use tch::nn::{self, OptimizerConfig};
+use tch::{Device, Kind, Tensor};
+
+use std::path::Path;
+
+use anyhow::Context;
+
+use crate::vtrace::{from_importance_weights, Clipping};
+
+/// One measured plan: what the cost network learns from.
+#[derive(Debug, Clone)]
+pub struct CostSample {
+    pub placed: PlacedTables,
+    pub measurement: Measurement,
+}
+
+impl CostSample {
+    pub fn new(task: &Task, plan: &Plan, measurement: Measurement) -> CostSample {
+        CostSample {
+            placed: PlacedTables {
+                features: task.tables.iter().map(scaled).collect(),
+                assignment: plan.assignment.clone(),
+                devices: plan.devices,
+            },
+            measurement,
+        }
+    }
+}
+
+/// MSE of the cost network on measured plans: per-device forward, backward
+/// and backward-communication times, and the iteration cost (DreamShard's
+/// sum of four losses).
+pub fn cost_loss(cost: &CostNet, samples: &[&CostSample]) -> Tensor {
+    let placed: Vec<PlacedTables> = samples.iter().map(|s| s.placed.clone()).collect();
+    let batch = PlanBatch::new(&placed);
+    let per_device: Vec<f32> = samples
+        .iter()
+        .flat_map(|s| {
+            s.measurement
+                .devices
+                .iter()
+                .flat_map(|d| [d.fwd_ms as f32, d.bwd_ms as f32, d.bwd_comm_ms as f32])
+        })
+        .collect();
+    let overall: Vec<f32> = samples
+        .iter()
+        .map(|s| s.measurement.cost_ms as f32)
+        .collect();
+    let pred = cost.forward(&batch);
+    let dev_target = Tensor::from_slice(&per_device).view([-1, COST_FEATURES]);
+    let dev_loss = (pred.per_device - dev_target)
+        .square()
+        .mean_dim([0i64].as_slice(), false, Kind::Float)
+        .sum(Kind::Float);
+    dev_loss
+        + pred
+            .overall
+            .mse_loss(&Tensor::from_slice(&overall), tch::Reduction::Mean)
+}
+
+/// Figures of one policy update.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct PolicyStats {
+    pub loss: f64,
+    pub pg_loss: f64,
+    pub baseline_loss: f64,
+    pub entropy: f64,
+    pub mean_reward: f64,
+}
+
+/// The current policy re-run along a recorded unroll.
+#[derive(Debug)]
+pub struct Replay {
+    /// `[M, E]` log-probabilities of the recorded actions.
+    pub logp: Tensor,
+    /// `[M, E]` entropies of the legal-action distributions.
+    pub entropy: Tensor,
+    /// `[M, E]` state values.
+    pub values: Tensor,
+}
+
+/// Re-runs the policy along an unroll: its table representations, hence the
+/// device sums, depend on the current parameters; the cost features are the
+/// environment's and are taken as recorded.
+pub fn replay(policy: &PolicyNet, task: &MdpTask, u: &Unroll) -> Replay {
+    let (m, e) = (u.actions.size()[0], u.actions.size()[1]);
+    let d = task.devices as i64;
+    let order: Vec<i64> = u.order.iter().map(|&i| i as i64).collect();
+    let placed = policy
+        .tables(&task.features)
+        .index_select(0, &Tensor::from_slice(&order));
+    let pw = placed.size()[1];
+    // Device sums before each step: an exclusive cumulative sum over time.
+    let onehot = u.actions.one_hot(d).to_kind(Kind::Float);
+    let contrib = onehot.unsqueeze(3) * placed.view([m, 1, 1, pw]);
+    let before = contrib.cumsum(0, Kind::Float) - &contrib;
+    let current = placed
+        .unsqueeze(1)
+        .expand([m, e, pw], false)
+        .reshape([m * e, pw]);
+    let progress = (Tensor::arange(m, (Kind::Float, Device::Cpu)) / m as f64)
+        .unsqueeze(1)
+        .expand([m, e], false)
+        .reshape([m * e]);
+    let out = policy.forward(
+        &before.reshape([m * e, d, pw]),
+        &u.cost_features.reshape([m * e, d, COST_FEATURES]),
+        &current,
+        &progress,
+    );
+    let mask = u.masks.reshape([m * e, d]);
+    let logp_all = masked_log_softmax(&out.logits, &mask);
+    let logp = logp_all
+        .gather(1, &u.actions.reshape([m * e, 1]), false)
+        .reshape([m, e]);
+    let entropy = -(logp_all.exp() * logp_all.masked_fill(&mask.logical_not(), 0.0))
+        .sum_dim_intlist([1i64].as_slice(), false, Kind::Float)
+        .reshape([m, e]);
+    Replay {
+        logp,
+        entropy,
+        values: out.value.reshape([m, e]),
+    }
+}
+
+/// The IMPALA loss of an unroll under the current policy: policy gradient
+/// with V-trace advantages, value regression to the V-trace targets, and an
+/// entropy bonus; sums over steps, means over episodes.
+pub fn policy_loss(
+    policy: &PolicyNet,
+    task: &MdpTask,
+    u: &Unroll,
+    cfg: &TrainConfig,
+) -> (Tensor, PolicyStats) {
+    let (m, e) = (u.actions.size()[0], u.actions.size()[1]);
+    let r = replay(policy, task, u);
+    let rewards = Tensor::zeros([m, e], (Kind::Float, Device::Cpu));
+    rewards.get(m - 1).copy_(&u.final_rewards());
+    // One episode per column: it ends at the last step.
+    let discounts = Tensor::ones([m, e], (Kind::Float, Device::Cpu));
+    let _ = discounts.get(m - 1).fill_(0.0);
+    let vt = from_importance_weights(
+        &(&r.logp - &u.behaviour_logp),
+        &discounts,
+        &rewards,
+        &r.values,
+        &Tensor::zeros([e], (Kind::Float, Device::Cpu)),
+        Clipping {
+            rho: cfg.clip_rho,
+            c: cfg.clip_c,
+            pg_rho: cfg.clip_pg_rho,
+            lambda: 1.0,
+        },
+    );
+    let n = e as f64;
+    let pg_loss = -(&r.logp * &vt.pg_advantages).sum(Kind::Float) / n;
+    let baseline_loss = (&vt.vs - &r.values).square().sum(Kind::Float) * 0.5 / n;
+    let entropy = r.entropy.sum(Kind::Float) / n;
+    let loss: Tensor = &pg_loss + &baseline_loss * cfg.baseline_cost - &entropy * cfg.entropy_cost;
+    let stats = PolicyStats {
+        loss: loss.double_value(&[]),
+        pg_loss: pg_loss.double_value(&[]),
+        baseline_loss: baseline_loss.double_value(&[]),
+        entropy: entropy.double_value(&[]),
+        mean_reward: u.final_rewards().mean(Kind::Float).double_value(&[]),
+    };
+    (loss, stats)
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Metrics {
+    pub iteration: usize,
+    pub measurements: usize,
+    pub env_steps: usize,
+    pub cost_loss: f64,
+    pub policy: PolicyStats,
+    /// Mean over this iteration's measured plans.
+    pub mean_measured_ms: f64,
+    pub mean_predicted_ms: f64,
+}
+
+/// The two networks, each in its own variable store so that each has its
+/// own optimizer.
+pub struct Model {
+    pub policy_vs: nn::VarStore,
+    pub cost_vs: nn::VarStore,
+    pub policy: PolicyNet,
+    pub cost: CostNet,
+}
+
+impl Model {
+    pub fn new(cfg: &Config) -> Model {
+        let policy_vs = nn::VarStore::new(Device::Cpu);
+        let cost_vs = nn::VarStore::new(Device::Cpu);
+        let policy = PolicyNet::new(&(policy_vs.root() / "policy"), &cfg.model);
+        let cost = CostNet::new(&(cost_vs.root() / "cost"), &cfg.model);
+        Model {
+            policy_vs,
+            cost_vs,
+            policy,
+            cost,
+        }
+    }
+
+    /// Writes both networks into `dir` (`policy.ot`, `cost.ot`), each to a
+    /// temp file first, fsynced and renamed, so a crash leaves the previous
+    /// checkpoint or the new one.
+    pub fn save(&self, dir: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (vs, name) in [(&self.policy_vs, "policy.ot"), (&self.cost_vs, "cost.ot")] {
+            let path = dir.join(name);
+            let tmp = dir.join(format!("{name}.tmp"));
+            vs.save(&tmp)
+                .with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .with_context(|| format!("syncing {}", tmp.display()))?;
+            std::fs::rename(&tmp, &path)
+                .with_context(|| format!("renaming to {}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Loads networks of `cfg.model`'s sizes from `dir`.
+    pub fn load(cfg: &Config, dir: &Path) -> anyhow::Result<Model> {
+        let mut model = Model::new(cfg);
+        for (vs, name) in [
+            (&mut model.policy_vs, "policy.ot"),
+            (&mut model.cost_vs, "cost.ot"),
+        ] {
+            let path = dir.join(name);
+            vs.load(&path).with_context(|| {
+                format!(
+                    "loading {} (a checkpoint of this configuration?)",
+                    path.display()
+                )
+            })?;
+        }
+        Ok(model)
+    }
+
+    /// The policy's greedy plan for a task, and its predicted cost (ms).
+    pub fn plan(&self, task: &Task, mem: &common::MemoryModel) -> (Plan, f64, bool) {
+        let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
+        let u = rollout(&self.policy, &self.cost, &mdp, 1, Mode::Greedy);
+        (
+            Plan {
+                devices: task.devices,
+                assignment: u.plans[0].clone(),
+            },
+            u.predicted_cost_ms.double_value(&[0]),
+            u.infeasible[0],
+        )
+    }
+}
+
+/// Trains on `tasks` with `oracle`, calling `on_iteration` with each
+/// iteration's figures.
+pub fn train(
+    cfg: &Config,
+    tasks: &[Task],
+    oracle: &mut dyn Oracle,
+    model: &Model,
+    mut on_iteration: impl FnMut(&Metrics),
+) -> Result<Vec<CostSample>, OracleError> {
+    let t = &cfg.train;
+    tch::manual_seed(t.seed as i64);
+    let mut rng = ChaCha8Rng::seed_from_u64(t.seed);
+    let mdps: Vec<MdpTask> = tasks
+        .iter()
+        .map(|k| MdpTask::new(&k.tables, k.devices, k.cap_bytes(), &cfg.memory))
+        .collect();
+    let mut cost_opt = nn::Adam::default()
+        .build(&model.cost_vs, t.cost_lr)
+        .map_err(|e| backend(e.to_string()))?;
+    let mut policy_opt = nn::Adam::default()
+        .build(&model.policy_vs, t.policy_lr)
+        .map_err(|e| backend(e.to_string()))?;
+    let mut buffer: Vec<CostSample> = Vec::new();
+    let mut env_steps = 0;
+    for iteration in 0..t.iterations {
+        let (mut measured, mut predicted) = (0.0, 0.0);
+        for _ in 0..t.measure_per_iteration {
+            let k = rng.gen_range(0..tasks.len());
+            let u = rollout(&model.policy, &model.cost, &mdps[k], 1, Mode::Sample);
+            let plan = Plan {
+                devices: tasks[k].devices,
+                assignment: u.plans[0].clone(),
+            };
+            let m = oracle.measure(&tasks[k].tables, &plan)?;
+            measured += m.cost_ms;
+            predicted += u.predicted_cost_ms.double_value(&[0]);
+            buffer.push(CostSample::new(&tasks[k], &plan, m));
+        }
+        let mut cost_loss_sum = 0.0;
+        for _ in 0..t.cost_steps {
+            let batch: Vec<&CostSample> = (0..t.cost_batch.min(buffer.len()))
+                .map(|_| &buffer[rng.gen_range(0..buffer.len())])
+                .collect();
+            let loss = cost_loss(&model.cost, &batch);
+            cost_opt.backward_step(&loss);
+            cost_loss_sum += loss.double_value(&[]);
+        }
+        let mut stats = PolicyStats::default();
+        for _ in 0..t.policy_steps {
+            let k = rng.gen_range(0..tasks.len());
+            let u = rollout(
+                &model.policy,
+                &model.cost,
+                &mdps[k],
+                t.episodes,
+                Mode::Sample,
+            );
+            env_steps += t.episodes * tasks[k].tables.len();
+            let (loss, s) = policy_loss(&model.policy, &mdps[k], &u, t);
+            policy_opt.backward_step_clip_norm(&loss, t.max_grad_norm);
+            stats = s;
+        }
+        let n = t.measure_per_iteration as f64;
+        on_iteration(&Metrics {
+            iteration,
+            measurements: buffer.len(),
+            env_steps,
+            cost_loss: cost_loss_sum / t.cost_steps.max(1) as f64,
+            policy: stats,
+            mean_measured_ms: measured / n,
+            mean_predicted_ms: predicted / n,
+        });
+    }
+    Ok(buffer)
+}
+
+fn backend(message: String) -> OracleError {
+    OracleError::Backend {
+        backend: "learner",
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::config::SuiteConfig;
+    use common::Suite;
+
+    fn small_config(dir: &Path) -> Config {
+        let mut cfg = Config::default();
+        cfg.generate.tables = 200;
+        cfg.data.dir = dir.to_path_buf();
+        cfg.data.train_tasks = 20;
+        cfg.data.test_tasks = 10;
+        cfg.data.suites = vec![SuiteConfig {
+            tables: 20,
+            devices: 4,
+            memory_gb: 100.0,
+        }];
+        cfg.train.suite = dir.join("dlrm-20x4.train.json");
+        cfg.train.iterations = 4;
+        cfg.train.measure_per_iteration = 10;
+        cfg.train.cost_steps = 100;
+        cfg.train.policy_steps = 25;
+        cfg.train.episodes = 16;
+        cfg.train.policy_lr = 1e-3;
+        cfg
+    }
+
+    #[test]
+    fn replaying_an_unroll_gives_back_the_actors_log_probabilities() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = small_config(dir.path());
+        crate::data::generate(&cfg, dir.path()).unwrap();
+        let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
+        let model = Model::new(&cfg);
+        let task = &suite.tasks[0];
+        let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
+        let u = rollout(&model.policy, &model.cost, &mdp, 8, Mode::Sample);
+        let r = tch::no_grad(|| replay(&model.policy, &mdp, &u));
+        let diff = (&r.logp - &u.behaviour_logp).abs().max().double_value(&[]);
+        assert!(diff < 1e-4, "replayed log-probabilities differ by {diff}");
+        assert!(r.entropy.ge(0.0).all().int64_value(&[]) == 1);
+        // The loss has gradients for the policy.
+        let (loss, stats) = policy_loss(&model.policy, &mdp, &u, &cfg.train);
+        loss.backward();
+        let grads: f64 = model
+            .policy_vs
+            .trainable_variables()
+            .iter()
+            .map(|v| v.grad().abs().sum(Kind::Float).double_value(&[]))
+            .sum();
+        assert!(grads > 0.0 && stats.loss.is_finite());
+    }
+
+    /// The CI training run: well under a minute, and the policy must beat
+    /// `random` clearly on unseen tasks.
+    #[test]
+    fn a_short_training_run_beats_random_on_unseen_tasks() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = small_config(dir.path());
+        crate::data::generate(&cfg, dir.path()).unwrap();
+        let train_suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
+        let test_suite = Suite::load(&dir.path().join("dlrm-20x4.test.json"), &cfg.memory).unwrap();
+        let mut sim = benchworker::sim::SimOracle::new(cfg.sim.clone(), cfg.memory);
+        let model = Model::new(&cfg);
+        let mut lines = 0;
+        let buffer = train(&cfg, &train_suite.tasks, &mut sim, &model, |_| lines += 1).unwrap();
+        assert_eq!(lines, 4);
+        assert_eq!(buffer.len(), 40);
+        let report = crate::eval::evaluate(
+            &test_suite,
+            &[
+                crate::baselines::Method::Random,
+                crate::baselines::Method::Policy,
+            ],
+            &mut sim,
+            &crate::eval::Setting {
+                mem: &cfg.memory,
+                cfg: &cfg.eval,
+                batch: cfg.sim.batch,
+                model: Some(&model),
+            },
+            || {},
+        )
+        .unwrap();
+        let random = report.methods["random"].mean_cost_ms.unwrap();
+        let policy = report.methods["policy"].mean_cost_ms.unwrap();
+        eprintln!("short run: policy {policy:.3} ms, random {random:.3} ms");
+        assert!(
+            policy < 0.9 * random,
+            "policy {policy} ms vs random {random} ms"
+        );
+        // The checkpoint round-trips.
+        model.save(&dir.path().join("ckpt")).unwrap();
+        let back = Model::load(&cfg, &dir.path().join("ckpt")).unwrap();
+        let (a, _, _) = model.plan(&test_suite.tasks[0], &cfg.memory);
+        let (b, _, _) = back.plan(&test_suite.tasks[0], &cfg.memory);
+        assert_eq!(a, b);
+    }
+}

@@ -56,9 +56,9 @@ pub struct Assignment {
     pub device: usize,
 }
 
-/// The placement JSON document.
+/// The placement JSON document. Other keys (such as the estimates `plan`
+/// writes beside the assignment) are ignored when read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Placement {
     pub devices: usize,
     pub assignment: Vec<Assignment>,

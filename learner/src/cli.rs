@@ -59,6 +59,45 @@ pub enum Command {
     /// Example:
     ///   learner train --config configs/default.toml --run-dir runs/first
     Train(TrainArgs),
+    /// Place your tables with a trained model, in milliseconds, without a GPU.
+    ///
+    /// Reads a pool CSV, places every table on one of --devices devices of
+    /// --memory-gb each with the trained policy, and writes the placement
+    /// JSON with the cost network's estimate of each device's times. With
+    /// --format torchrec it writes `{"world_size": D, "ranks": {table: rank}}`
+    /// for TorchRec's table-wise sharding (see README).
+    ///
+    /// Example:
+    ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16 --checkpoint runs/first
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanFormat {
+    /// {"devices", "assignment": [{"table", "device"}], "estimate": {…}}
+    Placement,
+    /// {"world_size", "ranks": {table: rank}}
+    Torchrec,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    /// Pool CSV of the tables to place.
+    #[arg(long)]
+    pub tables: PathBuf,
+    #[arg(long)]
+    pub devices: usize,
+    /// Memory per device, GB (GiB).
+    #[arg(long)]
+    pub memory_gb: f64,
+    /// Run directory of a trained model.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    #[arg(long, value_enum, default_value = "placement")]
+    pub format: PlanFormat,
+    /// Write here instead of stdout.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -118,7 +157,77 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Generate(args) => generate(args, out),
         Command::Eval(args) => eval(args, out),
         Command::Train(args) => train(args, out),
+        Command::Plan(args) => plan(args, out),
     }
+}
+
+fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    // One episode's tensors are tiny: a thread pool only adds latency.
+    tch::set_num_threads(1);
+    let run_cfg = Config::load(Some(&args.checkpoint.join("config.toml")))?;
+    let model = crate::train::Model::load(&run_cfg, &args.checkpoint.join("checkpoint"))?;
+    let tables = common::pool::read(&args.tables)?;
+    let task = common::Task {
+        name: args.tables.display().to_string(),
+        devices: args.devices,
+        memory_gb: args.memory_gb,
+        tables,
+    };
+    anyhow::ensure!(
+        (1..=common::placement::MAX_DEVICES).contains(&args.devices),
+        "--devices must lie in 1..={}",
+        common::placement::MAX_DEVICES
+    );
+    anyhow::ensure!(
+        args.memory_gb.is_finite() && args.memory_gb > 0.0,
+        "--memory-gb must be a positive number"
+    );
+    if let Some(why) = task.infeasibility(&run_cfg.memory) {
+        anyhow::bail!("{}: cannot fit memory: {why}", args.tables.display());
+    }
+    let start = std::time::Instant::now();
+    let (plan, _, infeasible) = model.plan(&task, &run_cfg.memory);
+    let elapsed = start.elapsed();
+    anyhow::ensure!(
+        !infeasible,
+        "the policy found no placement that fits {} GB per device; try more devices or memory",
+        args.memory_gb
+    );
+    let (per_device, cost) = model.estimate(&task.tables, &plan);
+    tracing::info!(
+        "placed {} tables on {} devices in {:.2} ms (estimated iteration {cost:.3} ms)",
+        task.tables.len(),
+        args.devices,
+        elapsed.as_secs_f64() * 1e3
+    );
+    let doc = match args.format {
+        PlanFormat::Placement => {
+            let mut v = serde_json::to_value(common::Placement::from_plan(&plan, &task.tables))?;
+            v["estimate"] = serde_json::json!({
+                "cost_ms": cost,
+                "devices": per_device
+                    .iter()
+                    .map(|d| serde_json::json!({"fwd_ms": d[0], "bwd_ms": d[1], "bwd_comm_ms": d[2]}))
+                    .collect::<Vec<_>>(),
+            });
+            v
+        }
+        PlanFormat::Torchrec => serde_json::json!({
+            "world_size": args.devices,
+            "ranks": task
+                .tables
+                .iter()
+                .zip(&plan.assignment)
+                .map(|(t, &d)| (t.name.clone(), serde_json::json!(d)))
+                .collect::<serde_json::Map<_, _>>(),
+        }),
+    };
+    let text = serde_json::to_string_pretty(&doc)?;
+    match args.out {
+        Some(path) => common::fs::write_atomic(&path, text.as_bytes())?,
+        None => writeln!(out, "{text}")?,
+    }
+    Ok(())
 }
 
 fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {

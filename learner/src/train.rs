@@ -258,6 +258,25 @@ impl Model {
         Ok(model)
     }
 
+    /// The cost network's estimate of a plan: per device (forward, backward,
+    /// backward communication) and the iteration cost, in ms.
+    pub fn estimate(&self, tables: &[common::Table], plan: &Plan) -> (Vec<[f64; 3]>, f64) {
+        let batch = PlanBatch::new(&[PlacedTables {
+            features: tables.iter().map(scaled).collect(),
+            assignment: plan.assignment.clone(),
+            devices: plan.devices,
+        }]);
+        let pred = tch::no_grad(|| self.cost.forward(&batch));
+        let per_device: Vec<f32> = Vec::try_from(pred.per_device.view([-1])).unwrap_or_default();
+        (
+            per_device
+                .chunks(3)
+                .map(|c| [c[0] as f64, c[1] as f64, c[2] as f64])
+                .collect(),
+            pred.overall.double_value(&[0]),
+        )
+    }
+
     /// The policy's greedy plan for a task, and its predicted cost (ms).
     pub fn plan(&self, task: &Task, mem: &common::MemoryModel) -> (Plan, f64, bool) {
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);

@@ -97,3 +97,91 @@ fn a_suite_that_cannot_fit_memory_is_refused() {
     ]);
     assert!(!ok && err.contains("unknown method `best`"), "{err}");
 }
+
+#[test]
+fn train_then_plan_writes_a_placement_of_every_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[generate]\ntables = 120\n[data]\ndir = {data:?}\ntrain_tasks = 4\ntest_tasks = 2\nsuites = [{{ tables = 12, devices = 3, memory_gb = 50.0 }}]\n[train]\nsuite = {:?}\niterations = 2\nmeasure_per_iteration = 3\ncost_steps = 5\npolicy_steps = 2\nepisodes = 4\n",
+            data.join("dlrm-12x3.train.json")
+        ),
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let (ok, _, err) = learner(&["generate", "--config", cfg]);
+    assert!(ok, "{err}");
+    let run = dir.path().join("run");
+    let (ok, _, err) = learner(&["train", "--config", cfg, "--run-dir", run.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 2);
+    let last: serde_json::Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
+    assert_eq!(last["measurements"], 6);
+
+    let pool = data.join("pool.test.csv");
+    let (ok, stdout, err) = learner(&[
+        "plan",
+        "--tables",
+        pool.to_str().unwrap(),
+        "--devices",
+        "8",
+        "--memory-gb",
+        "64",
+        "--checkpoint",
+        run.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let placement: common::Placement = serde_json::from_str(&stdout).unwrap();
+    let tables = common::pool::read(&pool).unwrap();
+    let plan = placement.resolve(&tables, &pool).unwrap();
+    assert_eq!(plan.devices, 8);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["estimate"]["devices"].as_array().unwrap().len(), 8);
+
+    let (ok, stdout, err) = learner(&[
+        "plan",
+        "--tables",
+        pool.to_str().unwrap(),
+        "--devices",
+        "8",
+        "--memory-gb",
+        "64",
+        "--checkpoint",
+        run.to_str().unwrap(),
+        "--format",
+        "torchrec",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["world_size"], 8);
+    assert_eq!(v["ranks"].as_object().unwrap().len(), tables.len());
+
+    let (ok, _, err) = learner(&[
+        "plan",
+        "--tables",
+        pool.to_str().unwrap(),
+        "--devices",
+        "2",
+        "--memory-gb",
+        "0.001",
+        "--checkpoint",
+        run.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("cannot fit memory"), "{err}");
+    let (ok, _, err) = learner(&[
+        "plan",
+        "--tables",
+        pool.to_str().unwrap(),
+        "--devices",
+        "2",
+        "--memory-gb",
+        "64",
+        "--checkpoint",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("config.toml"), "{err}");
+}

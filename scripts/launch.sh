@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: set up (idempotent), generate the
-# default DLRM-like pool and task suites, and compare every placement method
-# on the test suites.
+# default DLRM-like pool and task suites, train the cost and policy networks
+# on the training tasks, and compare every placement method, the trained
+# policy included, on the test suites (tables never seen in training).
 #
-# Usage: scripts/launch.sh [--config FILE] [--backend sim|cpu] [--search-budget N]
+# Usage: scripts/launch.sh [--config FILE] [--backend sim|cpu] [--run-dir DIR]
+#                          [--search-budget N]
 #   --config FILE        configuration (default: configs/default.toml)
 #   --backend sim|cpu    the oracle that measures plans (default: sim)
+#   --run-dir DIR        where the run's config, metrics and checkpoint go
+#                        (default: runs/default)
 #   --search-budget N    measurements per task for `search` (default: the
 #                        config's eval.search_budget on sim, 20 on cpu)
 set -euo pipefail
@@ -15,11 +19,13 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 CONFIG=""
 BACKEND=sim
 BUDGET=""
+RUN_DIR=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --config) [ $# -ge 2 ] || { usage >&2; exit 2; }; CONFIG=$(realpath "$2"); shift 2 ;;
     --backend) [ $# -ge 2 ] || { usage >&2; exit 2; }; BACKEND=$2; shift 2 ;;
     --search-budget) [ $# -ge 2 ] || { usage >&2; exit 2; }; BUDGET=$2; shift 2 ;;
+    --run-dir) [ $# -ge 2 ] || { usage >&2; exit 2; }; RUN_DIR=$(realpath -m "$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "launch: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -33,6 +39,7 @@ esac
 . "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$EMBSHARD_ROOT"
 CONFIG=${CONFIG:-configs/default.toml}
+RUN_DIR=${RUN_DIR:-runs/default}
 
 BIN=target/release
 SUITES=()
@@ -43,6 +50,8 @@ while read -r line; do
   esac
 done < <("$BIN/learner" generate --config "$CONFIG")
 [ ${#SUITES[@]} -gt 0 ] || { echo "launch: generate wrote no test suite" >&2; exit 1; }
+"$BIN/learner" train --config "$CONFIG" --backend "$BACKEND" --run-dir "$RUN_DIR"
 EXTRA=()
 [ -z "$BUDGET" ] || EXTRA=(--search-budget "$BUDGET")
-"$BIN/learner" eval --config "$CONFIG" --backend "$BACKEND" --methods all "${EXTRA[@]}" "${SUITES[@]}"
+"$BIN/learner" eval --config "$CONFIG" --backend "$BACKEND" --methods all \
+  --checkpoint "$RUN_DIR" "${EXTRA[@]}" "${SUITES[@]}"

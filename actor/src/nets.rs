@@ -43,7 +43,7 @@ pub fn max_by(rows: &Tensor, index: &Tensor, groups: i64) -> Tensor {
 }
 
 /// One plan as the networks see it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PlacedTables {
     /// Scaled features of each table.
     pub features: Vec<[f32; NUM_FEATURES]>,

@@ -12,8 +12,10 @@
 //! - [`vtrace`]: IMPALA's V-trace targets.
 //! - [`cli`]: the `learner` command line.
 
+pub mod adam;
 pub mod baselines;
 pub mod cli;
+pub mod costlog;
 pub mod data;
 pub mod eval;
 pub mod search;

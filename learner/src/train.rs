@@ -26,7 +26,7 @@ use anyhow::Context;
 use crate::vtrace::{from_importance_weights, Clipping};
 
 /// One measured plan: what the cost network learns from.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct CostSample {
     pub placed: PlacedTables,
     pub measurement: Measurement,

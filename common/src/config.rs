@@ -290,6 +290,10 @@ pub struct TrainConfig {
     pub clip_c: f64,
     pub clip_pg_rho: f64,
     pub seed: u64,
+    /// Iterations between checkpoints.
+    pub checkpoint_every: usize,
+    /// Checkpoints kept (the newest).
+    pub keep_checkpoints: usize,
 }
 
 impl Default for TrainConfig {
@@ -311,6 +315,8 @@ impl Default for TrainConfig {
             clip_c: 1.0,
             clip_pg_rho: 1.0,
             seed: 0,
+            checkpoint_every: 1,
+            keep_checkpoints: 3,
         }
     }
 }
@@ -331,7 +337,9 @@ impl TrainConfig {
         positive("train.max_grad_norm", self.max_grad_norm)?;
         positive("train.clip_rho", self.clip_rho)?;
         positive("train.clip_c", self.clip_c)?;
-        positive("train.clip_pg_rho", self.clip_pg_rho)
+        positive("train.clip_pg_rho", self.clip_pg_rho)?;
+        positive("train.checkpoint_every", self.checkpoint_every as f64)?;
+        positive("train.keep_checkpoints", self.keep_checkpoints as f64)
     }
 }
 

@@ -54,7 +54,9 @@ pub enum Command {
     /// Measures plans drawn from the current policy on the oracle, fits the
     /// cost network to them, and improves the policy on the estimated MDP
     /// with V-trace. Writes DIR/config.toml (the resolved configuration),
-    /// DIR/metrics.jsonl (one line per iteration) and DIR/checkpoint/.
+    /// DIR/metrics.jsonl (one line per iteration), DIR/cost_buffer.jsonl
+    /// (every measurement, fsynced) and DIR/checkpoints/step-N/; --resume
+    /// continues a run after a crash.
     ///
     /// Example:
     ///   learner train --config configs/default.toml --run-dir runs/first
@@ -111,6 +113,10 @@ pub struct TrainArgs {
     /// The oracle that measures plans.
     #[arg(long, value_enum, default_value = "sim")]
     pub backend: benchworker::Backend,
+    /// Continue the run in --run-dir from its newest intact checkpoint, with
+    /// its own config.toml and every measurement of its cost-buffer log.
+    #[arg(long)]
+    pub resume: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -164,8 +170,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
 fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     // One episode's tensors are tiny: a thread pool only adds latency.
     tch::set_num_threads(1);
-    let run_cfg = Config::load(Some(&args.checkpoint.join("config.toml")))?;
-    let model = crate::train::Model::load(&run_cfg, &args.checkpoint.join("checkpoint"))?;
+    let (run_cfg, model) = load_run(&args.checkpoint)?;
     let tables = common::pool::read(&args.tables)?;
     let task = common::Task {
         name: args.tables.display().to_string(),
@@ -231,44 +236,112 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let cfg = Config::load(args.config.as_deref())?;
-    let suite = Suite::load(&cfg.train.suite, &cfg.memory)?;
+    use crate::checkpoint;
+    use crate::costlog::CostLog;
     let dir = &args.run_dir;
+    let has_run = !checkpoint::list(dir).is_empty();
+    let cfg = if args.resume {
+        if args.config.is_some() {
+            tracing::warn!("--resume uses the run's own config.toml; --config is ignored");
+        }
+        Config::load(Some(&dir.join("config.toml")))?
+    } else {
+        anyhow::ensure!(
+            !has_run,
+            "{} already holds a run: add --resume to continue it, or pick another --run-dir",
+            dir.display()
+        );
+        Config::load(args.config.as_deref())?
+    };
+    let suite = Suite::load(&cfg.train.suite, &cfg.memory)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    common::fs::write_atomic(
-        &dir.join("config.toml"),
-        toml::to_string_pretty(&cfg)?.as_bytes(),
-    )?;
+    let log_path = dir.join("cost_buffer.jsonl");
     let metrics_path = dir.join("metrics.jsonl");
-    let mut metrics = std::fs::File::create(&metrics_path)
-        .with_context(|| format!("creating {}", metrics_path.display()))?;
+    let mut trainer = if args.resume {
+        let loaded = checkpoint::load_latest(&cfg, dir)
+            .with_context(|| format!("no intact checkpoint in {}", dir.display()))?;
+        let read = CostLog::read(&log_path)?;
+        if read.skipped > 0 {
+            tracing::warn!("{} damaged cost-buffer entries skipped", read.skipped);
+        }
+        tracing::info!(
+            "resuming from {} (iteration {}, {} measurements)",
+            loaded.path.display(),
+            loaded.counters.iteration,
+            read.samples.len()
+        );
+        let (cost_state, policy_state) = checkpoint::split_optimizer(loaded.optimizer);
+        let counters = loaded.counters;
+        // Curves continue from the checkpoint: later lines are dropped.
+        let kept: Vec<String> = std::fs::read_to_string(&metrics_path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .ok()
+                    .and_then(|v| v["iteration"].as_u64())
+                    .is_some_and(|i| (i as usize) < counters.iteration)
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        common::fs::write_atomic(&metrics_path, kept.concat().as_bytes())?;
+        let mut t =
+            crate::train::Trainer::with(&cfg, &suite.tasks, loaded.model, read.samples, counters);
+        t.cost_opt
+            .load_state(&cost_state)
+            .map_err(anyhow::Error::msg)?;
+        t.policy_opt
+            .load_state(&policy_state)
+            .map_err(anyhow::Error::msg)?;
+        t
+    } else {
+        common::fs::write_atomic(
+            &dir.join("config.toml"),
+            toml::to_string_pretty(&cfg)?.as_bytes(),
+        )?;
+        common::fs::write_atomic(&metrics_path, b"")?;
+        let _ = std::fs::remove_file(&log_path);
+        crate::train::Trainer::new(&cfg, &suite.tasks)
+    };
+    let mut log = CostLog::open(&log_path)?;
+    let mut metrics = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&metrics_path)
+        .with_context(|| format!("opening {}", metrics_path.display()))?;
     let mut oracle = benchworker::build(args.backend, &cfg)?;
-    let model = crate::train::Model::new(&cfg);
     let bar = progress(cfg.train.iterations as u64, "training");
-    let mut write_err = None;
-    crate::train::train(&cfg, &suite.tasks, oracle.as_mut(), &model, |m| {
+    bar.set_position(trainer.counters.iteration as u64);
+    while !trainer.done() {
+        let m = trainer.iteration(oracle.as_mut(), |s| log.append(s))?;
+        writeln!(metrics, "{}", serde_json::to_string(&m)?)
+            .and_then(|_| metrics.sync_data())
+            .with_context(|| format!("writing {}", metrics_path.display()))?;
+        if trainer.done() || trainer.counters.iteration % cfg.train.checkpoint_every == 0 {
+            checkpoint::save(dir, &trainer, cfg.train.keep_checkpoints)?;
+        }
         bar.inc(1);
         bar.set_message(format!(
-            "measured {:.2} ms, predicted {:.2} ms, cost loss {:.3}",
-            m.mean_measured_ms, m.mean_predicted_ms, m.cost_loss
+            "{} measured, plans {:.2} ms (predicted {:.2}), cost loss {:.3}",
+            m.measurements, m.mean_measured_ms, m.mean_predicted_ms, m.cost_loss
         ));
-        let line = serde_json::to_string(m).map_err(std::io::Error::other);
-        if let Err(e) = line.and_then(|l| writeln!(metrics, "{l}")) {
-            write_err.get_or_insert(e);
-        }
-    })?;
-    bar.finish_and_clear();
-    if let Some(e) = write_err {
-        return Err(e).with_context(|| format!("writing {}", metrics_path.display()));
     }
-    model.save(&dir.join("checkpoint"))?;
+    bar.finish_and_clear();
     writeln!(
         out,
-        "trained {} iterations; run in {}",
-        cfg.train.iterations,
+        "trained {} iterations ({} measurements); run in {}",
+        trainer.counters.iteration,
+        trainer.buffer.len(),
         dir.display()
     )?;
     Ok(())
+}
+
+/// The newest intact model of a run directory.
+fn load_run(run: &std::path::Path) -> anyhow::Result<(Config, crate::train::Model)> {
+    let run_cfg = Config::load(Some(&run.join("config.toml")))?;
+    let loaded = crate::checkpoint::load_latest(&run_cfg, run)
+        .with_context(|| format!("no intact checkpoint in {}", run.display()))?;
+    Ok((run_cfg, loaded.model))
 }
 
 fn generate(args: GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -292,8 +365,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         Method::parse_list(&args.methods).map_err(|e| anyhow::anyhow!("--methods: {e}"))?;
     let model = match &args.checkpoint {
         Some(run) => {
-            let run_cfg = Config::load(Some(&run.join("config.toml")))?;
-            let model = crate::train::Model::load(&run_cfg, &run.join("checkpoint"))?;
+            let (_, model) = load_run(run)?;
             if args.methods.trim() == "all" {
                 methods.push(Method::Policy);
             }

@@ -14,10 +14,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::train::CostSample;
 
-#[derive(Serialize, Deserialize)]
-struct Line {
+#[derive(Serialize)]
+struct LineOut<'a> {
     crc32: u32,
-    sample: serde_json::Value,
+    sample: &'a serde_json::value::RawValue,
+}
+
+/// A line as read: the sample kept as its exact text, which the checksum covers.
+#[derive(Deserialize)]
+struct LineIn<'a> {
+    crc32: u32,
+    #[serde(borrow)]
+    sample: &'a serde_json::value::RawValue,
 }
 
 /// An open cost-buffer log.
@@ -51,11 +59,10 @@ impl CostLog {
 
     /// Appends one sample durably.
     pub fn append(&mut self, sample: &CostSample) -> anyhow::Result<()> {
-        let value = serde_json::to_value(sample)?;
-        let text = serde_json::to_string(&value)?;
-        let line = serde_json::to_string(&Line {
-            crc32: crc32fast::hash(text.as_bytes()),
-            sample: value,
+        let raw = serde_json::value::to_raw_value(sample)?;
+        let line = serde_json::to_string(&LineOut {
+            crc32: crc32fast::hash(raw.get().as_bytes()),
+            sample: &raw,
         })?;
         writeln!(self.file, "{line}")
             .and_then(|_| self.file.sync_data())
@@ -72,10 +79,9 @@ impl CostLog {
         let mut out = Read::default();
         for (n, line) in BufReader::new(file).lines().enumerate() {
             let line = line.with_context(|| format!("reading {}", path.display()))?;
-            let parsed = serde_json::from_str::<Line>(&line).ok().and_then(|l| {
-                let text = serde_json::to_string(&l.sample).ok()?;
-                (crc32fast::hash(text.as_bytes()) == l.crc32)
-                    .then(|| serde_json::from_value::<CostSample>(l.sample).ok())
+            let parsed = serde_json::from_str::<LineIn>(&line).ok().and_then(|l| {
+                (crc32fast::hash(l.sample.get().as_bytes()) == l.crc32)
+                    .then(|| serde_json::from_str::<CostSample>(l.sample.get()).ok())
                     .flatten()
             });
             match parsed {
@@ -103,12 +109,13 @@ mod tests {
     fn sample(k: usize) -> CostSample {
         CostSample {
             placed: PlacedTables {
-                features: vec![[k as f32 * 0.25; NUM_FEATURES]; 3],
+                // Values whose decimal forms are long, as real features are.
+                features: vec![[(k as f32 + 0.1).ln() / 3.0; NUM_FEATURES]; 3],
                 assignment: vec![0, 1, k % 2],
                 devices: 2,
             },
             measurement: Measurement::from_devices(vec![
-                DeviceCost::new(1.0 + k as f64, 2.0, 0.5, 0.25),
+                DeviceCost::new(1.0 + k as f64 / 7.0, 2.0, 0.5, 9.5367431640625e-7),
                 DeviceCost::new(0.5, 1.0, 0.5, 0.25),
             ]),
         }

@@ -14,6 +14,7 @@
 
 pub mod adam;
 pub mod baselines;
+pub mod checkpoint;
 pub mod cli;
 pub mod costlog;
 pub mod data;

@@ -9,20 +9,21 @@
 
 use actor::mdp::{rollout, MdpTask, Mode, Unroll};
 use actor::nets::{masked_log_softmax, CostNet, PlacedTables, PlanBatch, PolicyNet, COST_FEATURES};
-use benchworker::{Oracle, OracleError};
+use benchworker::Oracle;
 use common::config::{Config, TrainConfig};
 use common::features::scaled;
 use common::{Measurement, Plan, Task};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
-use tch::nn::{self, OptimizerConfig};
+use tch::nn;
 use tch::{Device, Kind, Tensor};
 
 use std::path::Path;
 
 use anyhow::Context;
 
+use crate::adam::Adam;
 use crate::vtrace::{from_importance_weights, Clipping};
 
 /// One measured plan: what the cost network learns from.
@@ -292,86 +293,141 @@ impl Model {
     }
 }
 
-/// Trains on `tasks` with `oracle`, calling `on_iteration` with each
-/// iteration's figures.
-pub fn train(
-    cfg: &Config,
-    tasks: &[Task],
-    oracle: &mut dyn Oracle,
-    model: &Model,
-    mut on_iteration: impl FnMut(&Metrics),
-) -> Result<Vec<CostSample>, OracleError> {
-    let t = &cfg.train;
-    tch::manual_seed(t.seed as i64);
-    let mut rng = ChaCha8Rng::seed_from_u64(t.seed);
-    let mdps: Vec<MdpTask> = tasks
-        .iter()
-        .map(|k| MdpTask::new(&k.tables, k.devices, k.cap_bytes(), &cfg.memory))
-        .collect();
-    let mut cost_opt = nn::Adam::default()
-        .build(&model.cost_vs, t.cost_lr)
-        .map_err(|e| backend(e.to_string()))?;
-    let mut policy_opt = nn::Adam::default()
-        .build(&model.policy_vs, t.policy_lr)
-        .map_err(|e| backend(e.to_string()))?;
-    let mut buffer: Vec<CostSample> = Vec::new();
-    let mut env_steps = 0;
-    for iteration in 0..t.iterations {
+/// Counters that a checkpoint carries and a resumed run continues.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct Counters {
+    /// The next iteration to run.
+    pub iteration: usize,
+    pub env_steps: usize,
+    /// Position of the task-sampling RNG's stream (a decimal u128).
+    pub rng_word_pos: String,
+}
+
+/// A training run in progress: the networks, their optimizers, the cost
+/// buffer, the counters and the RNG — everything a checkpoint holds.
+pub struct Trainer<'a> {
+    cfg: &'a Config,
+    tasks: &'a [Task],
+    mdps: Vec<MdpTask>,
+    pub model: Model,
+    pub cost_opt: Adam,
+    pub policy_opt: Adam,
+    pub buffer: Vec<CostSample>,
+    pub counters: Counters,
+    rng: ChaCha8Rng,
+}
+
+impl<'a> Trainer<'a> {
+    /// A fresh run.
+    pub fn new(cfg: &'a Config, tasks: &'a [Task]) -> Trainer<'a> {
+        tch::manual_seed(cfg.train.seed as i64);
+        let model = Model::new(cfg);
+        Trainer::with(cfg, tasks, model, Vec::new(), Counters::default())
+    }
+
+    /// Continues from a saved model, optimizer state, counters and buffer.
+    pub fn with(
+        cfg: &'a Config,
+        tasks: &'a [Task],
+        model: Model,
+        buffer: Vec<CostSample>,
+        counters: Counters,
+    ) -> Trainer<'a> {
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.train.seed);
+        if let Ok(pos) = counters.rng_word_pos.parse::<u128>() {
+            rng.set_word_pos(pos);
+        }
+        Trainer {
+            mdps: tasks
+                .iter()
+                .map(|k| MdpTask::new(&k.tables, k.devices, k.cap_bytes(), &cfg.memory))
+                .collect(),
+            cost_opt: Adam::new(&model.cost_vs, cfg.train.cost_lr),
+            policy_opt: Adam::new(&model.policy_vs, cfg.train.policy_lr),
+            model,
+            buffer,
+            counters,
+            rng,
+            cfg,
+            tasks,
+        }
+    }
+
+    /// Whether every configured iteration has run.
+    pub fn done(&self) -> bool {
+        self.counters.iteration >= self.cfg.train.iterations
+    }
+
+    /// One iteration: measure, fit the cost network, improve the policy.
+    /// Each measurement goes to `sink` (the durable cost log) as it arrives.
+    pub fn iteration(
+        &mut self,
+        oracle: &mut dyn Oracle,
+        mut sink: impl FnMut(&CostSample) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Metrics> {
+        let t = &self.cfg.train;
+        let iteration = self.counters.iteration;
+        // Seeded per iteration, so a resumed run samples as the first would.
+        tch::manual_seed((t.seed ^ (iteration as u64).wrapping_mul(0x9e3779b97f4a7c15)) as i64);
         let (mut measured, mut predicted) = (0.0, 0.0);
         for _ in 0..t.measure_per_iteration {
-            let k = rng.gen_range(0..tasks.len());
-            let u = rollout(&model.policy, &model.cost, &mdps[k], 1, Mode::Sample);
+            let k = self.rng.gen_range(0..self.tasks.len());
+            let u = rollout(
+                &self.model.policy,
+                &self.model.cost,
+                &self.mdps[k],
+                1,
+                Mode::Sample,
+            );
             let plan = Plan {
-                devices: tasks[k].devices,
+                devices: self.tasks[k].devices,
                 assignment: u.plans[0].clone(),
             };
-            let m = oracle.measure(&tasks[k].tables, &plan)?;
+            let m = oracle.measure(&self.tasks[k].tables, &plan)?;
             measured += m.cost_ms;
             predicted += u.predicted_cost_ms.double_value(&[0]);
-            buffer.push(CostSample::new(&tasks[k], &plan, m));
+            let sample = CostSample::new(&self.tasks[k], &plan, m);
+            sink(&sample)?;
+            self.buffer.push(sample);
         }
         let mut cost_loss_sum = 0.0;
         for _ in 0..t.cost_steps {
-            let batch: Vec<&CostSample> = (0..t.cost_batch.min(buffer.len()))
-                .map(|_| &buffer[rng.gen_range(0..buffer.len())])
+            let batch: Vec<&CostSample> = (0..t.cost_batch.min(self.buffer.len()))
+                .map(|_| &self.buffer[self.rng.gen_range(0..self.buffer.len())])
                 .collect();
-            let loss = cost_loss(&model.cost, &batch);
-            cost_opt.backward_step(&loss);
+            let loss = cost_loss(&self.model.cost, &batch);
+            self.cost_opt.backward_step(&loss);
             cost_loss_sum += loss.double_value(&[]);
         }
         let mut stats = PolicyStats::default();
         for _ in 0..t.policy_steps {
-            let k = rng.gen_range(0..tasks.len());
+            let k = self.rng.gen_range(0..self.tasks.len());
+            let mdp = &self.mdps[k];
             let u = rollout(
-                &model.policy,
-                &model.cost,
-                &mdps[k],
+                &self.model.policy,
+                &self.model.cost,
+                mdp,
                 t.episodes,
                 Mode::Sample,
             );
-            env_steps += t.episodes * tasks[k].tables.len();
-            let (loss, s) = policy_loss(&model.policy, &mdps[k], &u, t);
-            policy_opt.backward_step_clip_norm(&loss, t.max_grad_norm);
+            self.counters.env_steps += t.episodes * self.tasks[k].tables.len();
+            let (loss, s) = policy_loss(&self.model.policy, mdp, &u, t);
+            self.policy_opt
+                .backward_step_clip_norm(&loss, t.max_grad_norm);
             stats = s;
         }
+        self.counters.iteration += 1;
+        self.counters.rng_word_pos = self.rng.get_word_pos().to_string();
         let n = t.measure_per_iteration as f64;
-        on_iteration(&Metrics {
+        Ok(Metrics {
             iteration,
-            measurements: buffer.len(),
-            env_steps,
+            measurements: self.buffer.len(),
+            env_steps: self.counters.env_steps,
             cost_loss: cost_loss_sum / t.cost_steps.max(1) as f64,
             policy: stats,
             mean_measured_ms: measured / n,
             mean_predicted_ms: predicted / n,
-        });
-    }
-    Ok(buffer)
-}
-
-fn backend(message: String) -> OracleError {
-    OracleError::Backend {
-        backend: "learner",
-        message,
+        })
     }
 }
 
@@ -438,11 +494,17 @@ mod tests {
         let train_suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
         let test_suite = Suite::load(&dir.path().join("dlrm-20x4.test.json"), &cfg.memory).unwrap();
         let mut sim = benchworker::sim::SimOracle::new(cfg.sim.clone(), cfg.memory);
-        let model = Model::new(&cfg);
-        let mut lines = 0;
-        let buffer = train(&cfg, &train_suite.tasks, &mut sim, &model, |_| lines += 1).unwrap();
-        assert_eq!(lines, 4);
-        assert_eq!(buffer.len(), 40);
+        let mut trainer = Trainer::new(&cfg, &train_suite.tasks);
+        let mut logged = 0;
+        while !trainer.done() {
+            let m = trainer.iteration(&mut sim, |_| {
+                logged += 1;
+                Ok(())
+            });
+            assert_eq!(m.unwrap().measurements, logged);
+        }
+        assert_eq!(logged, 40);
+        let model = trainer.model;
         let report = crate::eval::evaluate(
             &test_suite,
             &[

@@ -185,3 +185,113 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     ]);
     assert!(!ok && err.contains("config.toml"), "{err}");
 }
+
+/// Waits for `cond` with a deadline, polling.
+fn wait_for(what: &str, deadline: std::time::Duration, cond: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_killed_training_run_resumes_with_every_counter_and_measurement() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[generate]\ntables = 120\n[data]\ndir = {data:?}\ntrain_tasks = 4\ntest_tasks = 2\nsuites = [{{ tables = 12, devices = 3, memory_gb = 50.0 }}]\n[train]\nsuite = {:?}\niterations = 40\nmeasure_per_iteration = 3\ncost_steps = 5\npolicy_steps = 3\nepisodes = 4\n",
+            data.join("dlrm-12x3.train.json")
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = learner(&["generate", "--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let run = dir.path().join("run");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_learner"))
+        .args([
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--run-dir",
+            run.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ckpt = run.join("checkpoints").join("step-000002");
+    wait_for(
+        "a second checkpoint",
+        std::time::Duration::from_secs(60),
+        || ckpt.exists(),
+    );
+    child.kill().unwrap(); // SIGKILL: no chance to clean up
+    child.wait().unwrap();
+    let logged_before = std::fs::read_to_string(run.join("cost_buffer.jsonl"))
+        .unwrap()
+        .lines()
+        .count();
+    assert!(logged_before >= 6);
+
+    // A plain start refuses to overwrite the run.
+    let (ok, _, err) = learner(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--run-dir",
+        run.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("--resume"), "{err}");
+    // Damage the newest checkpoint: the resume falls back to the one before.
+    let newest = common_newest(&run);
+    std::fs::write(newest.join("policy.ot"), b"garbage").unwrap();
+
+    let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("damaged"), "{err}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let iterations: Vec<u64> = lines
+        .iter()
+        .map(|l| l["iteration"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        iterations,
+        (0..40).collect::<Vec<u64>>(),
+        "one line per iteration, in order"
+    );
+    let logged = std::fs::read_to_string(run.join("cost_buffer.jsonl"))
+        .unwrap()
+        .lines()
+        .count();
+    // Every measurement logged before the kill is still there, and counted.
+    assert!(logged >= logged_before + 3);
+    assert_eq!(
+        lines.last().unwrap()["measurements"].as_u64().unwrap() as usize,
+        logged
+    );
+    let steps: Vec<u64> = lines
+        .iter()
+        .map(|l| l["env_steps"].as_u64().unwrap())
+        .collect();
+    assert!(
+        steps.windows(2).all(|w| w[1] > w[0]),
+        "env steps keep growing: {steps:?}"
+    );
+}
+
+fn common_newest(run: &std::path::Path) -> std::path::PathBuf {
+    let mut dirs: Vec<_> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    dirs.sort();
+    dirs.pop().unwrap()
+}

@@ -101,19 +101,8 @@ fn a_suite_that_cannot_fit_memory_is_refused() {
 #[test]
 fn train_then_plan_writes_a_placement_of_every_table() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let cfg = dir.path().join("c.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[generate]\ntables = 120\n[data]\ndir = {data:?}\ntrain_tasks = 4\ntest_tasks = 2\nsuites = [{{ tables = 12, devices = 3, memory_gb = 50.0 }}]\n[train]\nsuite = {:?}\niterations = 2\nmeasure_per_iteration = 3\ncost_steps = 5\npolicy_steps = 2\nepisodes = 4\n",
-            data.join("dlrm-12x3.train.json")
-        ),
-    )
-    .unwrap();
+    let (cfg, data) = small_run_config(dir.path(), 2);
     let cfg = cfg.to_str().unwrap();
-    let (ok, _, err) = learner(&["generate", "--config", cfg]);
-    assert!(ok, "{err}");
     let run = dir.path().join("run");
     let (ok, _, err) = learner(&["train", "--config", cfg, "--run-dir", run.to_str().unwrap()]);
     assert!(ok, "{err}");
@@ -186,6 +175,27 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     assert!(!ok && err.contains("config.toml"), "{err}");
 }
 
+/// Writes a configuration for small, quick runs of `iterations` and
+/// generates its data; returns the config path and the data folder.
+fn small_run_config(
+    dir: &std::path::Path,
+    iterations: usize,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let data = dir.join("data");
+    let cfg = dir.join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[generate]\ntables = 120\n[data]\ndir = {data:?}\ntrain_tasks = 4\ntest_tasks = 2\nsuites = [{{ tables = 12, devices = 3, memory_gb = 50.0 }}]\n[train]\nsuite = {:?}\niterations = {iterations}\nmeasure_per_iteration = 3\ncost_steps = 5\npolicy_steps = 3\nepisodes = 4\n",
+            data.join("dlrm-12x3.train.json")
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = learner(&["generate", "--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    (cfg, data)
+}
+
 /// Waits for `cond` with a deadline, polling.
 fn wait_for(what: &str, deadline: std::time::Duration, cond: impl Fn() -> bool) {
     let start = std::time::Instant::now();
@@ -198,18 +208,7 @@ fn wait_for(what: &str, deadline: std::time::Duration, cond: impl Fn() -> bool) 
 #[test]
 fn a_killed_training_run_resumes_with_every_counter_and_measurement() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let cfg = dir.path().join("c.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[generate]\ntables = 120\n[data]\ndir = {data:?}\ntrain_tasks = 4\ntest_tasks = 2\nsuites = [{{ tables = 12, devices = 3, memory_gb = 50.0 }}]\n[train]\nsuite = {:?}\niterations = 40\nmeasure_per_iteration = 3\ncost_steps = 5\npolicy_steps = 3\nepisodes = 4\n",
-            data.join("dlrm-12x3.train.json")
-        ),
-    )
-    .unwrap();
-    let (ok, _, err) = learner(&["generate", "--config", cfg.to_str().unwrap()]);
-    assert!(ok, "{err}");
+    let (cfg, _) = small_run_config(dir.path(), 40);
     let run = dir.path().join("run");
     let mut child = Command::new(env!("CARGO_BIN_EXE_learner"))
         .args([

@@ -264,6 +264,33 @@ impl ModelConfig {
     }
 }
 
+/// The policy-gradient update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Update {
+    /// IMPALA's V-trace with a learnt value baseline.
+    #[default]
+    Vtrace,
+    /// DreamShard's REINFORCE: the episode's return against the batch mean.
+    Reinforce,
+}
+
+/// How the final reward (minus the predicted cost) is scaled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewardScale {
+    /// Divided by the predicted single-table costs summed over the devices
+    /// (the cost of a perfectly balanced placement without fusion).
+    #[default]
+    Balanced,
+    /// Milliseconds as predicted.
+    Raw,
+    /// Standardised across each batch of episodes (DreamShard).
+    Batch,
+    /// AutoShard's ratio: the cost over the best cost of the batch.
+    MinRatio,
+}
+
 /// Training (DreamShard's Algorithm 1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -289,6 +316,8 @@ pub struct TrainConfig {
     pub clip_rho: f64,
     pub clip_c: f64,
     pub clip_pg_rho: f64,
+    pub update: Update,
+    pub reward: RewardScale,
     pub seed: u64,
     /// Iterations between checkpoints.
     pub checkpoint_every: usize,
@@ -314,6 +343,8 @@ impl Default for TrainConfig {
             clip_rho: 1.0,
             clip_c: 1.0,
             clip_pg_rho: 1.0,
+            update: Update::Vtrace,
+            reward: RewardScale::Balanced,
             seed: 0,
             checkpoint_every: 1,
             keep_checkpoints: 3,

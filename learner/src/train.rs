@@ -10,7 +10,7 @@
 use actor::mdp::{rollout, MdpTask, Mode, Unroll};
 use actor::nets::{masked_log_softmax, CostNet, PlacedTables, PlanBatch, PolicyNet, COST_FEATURES};
 use benchworker::Oracle;
-use common::config::{Config, TrainConfig};
+use common::config::{Config, RewardScale, TrainConfig, Update};
 use common::features::scaled;
 use common::{Measurement, Plan, Task};
 use rand::{Rng, SeedableRng};
@@ -153,8 +153,25 @@ pub fn policy_loss(
 ) -> (Tensor, PolicyStats) {
     let (m, e) = (u.actions.size()[0], u.actions.size()[1]);
     let r = replay(policy, task, u);
+    let final_rewards = scaled_rewards(u, cfg.reward);
+    let n = e as f64;
+    let entropy = r.entropy.sum(Kind::Float) / n;
+    if cfg.update == Update::Reinforce {
+        // Every step of an episode shares its return; the batch mean is the baseline.
+        let adv = (&final_rewards - final_rewards.mean(Kind::Float)).unsqueeze(0);
+        let pg_loss = -(&r.logp * adv).sum(Kind::Float) / n;
+        let loss: Tensor = &pg_loss - &entropy * cfg.entropy_cost;
+        let stats = PolicyStats {
+            loss: loss.double_value(&[]),
+            pg_loss: pg_loss.double_value(&[]),
+            baseline_loss: 0.0,
+            entropy: entropy.double_value(&[]),
+            mean_reward: final_rewards.mean(Kind::Float).double_value(&[]),
+        };
+        return (loss, stats);
+    }
     let rewards = Tensor::zeros([m, e], (Kind::Float, Device::Cpu));
-    rewards.get(m - 1).copy_(&u.final_rewards());
+    rewards.get(m - 1).copy_(&final_rewards);
     // One episode per column: it ends at the last step.
     let discounts = Tensor::ones([m, e], (Kind::Float, Device::Cpu));
     let _ = discounts.get(m - 1).fill_(0.0);
@@ -171,19 +188,34 @@ pub fn policy_loss(
             lambda: 1.0,
         },
     );
-    let n = e as f64;
     let pg_loss = -(&r.logp * &vt.pg_advantages).sum(Kind::Float) / n;
     let baseline_loss = (&vt.vs - &r.values).square().sum(Kind::Float) * 0.5 / n;
-    let entropy = r.entropy.sum(Kind::Float) / n;
     let loss: Tensor = &pg_loss + &baseline_loss * cfg.baseline_cost - &entropy * cfg.entropy_cost;
     let stats = PolicyStats {
         loss: loss.double_value(&[]),
         pg_loss: pg_loss.double_value(&[]),
         baseline_loss: baseline_loss.double_value(&[]),
         entropy: entropy.double_value(&[]),
-        mean_reward: u.final_rewards().mean(Kind::Float).double_value(&[]),
+        mean_reward: final_rewards.mean(Kind::Float).double_value(&[]),
     };
     (loss, stats)
+}
+
+/// `[E]` final rewards of an unroll under a reward scaling.
+pub fn scaled_rewards(u: &Unroll, scale: RewardScale) -> Tensor {
+    let cost = &u.predicted_cost_ms;
+    match scale {
+        RewardScale::Balanced => u.final_rewards(),
+        RewardScale::Raw => -cost,
+        RewardScale::Batch => {
+            let std = cost.std(true).double_value(&[]).max(1e-6);
+            -(cost - cost.mean(Kind::Float)) / std
+        }
+        RewardScale::MinRatio => {
+            let best = cost.min().double_value(&[]).max(1e-6);
+            -(cost / best)
+        }
+    }
 }
 
 /// One line of `metrics.jsonl`.
@@ -482,6 +514,45 @@ mod tests {
             .map(|v| v.grad().abs().sum(Kind::Float).double_value(&[]))
             .sum();
         assert!(grads > 0.0 && stats.loss.is_finite());
+    }
+
+    #[test]
+    fn reward_scalings_and_reinforce_follow_their_definitions() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config(dir.path());
+        crate::data::generate(&cfg, dir.path()).unwrap();
+        let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
+        let model = Model::new(&cfg);
+        let task = &suite.tasks[0];
+        let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
+        let mut u = rollout(&model.policy, &model.cost, &mdp, 16, Mode::Sample);
+        // An untrained cost network may predict anything; use known costs.
+        let costs: Vec<f32> = (0..16).map(|k| 10.0 + (k * 7 % 16) as f32).collect();
+        u.predicted_cost_ms = Tensor::from_slice(&costs);
+        let cost = &u.predicted_cost_ms;
+        let raw = scaled_rewards(&u, RewardScale::Raw);
+        assert!((&raw + cost).abs().max().double_value(&[]) < 1e-6);
+        let balanced = scaled_rewards(&u, RewardScale::Balanced);
+        assert!(
+            (&balanced * u.reward_scale + cost)
+                .abs()
+                .max()
+                .double_value(&[])
+                < 1e-4
+        );
+        let batch = scaled_rewards(&u, RewardScale::Batch);
+        assert!(batch.mean(Kind::Float).double_value(&[]).abs() < 1e-5);
+        assert!((batch.std(true).double_value(&[]) - 1.0).abs() < 1e-4);
+        let ratio = scaled_rewards(&u, RewardScale::MinRatio);
+        assert!(
+            (ratio.max().double_value(&[]) + 1.0).abs() < 1e-6,
+            "the best episode gets -1"
+        );
+        cfg.train.update = Update::Reinforce;
+        let (loss, stats) = policy_loss(&model.policy, &mdp, &u, &cfg.train);
+        loss.backward();
+        assert_eq!(stats.baseline_loss, 0.0);
+        assert!(stats.loss.is_finite());
     }
 
     /// The CI training run: well under a minute, and the policy must beat

@@ -8,8 +8,9 @@
 #                          [--search-budget N]
 #   --config FILE        configuration (default: configs/default.toml)
 #   --backend sim|cpu    the oracle that measures plans (default: sim)
-#   --run-dir DIR        where the run's config, metrics and checkpoint go
-#                        (default: runs/default)
+#   --run-dir DIR        where the run's config, metrics and checkpoints go
+#                        (default: runs/default); an existing run there is
+#                        resumed, not overwritten
 #   --search-budget N    measurements per task for `search` (default: the
 #                        config's eval.search_budget on sim, 20 on cpu)
 set -euo pipefail
@@ -50,7 +51,13 @@ while read -r line; do
   esac
 done < <("$BIN/learner" generate --config "$CONFIG")
 [ ${#SUITES[@]} -gt 0 ] || { echo "launch: generate wrote no test suite" >&2; exit 1; }
-"$BIN/learner" train --config "$CONFIG" --backend "$BACKEND" --run-dir "$RUN_DIR"
+if [ -d "$RUN_DIR/checkpoints" ] && [ -n "$(ls -A "$RUN_DIR/checkpoints" 2>/dev/null)" ]; then
+  # The run exists: continue it (a finished run just goes on to the evaluation).
+  echo "launch: continuing the run in $RUN_DIR" >&2
+  "$BIN/learner" train --backend "$BACKEND" --run-dir "$RUN_DIR" --resume
+else
+  "$BIN/learner" train --config "$CONFIG" --backend "$BACKEND" --run-dir "$RUN_DIR"
+fi
 EXTRA=()
 [ -z "$BUDGET" ] || EXTRA=(--search-budget "$BUDGET")
 "$BIN/learner" eval --config "$CONFIG" --backend "$BACKEND" --methods all \

@@ -112,17 +112,22 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     assert_eq!(last["measurements"], 6);
 
     let pool = data.join("pool.test.csv");
-    let (ok, stdout, err) = learner(&[
-        "plan",
-        "--tables",
-        pool.to_str().unwrap(),
-        "--devices",
-        "8",
-        "--memory-gb",
-        "64",
-        "--checkpoint",
-        run.to_str().unwrap(),
-    ]);
+    let plan_with = |devices: &str, memory_gb: &str, run: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--tables",
+            pool.to_str().unwrap(),
+            "--devices",
+            devices,
+            "--memory-gb",
+            memory_gb,
+            "--checkpoint",
+            run.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        learner(&args)
+    };
+    let (ok, stdout, err) = plan_with("8", "64", &run, &[]);
     assert!(ok, "{err}");
     let placement: common::Placement = serde_json::from_str(&stdout).unwrap();
     let tables = common::pool::read(&pool).unwrap();
@@ -131,47 +136,15 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["estimate"]["devices"].as_array().unwrap().len(), 8);
 
-    let (ok, stdout, err) = learner(&[
-        "plan",
-        "--tables",
-        pool.to_str().unwrap(),
-        "--devices",
-        "8",
-        "--memory-gb",
-        "64",
-        "--checkpoint",
-        run.to_str().unwrap(),
-        "--format",
-        "torchrec",
-    ]);
+    let (ok, stdout, err) = plan_with("8", "64", &run, &["--format", "torchrec"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["world_size"], 8);
     assert_eq!(v["ranks"].as_object().unwrap().len(), tables.len());
 
-    let (ok, _, err) = learner(&[
-        "plan",
-        "--tables",
-        pool.to_str().unwrap(),
-        "--devices",
-        "2",
-        "--memory-gb",
-        "0.001",
-        "--checkpoint",
-        run.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = plan_with("2", "0.001", &run, &[]);
     assert!(!ok && err.contains("cannot fit memory"), "{err}");
-    let (ok, _, err) = learner(&[
-        "plan",
-        "--tables",
-        pool.to_str().unwrap(),
-        "--devices",
-        "2",
-        "--memory-gb",
-        "64",
-        "--checkpoint",
-        dir.path().to_str().unwrap(),
-    ]);
+    let (ok, _, err) = plan_with("2", "64", dir.path(), &[]);
     assert!(!ok && err.contains("config.toml"), "{err}");
 }
 

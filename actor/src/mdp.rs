@@ -110,7 +110,8 @@ impl Unroll {
     }
 }
 
-/// Rolls out `episodes` placements of `task` in lockstep.
+/// Rolls out `episodes` placements of `task` in lockstep (no gradients:
+/// the learner replays the unroll with its own parameters).
 pub fn rollout(
     policy: &PolicyNet,
     cost: &CostNet,
@@ -118,16 +119,7 @@ pub fn rollout(
     episodes: usize,
     mode: Mode,
 ) -> Unroll {
-    tch::no_grad(|| rollout_inner(policy, cost, task, episodes, mode))
-}
-
-fn rollout_inner(
-    policy: &PolicyNet,
-    cost: &CostNet,
-    task: &MdpTask,
-    episodes: usize,
-    mode: Mode,
-) -> Unroll {
+    let _guard = tch::no_grad_guard();
     let (m, e, d) = (task.tables(), episodes as i64, task.devices as i64);
     let single = single_table_costs(cost, task);
     let order = placement_order(&single);

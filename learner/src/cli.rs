@@ -191,7 +191,7 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         anyhow::bail!("{}: cannot fit memory: {why}", args.tables.display());
     }
     let start = std::time::Instant::now();
-    let (plan, _, infeasible) = model.plan(&task, &run_cfg.memory);
+    let (plan, infeasible) = model.plan(&task, &run_cfg.memory);
     let elapsed = start.elapsed();
     anyhow::ensure!(
         !infeasible,

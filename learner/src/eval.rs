@@ -113,7 +113,7 @@ pub fn evaluate(
             per_method.entry(Method::Search).or_default().push(cost);
         }
         if let (true, Some(model)) = (methods.contains(&Method::Policy), model) {
-            let (plan, _, infeasible) = model.plan(task, mem);
+            let (plan, infeasible) = model.plan(task, mem);
             let cost = if infeasible {
                 None
             } else {

@@ -186,17 +186,11 @@ mod tests {
             assignment: vec![0; 30],
         };
         let start_cost = sim.evaluate(&tables, &start).cost_ms;
-        let cap = u64::MAX;
-        let out = search(
-            &mut sim,
-            &tables,
-            &start,
-            cap,
-            &mem,
-            500,
-            &mut ChaCha8Rng::seed_from_u64(0),
-        )
-        .unwrap();
+        let run = |sim: &mut SimOracle, start: &Plan, cap: u64, budget: usize, seed: u64| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            search(sim, &tables, start, cap, &mem, budget, &mut rng).unwrap()
+        };
+        let out = run(&mut sim, &start, u64::MAX, 500, 0);
         assert!(out.evaluations <= 500);
         assert!(
             out.cost_ms < 0.5 * start_cost,
@@ -213,16 +207,7 @@ mod tests {
             devices: 4,
             assignment: start,
         };
-        let out = search(
-            &mut sim,
-            &tables,
-            &start,
-            cap,
-            &mem,
-            300,
-            &mut ChaCha8Rng::seed_from_u64(1),
-        )
-        .unwrap();
+        let out = run(&mut sim, &start, cap, 300, 1);
         assert!(out.plan.fits(&tables, &mem, cap));
     }
 }

@@ -254,21 +254,15 @@ impl Model {
         }
     }
 
-    /// Writes both networks into `dir` (`policy.ot`, `cost.ot`), each to a
-    /// temp file first, fsynced and renamed, so a crash leaves the previous
-    /// checkpoint or the new one.
+    /// Writes both networks into `dir` (`policy.ot`, `cost.ot`). Not atomic
+    /// by itself: [`crate::checkpoint::save`] writes into a temp folder,
+    /// fsyncs and renames it.
     pub fn save(&self, dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         for (vs, name) in [(&self.policy_vs, "policy.ot"), (&self.cost_vs, "cost.ot")] {
             let path = dir.join(name);
-            let tmp = dir.join(format!("{name}.tmp"));
-            vs.save(&tmp)
-                .with_context(|| format!("writing {}", tmp.display()))?;
-            std::fs::File::open(&tmp)
-                .and_then(|f| f.sync_all())
-                .with_context(|| format!("syncing {}", tmp.display()))?;
-            std::fs::rename(&tmp, &path)
-                .with_context(|| format!("renaming to {}", path.display()))?;
+            vs.save(&path)
+                .with_context(|| format!("writing {}", path.display()))?;
         }
         Ok(())
     }
@@ -310,8 +304,9 @@ impl Model {
         )
     }
 
-    /// The policy's greedy plan for a task, and its predicted cost (ms).
-    pub fn plan(&self, task: &Task, mem: &common::MemoryModel) -> (Plan, f64, bool) {
+    /// The policy's greedy plan for a task, and whether it ran out of memory
+    /// (see [`Model::estimate`] for its predicted cost).
+    pub fn plan(&self, task: &Task, mem: &common::MemoryModel) -> (Plan, bool) {
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
         let u = rollout(&self.policy, &self.cost, &mdp, 1, Mode::Greedy);
         (
@@ -319,7 +314,6 @@ impl Model {
                 devices: task.devices,
                 assignment: u.plans[0].clone(),
             },
-            u.predicted_cost_ms.double_value(&[0]),
             u.infeasible[0],
         )
     }
@@ -602,8 +596,8 @@ mod tests {
         // The checkpoint round-trips.
         model.save(&dir.path().join("ckpt")).unwrap();
         let back = Model::load(&cfg, &dir.path().join("ckpt")).unwrap();
-        let (a, _, _) = model.plan(&test_suite.tasks[0], &cfg.memory);
-        let (b, _, _) = back.plan(&test_suite.tasks[0], &cfg.memory);
+        let (a, _) = model.plan(&test_suite.tasks[0], &cfg.memory);
+        let (b, _) = back.plan(&test_suite.tasks[0], &cfg.memory);
         assert_eq!(a, b);
     }
 }

@@ -177,6 +177,23 @@ mod tests {
         }
     }
 
+    /// Asserts that the tensor implementation and the naive closed form agree
+    /// on `[log_rhos, discounts, rewards, values]`.
+    fn check_closed_form(inputs: [&[Vec<f64>]; 4], bootstrap: &[f64], clip: Clipping) {
+        let [log_rhos, discounts, rewards, values] = inputs;
+        let out = from_importance_weights(
+            &tensor(log_rhos),
+            &tensor(discounts),
+            &tensor(rewards),
+            &tensor(values),
+            &Tensor::from_slice(bootstrap),
+            clip,
+        );
+        let (vs, adv) = naive(log_rhos, discounts, rewards, values, bootstrap, clip);
+        assert_close(&rows(&out.vs), &vs, "vs");
+        assert_close(&rows(&out.pg_advantages), &adv, "pg advantages");
+    }
+
     /// The reference inputs of DeepMind's scalable_agent `vtrace_test.py`.
     fn reference_inputs(b_len: usize) -> [Vec<Vec<f64>>; 4] {
         let t_len = 5;
@@ -206,17 +223,7 @@ mod tests {
         for b_len in [1, 5] {
             let [log_rhos, discounts, rewards, values] = reference_inputs(b_len);
             let bootstrap: Vec<f64> = (0..b_len).map(|b| b as f64 + 1.0).collect();
-            let out = from_importance_weights(
-                &tensor(&log_rhos),
-                &tensor(&discounts),
-                &tensor(&rewards),
-                &tensor(&values),
-                &Tensor::from_slice(&bootstrap),
-                clip,
-            );
-            let (vs, adv) = naive(&log_rhos, &discounts, &rewards, &values, &bootstrap, clip);
-            assert_close(&rows(&out.vs), &vs, "vs");
-            assert_close(&rows(&out.pg_advantages), &adv, "pg advantages");
+            check_closed_form([&log_rhos, &discounts, &rewards, &values], &bootstrap, clip);
             // The clipping is exercised: some ρ exceed 3.7 and 2.2 here.
             assert!(log_rhos.iter().flatten().any(|&l| l.exp() > 3.7));
         }
@@ -231,18 +238,11 @@ mod tests {
             lambda: 0.8,
         };
         let [log_rhos, discounts, rewards, values] = reference_inputs(3);
-        let bootstrap = vec![0.5, -1.0, 2.0];
-        let out = from_importance_weights(
-            &tensor(&log_rhos),
-            &tensor(&discounts),
-            &tensor(&rewards),
-            &tensor(&values),
-            &Tensor::from_slice(&bootstrap),
+        check_closed_form(
+            [&log_rhos, &discounts, &rewards, &values],
+            &[0.5, -1.0, 2.0],
             clip,
         );
-        let (vs, adv) = naive(&log_rhos, &discounts, &rewards, &values, &bootstrap, clip);
-        assert_close(&rows(&out.vs), &vs, "vs");
-        assert_close(&rows(&out.pg_advantages), &adv, "pg advantages");
     }
 
     #[test]

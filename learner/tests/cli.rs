@@ -259,10 +259,12 @@ fn a_killed_training_run_resumes_with_every_counter_and_measurement() {
     );
 }
 
+/// The newest finished checkpoint (a kill can leave a `.tmp` one half written).
 fn common_newest(run: &std::path::Path) -> std::path::PathBuf {
     let mut dirs: Vec<_> = std::fs::read_dir(run.join("checkpoints"))
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_none_or(|x| x != "tmp"))
         .collect();
     dirs.sort();
     dirs.pop().unwrap()

@@ -10,12 +10,15 @@
 //!   the CPU, one call per device, with real all-to-all memory movement.
 //! - [`indices`]: synthetic lookups that follow a table's pooling factor and
 //!   reuse bins, shared by the real backends.
+//! - [`serve`]: the benchworker's loop: measure the learner's jobs, as a
+//!   thread or a process.
 //! - [`cli`]: the `benchworker` command line (`measure`).
 
 pub mod cli;
 pub mod cpu;
 pub mod indices;
 pub mod oracle;
+pub mod serve;
 pub mod sim;
 
 pub use oracle::{build, Backend, Oracle, OracleError, Spread};

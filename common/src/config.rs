@@ -323,6 +323,16 @@ pub struct TrainConfig {
     pub checkpoint_every: usize,
     /// Checkpoints kept (the newest).
     pub keep_checkpoints: usize,
+    /// Actor threads rolling out episodes beside the learner; 0 runs
+    /// Algorithm 1 in the learner's thread alone (slower, reproducible).
+    pub actors: usize,
+    /// Benchworker threads measuring plans (with `actors` > 0).
+    pub benchworkers: usize,
+    /// Unrolls an actor may have in flight (credits, DESIGN §9).
+    pub actor_credits: usize,
+    /// Unrolls acted with weights more than this many versions old are
+    /// dropped and counted.
+    pub max_policy_lag: usize,
 }
 
 impl Default for TrainConfig {
@@ -348,6 +358,10 @@ impl Default for TrainConfig {
             seed: 0,
             checkpoint_every: 1,
             keep_checkpoints: 3,
+            actors: 2,
+            benchworkers: 1,
+            actor_credits: 2,
+            max_policy_lag: 8,
         }
     }
 }
@@ -361,6 +375,10 @@ impl TrainConfig {
         )?;
         positive("train.cost_batch", self.cost_batch as f64)?;
         positive("train.episodes", self.episodes as f64)?;
+        positive("train.actor_credits", self.actor_credits as f64)?;
+        if self.actors > 0 {
+            positive("train.benchworkers", self.benchworkers as f64)?;
+        }
         positive("train.cost_lr", self.cost_lr)?;
         positive("train.policy_lr", self.policy_lr)?;
         non_negative("train.entropy_cost", self.entropy_cost)?;

@@ -16,6 +16,8 @@
 //! - [`config`]: the TOML configuration, resolved once into validated types.
 //! - [`fs`]: atomic file writes and stable name hashes.
 //! - [`error`]: the typed errors of this crate.
+//! - [`protocol`]: the wire protocol between learner, actors and benchworkers.
+//! - [`link`]: ZeroMQ sockets that speak the protocol (learner hub, peer link).
 //! - [`logging`]: tracing set-up shared by the binaries.
 
 pub mod config;
@@ -23,10 +25,12 @@ pub mod error;
 pub mod features;
 pub mod fs;
 pub mod generate;
+pub mod link;
 pub mod logging;
 pub mod measurement;
 pub mod placement;
 pub mod pool;
+pub mod protocol;
 pub mod published;
 pub mod suite;
 pub mod table;

@@ -45,6 +45,38 @@ impl Measurement {
         let cost_ms = devices.iter().map(|d| d.total_ms).fold(0.0, f64::max);
         Measurement { cost_ms, devices }
     }
+
+    /// Checks a measurement that arrived from elsewhere: one entry per
+    /// device, finite non-negative phases, totals that are their sums, and
+    /// the cost the slowest total.
+    pub fn validate(&self, devices: usize) -> Result<(), String> {
+        if self.devices.len() != devices {
+            return Err(format!(
+                "{} device entries for a plan on {devices} devices",
+                self.devices.len()
+            ));
+        }
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1.0);
+        for (i, d) in self.devices.iter().enumerate() {
+            let phases = [d.fwd_ms, d.bwd_ms, d.fwd_comm_ms, d.bwd_comm_ms];
+            if phases.iter().any(|x| !x.is_finite() || *x < 0.0) {
+                return Err(format!(
+                    "device {i}: a phase time is negative or not finite"
+                ));
+            }
+            if !close(phases.iter().sum(), d.total_ms) {
+                return Err(format!("device {i}: total_ms is not the sum of its phases"));
+            }
+        }
+        let slowest = self.devices.iter().map(|d| d.total_ms).fold(0.0, f64::max);
+        if !close(slowest, self.cost_ms) {
+            return Err(format!(
+                "cost_ms {} is not the slowest device's total {slowest}",
+                self.cost_ms
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -59,5 +91,24 @@ mod tests {
         ]);
         assert_eq!(m.devices[0].total_ms, 4.0);
         assert!((m.cost_ms - 5.2).abs() < 1e-12);
+    }
+
+    #[test]
+    fn validate_finds_what_does_not_add_up() {
+        let good = Measurement::from_devices(vec![
+            DeviceCost::new(1.0, 2.0, 0.5, 0.5),
+            DeviceCost::new(2.0, 3.0, 0.1, 0.1),
+        ]);
+        assert_eq!(good.validate(2), Ok(()));
+        assert!(good.validate(3).unwrap_err().contains("3 devices"));
+        let mut bad = good.clone();
+        bad.devices[1].bwd_ms = f64::NAN;
+        assert!(bad.validate(2).unwrap_err().contains("device 1"));
+        let mut bad = good.clone();
+        bad.devices[0].total_ms = 9.0;
+        assert!(bad.validate(2).unwrap_err().contains("sum"));
+        let mut bad = good;
+        bad.cost_ms = 1.0;
+        assert!(bad.validate(2).unwrap_err().contains("slowest"));
     }
 }

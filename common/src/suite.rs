@@ -36,7 +36,7 @@ pub struct SuiteFile {
 }
 
 /// A placement task with its tables resolved.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Task {
     pub name: String,
     pub devices: usize,

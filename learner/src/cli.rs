@@ -54,7 +54,7 @@ pub enum Command {
     /// Measures plans drawn from the current policy on the oracle, fits the
     /// cost network to them, and improves the policy on the estimated MDP
     /// with V-trace. Writes DIR/config.toml (the resolved configuration),
-    /// DIR/metrics.jsonl (one line per iteration), DIR/cost_buffer.jsonl
+    /// DIR/metrics.jsonl (one line per policy update), DIR/cost_buffer.jsonl
     /// (every measurement, fsynced) and DIR/checkpoints/step-N/; --resume
     /// continues a run after a crash.
     ///
@@ -279,8 +279,8 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             .filter(|l| {
                 serde_json::from_str::<serde_json::Value>(l)
                     .ok()
-                    .and_then(|v| v["iteration"].as_u64())
-                    .is_some_and(|i| (i as usize) < counters.iteration)
+                    .and_then(|v| v["step"].as_u64())
+                    .is_some_and(|s| s as usize <= counters.policy_updates)
             })
             .map(|l| format!("{l}\n"))
             .collect();
@@ -308,31 +308,79 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .append(true)
         .open(&metrics_path)
         .with_context(|| format!("opening {}", metrics_path.display()))?;
-    let mut oracle = benchworker::build(args.backend, &cfg)?;
-    let bar = progress(cfg.train.iterations as u64, "training");
-    bar.set_position(trainer.counters.iteration as u64);
-    while !trainer.done() {
-        let m = trainer.iteration(oracle.as_mut(), |s| log.append(s))?;
-        writeln!(metrics, "{}", serde_json::to_string(&m)?)
-            .and_then(|_| metrics.sync_data())
-            .with_context(|| format!("writing {}", metrics_path.display()))?;
-        if trainer.done() || trainer.counters.iteration % cfg.train.checkpoint_every == 0 {
-            checkpoint::save(dir, &trainer, cfg.train.keep_checkpoints)?;
+    let t = &cfg.train;
+    let bar = train_progress((t.iterations * t.policy_steps) as u64);
+    bar.set_position(trainer.counters.policy_updates as u64);
+    let start = (std::time::Instant::now(), trainer.counters.env_steps);
+    let mut hooks = crate::train::Hooks {
+        measured: Box::new(|s| log.append(s)),
+        metrics: Box::new(|m| {
+            writeln!(metrics, "{}", serde_json::to_string(m)?)
+                .and_then(|_| metrics.sync_data())
+                .with_context(|| format!("writing {}", metrics_path.display()))?;
+            bar.set_position(m.step as u64);
+            let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2}"));
+            bar.set_message(format!(
+                "v{} · {}/{} measured · plans {} ms (predicted {}) · reward {:.3} · lag {}",
+                m.policy_version,
+                m.measurements,
+                t.iterations * t.measure_per_iteration,
+                ms(m.mean_measured_ms),
+                ms(m.mean_predicted_ms),
+                m.policy.mean_reward,
+                m.policy_lag,
+            ));
+            Ok(())
+        }),
+        round_done: Box::new(|trainer| {
+            if trainer.done() || trainer.counters.iteration % t.checkpoint_every == 0 {
+                checkpoint::save(dir, trainer, t.keep_checkpoints)?;
+            }
+            Ok(())
+        }),
+    };
+    let lags = if t.actors == 0 {
+        let mut oracle = benchworker::build(args.backend, &cfg)?;
+        while !trainer.done() {
+            trainer.iteration(oracle.as_mut(), &mut hooks)?;
         }
-        bar.inc(1);
-        bar.set_message(format!(
-            "{} measured, plans {:.2} ms (predicted {:.2}), cost loss {:.3}",
-            m.measurements, m.mean_measured_ms, m.mean_predicted_ms, m.cost_loss
-        ));
-    }
+        None
+    } else {
+        let threads = crate::runtime::InProcess {
+            actors: t.actors,
+            benchworkers: t.benchworkers,
+            backend: args.backend,
+        };
+        let (report, _) = crate::runtime::train_in_process(&mut trainer, &threads, &mut hooks)?;
+        if report.bad_unrolls + report.drops.total() + report.refused_peers > 0 {
+            tracing::warn!(
+                "{} malformed unrolls, {} undecodable frames, {} refused peers",
+                report.bad_unrolls,
+                report.drops.total(),
+                report.refused_peers
+            );
+        }
+        Some((report.lag_quantile(0.5), report.lag_quantile(0.99)))
+    };
+    drop(hooks);
     bar.finish_and_clear();
-    writeln!(
+    let secs = start.0.elapsed().as_secs_f64();
+    let steps = trainer.counters.env_steps - start.1;
+    let c = &trainer.counters;
+    write!(
         out,
-        "trained {} iterations ({} measurements); run in {}",
-        trainer.counters.iteration,
+        "trained {} iterations: {} measurements, {} policy updates, {steps} env steps in {secs:.1} s \
+         ({:.0} env steps/s learned from), {} unrolls dropped",
+        c.iteration,
         trainer.buffer.len(),
-        dir.display()
+        c.policy_updates,
+        steps as f64 / secs.max(1e-9),
+        c.dropped_unrolls,
     )?;
+    if let Some((p50, p99)) = lags {
+        write!(out, ", policy lag median {p50}, p99 {p99}")?;
+    }
+    writeln!(out, "; run in {}", dir.display())?;
     Ok(())
 }
 
@@ -410,6 +458,23 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Training's progress bar (policy updates), with the key figures as its
+/// message; hidden when stderr is not a terminal.
+fn train_progress(len: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "training [{bar:30}] {pos}/{len} updates, {elapsed} (eta {eta}) {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar
 }
 
 /// A progress bar on stderr when it is a terminal, hidden otherwise.

@@ -1,5 +1,6 @@
-//! The learner: owns the policy and cost networks (later issues) and, for
-//! now, the offline commands that generate data and compare methods.
+//! The learner: owns the policy and cost networks, trains them with the
+//! actors and benchworkers, and runs the offline commands (generate data,
+//! compare methods, place tables with a trained model).
 //!
 //! # Layout
 //!
@@ -10,6 +11,10 @@
 //! - [`eval`]: every method on every task of a suite, failures counted.
 //! - [`data`]: generation of the default pool, its split and the suites.
 //! - [`vtrace`]: IMPALA's V-trace targets.
+//! - [`adam`]: Adam with state a checkpoint can hold.
+//! - [`train`]: the losses, the model, and the trainer's pieces of Algorithm 1.
+//! - [`runtime`]: asynchronous training with actors and benchworkers over ZeroMQ.
+//! - [`checkpoint`], [`costlog`]: the run's durable state.
 //! - [`cli`]: the `learner` command line.
 
 pub mod adam;
@@ -19,6 +24,7 @@ pub mod cli;
 pub mod costlog;
 pub mod data;
 pub mod eval;
+pub mod runtime;
 pub mod search;
 pub mod torchrec;
 pub mod train;

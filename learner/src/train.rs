@@ -218,17 +218,83 @@ pub fn scaled_rewards(u: &Unroll, scale: RewardScale) -> Tensor {
     }
 }
 
-/// One line of `metrics.jsonl`.
+/// One line of `metrics.jsonl`: written after every policy update.
 #[derive(Debug, Clone, Serialize)]
 pub struct Metrics {
+    /// Policy updates so far (this one included).
+    pub step: usize,
+    /// The round of Algorithm 1 this update belongs to.
     pub iteration: usize,
-    pub measurements: usize,
+    /// The version of the weights this update produced.
+    pub policy_version: u64,
+    /// Placement steps of the unrolls learned from so far.
     pub env_steps: usize,
-    pub cost_loss: f64,
+    /// Measured plans in the cost buffer.
+    pub measurements: usize,
+    pub cost_steps: usize,
+    /// Mean cost-network loss of the cost steps since the previous line.
+    pub cost_loss: Option<f64>,
     pub policy: PolicyStats,
-    /// Mean over this iteration's measured plans.
-    pub mean_measured_ms: f64,
-    pub mean_predicted_ms: f64,
+    /// Mean measured and predicted cost of the plans measured since the
+    /// previous line (the gap shows the cost network's error where the
+    /// policy goes).
+    pub mean_measured_ms: Option<f64>,
+    pub mean_predicted_ms: Option<f64>,
+    /// Policy versions between the weights the unroll was acted with and
+    /// the learner's when it was learned from.
+    pub policy_lag: u64,
+    /// Unrolls dropped so far (too old, or acted on a superseded cost net).
+    pub dropped_unrolls: usize,
+    /// Seconds since this process started training.
+    pub elapsed_s: f64,
+}
+
+/// What happened since the previous metrics line.
+#[derive(Debug, Default)]
+struct Tally {
+    cost_loss: f64,
+    cost_n: usize,
+    measured: f64,
+    predicted: f64,
+    measured_n: usize,
+}
+
+fn mean(sum: f64, n: usize) -> Option<f64> {
+    (n > 0).then(|| sum / n as f64)
+}
+
+/// Where a training run's products go as they appear: every measurement
+/// (to the durable cost log, before it counts), every metrics line, and
+/// the end of every round (checkpoints).
+pub struct Hooks<'h> {
+    pub measured: Hook<'h, CostSample>,
+    pub metrics: Hook<'h, Metrics>,
+    pub round_done: RoundHook<'h>,
+}
+
+/// Called with the trainer at the end of each round.
+pub type RoundHook<'h> = Box<dyn for<'t> FnMut(&Trainer<'t>) -> anyhow::Result<()> + 'h>;
+
+/// A callback that may fail (a write to disk).
+pub type Hook<'h, T> = Box<dyn FnMut(&T) -> anyhow::Result<()> + 'h>;
+
+impl Hooks<'_> {
+    /// Hooks that keep nothing.
+    pub fn none() -> Hooks<'static> {
+        Hooks {
+            measured: Box::new(|_| Ok(())),
+            metrics: Box::new(|_| Ok(())),
+            round_done: Box::new(|_| Ok(())),
+        }
+    }
+}
+
+/// A plan drawn from the current policy for measuring.
+#[derive(Debug, Clone)]
+pub struct Pick {
+    pub task: usize,
+    pub plan: Plan,
+    pub predicted_ms: f64,
 }
 
 /// The two networks, each in its own variable store so that each has its
@@ -321,12 +387,18 @@ impl Model {
 
 /// Counters that a checkpoint carries and a resumed run continues.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Counters {
-    /// The next iteration to run.
+    /// The next iteration (round of Algorithm 1) to run.
     pub iteration: usize,
     pub env_steps: usize,
     /// Position of the task-sampling RNG's stream (a decimal u128).
     pub rng_word_pos: String,
+    pub cost_steps: usize,
+    pub policy_updates: usize,
+    /// Version of the newest published weights.
+    pub policy_version: u64,
+    pub dropped_unrolls: usize,
 }
 
 /// A training run in progress: the networks, their optimizers, the cost
@@ -341,6 +413,8 @@ pub struct Trainer<'a> {
     pub buffer: Vec<CostSample>,
     pub counters: Counters,
     rng: ChaCha8Rng,
+    tally: Tally,
+    started: std::time::Instant,
 }
 
 impl<'a> Trainer<'a> {
@@ -374,6 +448,8 @@ impl<'a> Trainer<'a> {
             buffer,
             counters,
             rng,
+            tally: Tally::default(),
+            started: std::time::Instant::now(),
             cfg,
             tasks,
         }
@@ -384,86 +460,158 @@ impl<'a> Trainer<'a> {
         self.counters.iteration >= self.cfg.train.iterations
     }
 
-    /// One iteration: measure, fit the cost network, improve the policy.
-    /// Each measurement goes to `sink` (the durable cost log) as it arrives.
-    pub fn iteration(
-        &mut self,
-        oracle: &mut dyn Oracle,
-        mut sink: impl FnMut(&CostSample) -> anyhow::Result<()>,
-    ) -> anyhow::Result<Metrics> {
+    pub fn config(&self) -> &'a Config {
+        self.cfg
+    }
+
+    pub fn tasks(&self) -> &'a [Task] {
+        self.tasks
+    }
+
+    pub fn mdp(&self, task: usize) -> &MdpTask {
+        &self.mdps[task]
+    }
+
+    /// Seeds libtorch's sampling from the round, so that a resumed run
+    /// samples as the first would have.
+    pub fn seed_round(&self) {
         let t = &self.cfg.train;
-        let iteration = self.counters.iteration;
-        // Seeded per iteration, so a resumed run samples as the first would.
-        tch::manual_seed((t.seed ^ (iteration as u64).wrapping_mul(0x9e3779b97f4a7c15)) as i64);
-        let (mut measured, mut predicted) = (0.0, 0.0);
-        for _ in 0..t.measure_per_iteration {
-            let k = self.rng.gen_range(0..self.tasks.len());
-            let u = rollout(
-                &self.model.policy,
-                &self.model.cost,
-                &self.mdps[k],
-                1,
-                Mode::Sample,
-            );
-            let plan = Plan {
+        let it = self.counters.iteration as u64;
+        tch::manual_seed((t.seed ^ it.wrapping_mul(0x9e3779b97f4a7c15)) as i64);
+    }
+
+    /// Draws a training task and samples one plan for it from the current
+    /// policy, to be measured.
+    pub fn pick_plan(&mut self) -> Pick {
+        let k = self.rng.gen_range(0..self.tasks.len());
+        let u = rollout(
+            &self.model.policy,
+            &self.model.cost,
+            &self.mdps[k],
+            1,
+            Mode::Sample,
+        );
+        Pick {
+            task: k,
+            plan: Plan {
                 devices: self.tasks[k].devices,
                 assignment: u.plans[0].clone(),
-            };
-            let m = oracle.measure(&self.tasks[k].tables, &plan)?;
-            measured += m.cost_ms;
-            predicted += u.predicted_cost_ms.double_value(&[0]);
-            let sample = CostSample::new(&self.tasks[k], &plan, m);
-            sink(&sample)?;
-            self.buffer.push(sample);
+            },
+            predicted_ms: u.predicted_cost_ms.double_value(&[0]),
         }
-        let mut cost_loss_sum = 0.0;
-        for _ in 0..t.cost_steps {
-            let batch: Vec<&CostSample> = (0..t.cost_batch.min(self.buffer.len()))
-                .map(|_| &self.buffer[self.rng.gen_range(0..self.buffer.len())])
-                .collect();
-            let loss = cost_loss(&self.model.cost, &batch);
-            self.cost_opt.backward_step(&loss);
-            cost_loss_sum += loss.double_value(&[]);
+    }
+
+    /// Adds a measured plan to the cost buffer (after the caller made it
+    /// durable).
+    pub fn record(&mut self, pick: &Pick, measurement: Measurement) -> CostSample {
+        let t = &mut self.tally;
+        t.measured += measurement.cost_ms;
+        t.predicted += pick.predicted_ms;
+        t.measured_n += 1;
+        let sample = CostSample::new(&self.tasks[pick.task], &pick.plan, measurement);
+        self.buffer.push(sample.clone());
+        sample
+    }
+
+    /// One MSE step of the cost network on a batch drawn from the buffer.
+    pub fn cost_step(&mut self) {
+        if self.buffer.is_empty() {
+            return;
         }
-        let mut stats = PolicyStats::default();
-        for _ in 0..t.policy_steps {
-            let k = self.rng.gen_range(0..self.tasks.len());
-            let mdp = &self.mdps[k];
-            let u = rollout(
-                &self.model.policy,
-                &self.model.cost,
-                mdp,
-                t.episodes,
-                Mode::Sample,
-            );
-            self.counters.env_steps += t.episodes * self.tasks[k].tables.len();
-            let (loss, s) = policy_loss(&self.model.policy, mdp, &u, t);
-            self.policy_opt
-                .backward_step_clip_norm(&loss, t.max_grad_norm);
-            stats = s;
+        let t = &self.cfg.train;
+        let batch: Vec<&CostSample> = (0..t.cost_batch.min(self.buffer.len()))
+            .map(|_| &self.buffer[self.rng.gen_range(0..self.buffer.len())])
+            .collect();
+        let loss = cost_loss(&self.model.cost, &batch);
+        self.cost_opt.backward_step(&loss);
+        self.tally.cost_loss += loss.double_value(&[]);
+        self.tally.cost_n += 1;
+        self.counters.cost_steps += 1;
+    }
+
+    /// Rolls out a batch of episodes on a random task in this thread.
+    pub fn rollout(&mut self) -> (usize, Unroll) {
+        let k = self.rng.gen_range(0..self.tasks.len());
+        let u = rollout(
+            &self.model.policy,
+            &self.model.cost,
+            &self.mdps[k],
+            self.cfg.train.episodes,
+            Mode::Sample,
+        );
+        (k, u)
+    }
+
+    /// One policy update from an unroll of task `task` acted with weights
+    /// `lag` versions old; returns its metrics line.
+    pub fn policy_update(&mut self, task: usize, u: &Unroll, lag: u64) -> Metrics {
+        let t = &self.cfg.train;
+        let mdp = &self.mdps[task];
+        let (loss, stats) = policy_loss(&self.model.policy, mdp, u, t);
+        self.policy_opt
+            .backward_step_clip_norm(&loss, t.max_grad_norm);
+        self.counters.env_steps += u.plans.len() * mdp.tables();
+        self.counters.policy_updates += 1;
+        self.counters.policy_version += 1;
+        let tally = std::mem::take(&mut self.tally);
+        Metrics {
+            step: self.counters.policy_updates,
+            iteration: self.counters.iteration,
+            policy_version: self.counters.policy_version,
+            env_steps: self.counters.env_steps,
+            measurements: self.buffer.len(),
+            cost_steps: self.counters.cost_steps,
+            cost_loss: mean(tally.cost_loss, tally.cost_n),
+            policy: stats,
+            mean_measured_ms: mean(tally.measured, tally.measured_n),
+            mean_predicted_ms: mean(tally.predicted, tally.measured_n),
+            policy_lag: lag,
+            dropped_unrolls: self.counters.dropped_unrolls,
+            elapsed_s: self.started.elapsed().as_secs_f64(),
         }
+    }
+
+    /// Closes the current round.
+    pub fn finish_round(&mut self) {
         self.counters.iteration += 1;
         self.counters.rng_word_pos = self.rng.get_word_pos().to_string();
-        let n = t.measure_per_iteration as f64;
-        Ok(Metrics {
-            iteration,
-            measurements: self.buffer.len(),
-            env_steps: self.counters.env_steps,
-            cost_loss: cost_loss_sum / t.cost_steps.max(1) as f64,
-            policy: stats,
-            mean_measured_ms: measured / n,
-            mean_predicted_ms: predicted / n,
-        })
+    }
+
+    /// One round of Algorithm 1 in this thread: measure, fit the cost
+    /// network, improve the policy.
+    pub fn iteration(&mut self, oracle: &mut dyn Oracle, hooks: &mut Hooks) -> anyhow::Result<()> {
+        let t = &self.cfg.train;
+        self.seed_round();
+        // A run resumed mid-round has some of the round's measurements.
+        let due = ((self.counters.iteration + 1) * t.measure_per_iteration)
+            .saturating_sub(self.buffer.len());
+        for _ in 0..due {
+            let pick = self.pick_plan();
+            let m = oracle.measure(&self.tasks[pick.task].tables, &pick.plan)?;
+            let sample = CostSample::new(&self.tasks[pick.task], &pick.plan, m.clone());
+            (hooks.measured)(&sample)?;
+            self.record(&pick, m);
+        }
+        for _ in 0..t.cost_steps {
+            self.cost_step();
+        }
+        for _ in 0..t.policy_steps {
+            let (k, u) = self.rollout();
+            let line = self.policy_update(k, &u, 0);
+            (hooks.metrics)(&line)?;
+        }
+        self.finish_round();
+        (hooks.round_done)(self)
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use common::config::SuiteConfig;
     use common::Suite;
 
-    fn small_config(dir: &Path) -> Config {
+    pub(crate) fn small_config(dir: &Path) -> Config {
         let mut cfg = Config::default();
         cfg.generate.tables = 200;
         cfg.data.dir = dir.to_path_buf();
@@ -549,26 +697,71 @@ mod tests {
         assert!(stats.loss.is_finite());
     }
 
-    /// The CI training run: well under a minute, and the policy must beat
-    /// `random` clearly on unseen tasks.
-    #[test]
-    fn a_short_training_run_beats_random_on_unseen_tasks() {
+    /// The CI training runs: well under a minute each, and the policy must
+    /// beat `random` clearly on unseen tasks. With `actors` = 0 the learner
+    /// works alone; otherwise actor and benchworker threads join it over
+    /// `inproc://`.
+    fn short_run(actors: usize) {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = small_config(dir.path());
+        let mut cfg = small_config(dir.path());
+        cfg.train.actors = actors;
+        cfg.train.benchworkers = 2;
         crate::data::generate(&cfg, dir.path()).unwrap();
         let train_suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
         let test_suite = Suite::load(&dir.path().join("dlrm-20x4.test.json"), &cfg.memory).unwrap();
         let mut sim = benchworker::sim::SimOracle::new(cfg.sim.clone(), cfg.memory);
         let mut trainer = Trainer::new(&cfg, &train_suite.tasks);
-        let mut logged = 0;
-        while !trainer.done() {
-            let m = trainer.iteration(&mut sim, |_| {
-                logged += 1;
+        let logged = std::cell::Cell::new(0);
+        let lines = std::cell::RefCell::new(Vec::new());
+        let rounds = std::cell::Cell::new(0);
+        let mut hooks = Hooks {
+            measured: Box::new(|_| {
+                logged.set(logged.get() + 1);
                 Ok(())
-            });
-            assert_eq!(m.unwrap().measurements, logged);
+            }),
+            metrics: Box::new(|m| {
+                assert_eq!(m.measurements, logged.get(), "logged before counted");
+                lines.borrow_mut().push(m.clone());
+                Ok(())
+            }),
+            round_done: Box::new(|t| {
+                rounds.set(rounds.get() + 1);
+                assert_eq!(t.counters.iteration, rounds.get());
+                assert_eq!(t.buffer.len(), rounds.get() * 10, "a round's measurements");
+                assert_eq!(t.counters.cost_steps, rounds.get() * 100);
+                assert_eq!(t.counters.policy_updates, rounds.get() * 25);
+                Ok(())
+            }),
+        };
+        if actors == 0 {
+            while !trainer.done() {
+                trainer.iteration(&mut sim, &mut hooks).unwrap();
+            }
+        } else {
+            let threads = crate::runtime::InProcess {
+                actors,
+                benchworkers: 2,
+                backend: benchworker::Backend::Sim,
+            };
+            let (report, peers) =
+                crate::runtime::train_in_process(&mut trainer, &threads, &mut hooks).unwrap();
+            assert_eq!(peers.actors.len(), actors, "every actor stopped cleanly");
+            assert!(peers.actors.iter().all(|a| a.unrolls > 0));
+            let measured: u64 = peers.benchworkers.iter().map(|b| b.measured).sum();
+            assert_eq!(measured, 40, "each plan measured once");
+            assert_eq!(report.lags.len(), 100);
+            assert!(report.lag_quantile(1.0) <= cfg.train.max_policy_lag as u64);
+            assert_eq!(report.bad_unrolls + report.drops.total(), 0);
         }
-        assert_eq!(logged, 40);
+        drop(hooks);
+        assert_eq!(rounds.get(), 4);
+        assert_eq!(logged.get(), 40);
+        let lines = lines.into_inner();
+        let steps: Vec<usize> = lines.iter().map(|m| m.step).collect();
+        assert_eq!(steps, (1..=100).collect::<Vec<_>>());
+        assert!(lines
+            .windows(2)
+            .all(|w| w[1].policy_version > w[0].policy_version));
         let model = trainer.model;
         let report = crate::eval::evaluate(
             &test_suite,
@@ -588,7 +781,7 @@ mod tests {
         .unwrap();
         let random = report.methods["random"].mean_cost_ms.unwrap();
         let policy = report.methods["policy"].mean_cost_ms.unwrap();
-        eprintln!("short run: policy {policy:.3} ms, random {random:.3} ms");
+        eprintln!("short run ({actors} actors): policy {policy:.3} ms, random {random:.3} ms");
         assert!(
             policy < 0.9 * random,
             "policy {policy} ms vs random {random} ms"
@@ -599,5 +792,15 @@ mod tests {
         let (a, _) = model.plan(&test_suite.tasks[0], &cfg.memory);
         let (b, _) = back.plan(&test_suite.tasks[0], &cfg.memory);
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn a_short_training_run_in_one_thread_beats_random_on_unseen_tasks() {
+        short_run(0);
+    }
+
+    #[test]
+    fn a_short_training_run_with_actor_threads_beats_random_on_unseen_tasks() {
+        short_run(2);
     }
 }

@@ -1,0 +1,259 @@
+//! Tensors to and from the plain data of the wire protocol: unrolls and
+//! network weights. Whatever arrives is checked against what the receiver
+//! knows (the task's tables and devices, its own parameters' names and
+//! shapes) before it becomes a tensor: a bad payload is an error naming the
+//! fault, never a panic inside libtorch.
+
+use common::protocol::{NamedArray, UnrollData};
+use tch::{nn, Device, Kind, Tensor};
+
+use crate::mdp::Unroll;
+use crate::nets::COST_FEATURES;
+
+fn to_vec<T: tch::kind::Element + Copy>(t: &Tensor) -> Vec<T> {
+    Vec::<T>::try_from(&t.contiguous().view([-1])).unwrap_or_default()
+}
+
+/// An unroll of training task `task` as plain data.
+pub fn unroll_to_data(task: u32, u: &Unroll) -> UnrollData {
+    let actions: Vec<i64> = to_vec(&u.actions);
+    UnrollData {
+        task,
+        episodes: u.actions.size()[1] as u32,
+        order: u.order.iter().map(|&i| i as u32).collect(),
+        actions: actions.iter().map(|&a| a as u32).collect(),
+        behaviour_logp: to_vec(&u.behaviour_logp),
+        masks: to_vec(&u.masks),
+        cost_features: to_vec(&u.cost_features),
+        predicted_cost_ms: to_vec(&u.predicted_cost_ms),
+        reward_scale: u.reward_scale,
+        infeasible: u.infeasible.clone(),
+    }
+}
+
+/// Rebuilds an unroll of a task with `tables` tables on `devices` devices,
+/// checking every size, index and number.
+pub fn unroll_from_data(d: &UnrollData, tables: usize, devices: usize) -> Result<Unroll, String> {
+    let (m, e) = (tables, d.episodes as usize);
+    if e == 0 || e > 1 << 16 {
+        return Err(format!("{e} episodes"));
+    }
+    let steps = m * e;
+    let check = |what: &str, got: usize, want: usize| {
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{what}: {got} values, expected {want}"))
+        }
+    };
+    check("order", d.order.len(), m)?;
+    check("actions", d.actions.len(), steps)?;
+    check("behaviour_logp", d.behaviour_logp.len(), steps)?;
+    check("masks", d.masks.len(), steps * devices)?;
+    check(
+        "cost_features",
+        d.cost_features.len(),
+        steps * devices * COST_FEATURES as usize,
+    )?;
+    check("predicted_cost_ms", d.predicted_cost_ms.len(), e)?;
+    check("infeasible", d.infeasible.len(), e)?;
+    let mut seen = vec![false; m];
+    for &t in &d.order {
+        match seen.get_mut(t as usize) {
+            Some(s) if !*s => *s = true,
+            _ => return Err(format!("order: table {t} out of range or repeated")),
+        }
+    }
+    for (i, &a) in d.actions.iter().enumerate() {
+        if a as usize >= devices || !d.masks[i * devices + a as usize] {
+            return Err(format!("actions[{i}]: device {a} is not a legal action"));
+        }
+    }
+    let finite = |what: &str, v: &[f32]| match v.iter().position(|x| !x.is_finite()) {
+        Some(i) => Err(format!("{what}[{i}] is not a finite number")),
+        None => Ok(()),
+    };
+    finite("behaviour_logp", &d.behaviour_logp)?;
+    finite("cost_features", &d.cost_features)?;
+    finite("predicted_cost_ms", &d.predicted_cost_ms)?;
+    if d.behaviour_logp.iter().any(|&l| l > 1e-4) {
+        return Err("behaviour_logp: a log-probability above 0".into());
+    }
+    if !(d.reward_scale.is_finite() && d.reward_scale > 0.0) {
+        return Err(format!("reward_scale {} is not positive", d.reward_scale));
+    }
+    let (mi, ei, di) = (m as i64, e as i64, devices as i64);
+    let actions: Vec<i64> = d.actions.iter().map(|&a| a as i64).collect();
+    let mut plans = vec![vec![0usize; m]; e];
+    for (step, &table) in d.order.iter().enumerate() {
+        for (k, plan) in plans.iter_mut().enumerate() {
+            plan[table as usize] = d.actions[step * e + k] as usize;
+        }
+    }
+    Ok(Unroll {
+        order: d.order.iter().map(|&i| i as usize).collect(),
+        actions: Tensor::from_slice(&actions).view([mi, ei]),
+        behaviour_logp: Tensor::from_slice(&d.behaviour_logp).view([mi, ei]),
+        masks: Tensor::from_slice(&d.masks).view([mi, ei, di]),
+        cost_features: Tensor::from_slice(&d.cost_features).view([mi, ei, di, COST_FEATURES]),
+        predicted_cost_ms: Tensor::from_slice(&d.predicted_cost_ms),
+        reward_scale: d.reward_scale,
+        infeasible: d.infeasible.clone(),
+        plans,
+    })
+}
+
+/// Every variable of a store, by name (sorted, so the order is stable).
+pub fn export(vs: &nn::VarStore) -> Vec<NamedArray> {
+    let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars.into_iter()
+        .map(|(name, t)| NamedArray {
+            name,
+            shape: t.size(),
+            values: to_vec(&t.to_kind(Kind::Float)),
+        })
+        .collect()
+}
+
+/// Copies `arrays` into the store's variables: every variable must be
+/// present with its exact shape and finite values.
+pub fn import(vs: &nn::VarStore, arrays: &[NamedArray]) -> Result<(), String> {
+    let vars = vs.variables();
+    if arrays.len() != vars.len() {
+        return Err(format!(
+            "{} parameters sent, the network has {}",
+            arrays.len(),
+            vars.len()
+        ));
+    }
+    // Check everything before changing anything.
+    for a in arrays {
+        let Some(v) = vars.get(&a.name) else {
+            return Err(format!("unknown parameter `{}`", a.name));
+        };
+        if v.size() != a.shape || a.shape.iter().product::<i64>() != a.values.len() as i64 {
+            return Err(format!(
+                "parameter `{}`: shape {:?} with {} values, expected {:?}",
+                a.name,
+                a.shape,
+                a.values.len(),
+                v.size()
+            ));
+        }
+        if a.values.iter().any(|x| !x.is_finite()) {
+            return Err(format!("parameter `{}` holds a non-finite value", a.name));
+        }
+    }
+    tch::no_grad(|| {
+        for a in arrays {
+            let mut v = vars[&a.name].shallow_clone();
+            v.copy_(
+                &Tensor::from_slice(&a.values)
+                    .view(a.shape.as_slice())
+                    .to_device(Device::Cpu),
+            );
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mdp::{rollout, MdpTask, Mode};
+    use crate::nets::{CostNet, PolicyNet};
+    use common::config::ModelConfig;
+    use common::generate::{generate_pool, PoolGenConfig};
+    use common::MemoryModel;
+
+    fn nets(seed: i64) -> (nn::VarStore, PolicyNet, CostNet) {
+        tch::manual_seed(seed);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let cfg = ModelConfig::default();
+        let policy = PolicyNet::new(&(vs.root() / "policy"), &cfg);
+        let cost = CostNet::new(&(vs.root() / "cost"), &cfg);
+        (vs, policy, cost)
+    }
+
+    fn task() -> MdpTask {
+        let pool = generate_pool(
+            &PoolGenConfig {
+                tables: 9,
+                ..Default::default()
+            },
+            1,
+        )
+        .unwrap();
+        MdpTask::new(&pool, 3, u64::MAX, &MemoryModel::default())
+    }
+
+    #[test]
+    fn an_unroll_survives_the_wire() {
+        let (_vs, policy, cost) = nets(1);
+        let t = task();
+        let u = rollout(&policy, &cost, &t, 5, Mode::Sample);
+        let back = unroll_from_data(&unroll_to_data(2, &u), 9, 3).unwrap();
+        assert_eq!(back.order, u.order);
+        assert_eq!(back.plans, u.plans);
+        for (a, b) in [
+            (&back.actions, &u.actions),
+            (&back.masks, &u.masks),
+            (&back.behaviour_logp, &u.behaviour_logp),
+            (&back.cost_features, &u.cost_features),
+            (&back.predicted_cost_ms, &u.predicted_cost_ms),
+        ] {
+            assert_eq!(a.size(), b.size());
+            assert!(a.equal(b));
+        }
+    }
+
+    #[test]
+    fn bad_unrolls_are_refused_with_the_fault() {
+        let (_vs, policy, cost) = nets(1);
+        let u = rollout(&policy, &cost, &task(), 2, Mode::Sample);
+        let good = unroll_to_data(0, &u);
+        let wrong_size = unroll_from_data(&good, 10, 3).unwrap_err();
+        assert!(wrong_size.contains("order"), "{wrong_size}");
+        let mut bad = good.clone();
+        bad.actions[3] = 7;
+        assert!(unroll_from_data(&bad, 9, 3)
+            .unwrap_err()
+            .contains("actions[3]"));
+        let mut bad = good.clone();
+        bad.order[1] = bad.order[0];
+        assert!(unroll_from_data(&bad, 9, 3)
+            .unwrap_err()
+            .contains("repeated"));
+        let mut bad = good.clone();
+        bad.cost_features[5] = f32::NAN;
+        assert!(unroll_from_data(&bad, 9, 3)
+            .unwrap_err()
+            .contains("cost_features[5]"));
+        let mut bad = good;
+        bad.masks.pop();
+        assert!(unroll_from_data(&bad, 9, 3).unwrap_err().contains("masks"));
+    }
+
+    #[test]
+    fn weights_copy_into_another_store_and_bad_ones_change_nothing() {
+        let (a, pa, ca) = nets(1);
+        let (b, pb, cb) = nets(2);
+        let t = task();
+        let greedy = |p: &PolicyNet, c: &CostNet| rollout(p, c, &t, 1, Mode::Greedy).plans;
+        let sent = export(&a);
+        let orig = export(&b);
+        assert_ne!(orig, sent);
+        let mut bad = sent.clone();
+        bad[0].values[0] = f32::INFINITY;
+        assert!(import(&b, &bad).unwrap_err().contains("non-finite"));
+        let mut bad = sent.clone();
+        bad[1].shape = vec![1];
+        assert!(import(&b, &bad).unwrap_err().contains("shape"));
+        assert!(import(&b, &sent[1..]).is_err());
+        assert_eq!(export(&b), orig, "a refused import changes nothing");
+        import(&b, &sent).unwrap();
+        assert_eq!(export(&b), sent);
+        assert_eq!(greedy(&pa, &ca), greedy(&pb, &cb));
+    }
+}

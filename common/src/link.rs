@@ -1,0 +1,206 @@
+//! ZeroMQ sockets speaking the [`protocol`](crate::protocol): a [`Link`]
+//! (DEALER) for actors and benchworkers, a [`Hub`] (ROUTER) for the learner.
+//! The endpoint decides the transport — `inproc://` between threads of one
+//! process (one shared [`zmq::Context`]), `ipc://` or `tcp://` between
+//! processes — and nothing else changes.
+//!
+//! Frames that do not decode are counted by reason in `drops` and skipped;
+//! receiving never fails on bad input, only on a broken socket.
+
+use anyhow::Context as _;
+
+use crate::protocol::{decode, encode, DropCounts, Header, Message, MAX_FRAME_BYTES};
+
+fn configure(socket: &zmq::Socket) -> anyhow::Result<()> {
+    socket.set_linger(0)?;
+    // libzmq closes a tcp connection whose peer sends a bigger message.
+    socket.set_maxmsgsize(MAX_FRAME_BYTES as i64)?;
+    Ok(())
+}
+
+/// The sending side's envelope fields.
+#[derive(Debug, Clone, Copy)]
+struct Envelope {
+    sender: u64,
+    incarnation: u64,
+    seq: u64,
+}
+
+impl Envelope {
+    fn next(&mut self, policy_version: u64) -> Header {
+        self.seq += 1;
+        Header {
+            sender: self.sender,
+            incarnation: self.incarnation,
+            seq: self.seq,
+            policy_version,
+        }
+    }
+}
+
+/// A peer's connection to the learner.
+pub struct Link {
+    socket: zmq::Socket,
+    envelope: Envelope,
+    /// Frames received and dropped, by reason.
+    pub drops: DropCounts,
+}
+
+impl Link {
+    /// Connects to the learner at `endpoint`; nothing is sent yet.
+    pub fn connect(ctx: &zmq::Context, endpoint: &str) -> anyhow::Result<Link> {
+        let socket = ctx.socket(zmq::DEALER)?;
+        configure(&socket)?;
+        socket
+            .connect(endpoint)
+            .with_context(|| format!("connecting to the learner at {endpoint}"))?;
+        Ok(Link {
+            socket,
+            envelope: Envelope {
+                sender: 0,
+                incarnation: crate::protocol::new_incarnation(),
+                seq: 0,
+            },
+            drops: DropCounts::default(),
+        })
+    }
+
+    /// The id the learner gave this peer (0 before its welcome).
+    pub fn set_sender(&mut self, id: u64) {
+        self.envelope.sender = id;
+    }
+
+    pub fn send(&mut self, policy_version: u64, message: &Message) -> anyhow::Result<()> {
+        let frame = encode(&self.envelope.next(policy_version), message);
+        self.socket.send(frame, 0).context("sending to the learner")
+    }
+
+    /// The next message that decodes, waiting at most `timeout_ms` (0: do
+    /// not wait; -1: wait for ever).
+    pub fn recv(&mut self, timeout_ms: i64) -> anyhow::Result<Option<(Header, Message)>> {
+        loop {
+            if self.socket.poll(zmq::POLLIN, timeout_ms)? == 0 {
+                return Ok(None);
+            }
+            let frame = self.socket.recv_bytes(0)?;
+            match decode(&frame) {
+                Ok(m) => return Ok(Some(m)),
+                Err(e) => {
+                    tracing::warn!("dropped a frame from the learner: {e}");
+                    self.drops.add(e.label());
+                }
+            }
+        }
+    }
+}
+
+/// A received message and who sent it.
+pub struct Incoming {
+    /// ZeroMQ's routing id of the connection: where replies go.
+    pub from: Vec<u8>,
+    pub header: Header,
+    pub message: Message,
+}
+
+/// The learner's socket: every peer connects here.
+pub struct Hub {
+    socket: zmq::Socket,
+    envelope: Envelope,
+    /// Frames received and dropped, by reason.
+    pub drops: DropCounts,
+}
+
+impl Hub {
+    /// Binds `endpoint` (for example `inproc://learner` or
+    /// `tcp://127.0.0.1:5555`).
+    pub fn bind(ctx: &zmq::Context, endpoint: &str) -> anyhow::Result<Hub> {
+        let socket = ctx.socket(zmq::ROUTER)?;
+        configure(&socket)?;
+        // A reply to a peer that has gone is an error, not a silent drop.
+        socket.set_router_mandatory(true)?;
+        socket
+            .bind(endpoint)
+            .with_context(|| format!("binding the learner to {endpoint}"))?;
+        Ok(Hub {
+            socket,
+            envelope: Envelope {
+                sender: 0,
+                incarnation: crate::protocol::new_incarnation(),
+                seq: 0,
+            },
+            drops: DropCounts::default(),
+        })
+    }
+
+    /// The endpoint actually bound (a `tcp://…:0` request gets its port).
+    pub fn endpoint(&self) -> anyhow::Result<String> {
+        self.socket
+            .get_last_endpoint()?
+            .map_err(|_| anyhow::anyhow!("the bound endpoint is not UTF-8"))
+    }
+
+    /// Sends to one peer; false when the peer is gone.
+    pub fn send(&mut self, to: &[u8], policy_version: u64, message: &Message) -> bool {
+        let frame = encode(&self.envelope.next(policy_version), message);
+        self.socket
+            .send_multipart([to, frame.as_slice()], zmq::DONTWAIT)
+            .is_ok()
+    }
+
+    /// The next message that decodes, waiting at most `timeout_ms`.
+    pub fn recv(&mut self, timeout_ms: i64) -> anyhow::Result<Option<Incoming>> {
+        loop {
+            if self.socket.poll(zmq::POLLIN, timeout_ms)? == 0 {
+                return Ok(None);
+            }
+            let mut parts = self.socket.recv_multipart(0)?;
+            if parts.len() != 2 {
+                self.drops.add("multipart");
+                continue;
+            }
+            let frame = parts.pop().unwrap_or_default();
+            let from = parts.pop().unwrap_or_default();
+            match decode(&frame) {
+                Ok((header, message)) => {
+                    return Ok(Some(Incoming {
+                        from,
+                        header,
+                        message,
+                    }))
+                }
+                Err(e) => {
+                    tracing::warn!("dropped a frame: {e}");
+                    self.drops.add(e.label());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_and_a_hub_talk_and_garbage_is_counted() {
+        let ctx = zmq::Context::new();
+        let mut hub = Hub::bind(&ctx, "inproc://link-test").unwrap();
+        let mut link = Link::connect(&ctx, "inproc://link-test").unwrap();
+        link.send(0, &Message::Heartbeat).unwrap();
+        // Garbage from a raw socket, then a valid message from it.
+        let raw = ctx.socket(zmq::DEALER).unwrap();
+        raw.connect("inproc://link-test").unwrap();
+        raw.send(&b"not a frame"[..], 0).unwrap();
+        let got = hub.recv(1000).unwrap().unwrap();
+        assert_eq!(got.message, Message::Heartbeat);
+        assert_eq!(got.header.seq, 1);
+        assert!(hub.send(&got.from, 5, &Message::Credit { n: 3 }));
+        let (h, m) = link.recv(1000).unwrap().unwrap();
+        assert_eq!((h.policy_version, m), (5, Message::Credit { n: 3 }));
+        assert!(hub.recv(100).unwrap().is_none());
+        assert_eq!(hub.drops.total(), 1);
+        assert_eq!(hub.drops.by_reason.get("bad_magic"), Some(&1));
+        // A reply to a peer that never existed fails instead of vanishing.
+        assert!(!hub.send(b"nobody", 0, &Message::Shutdown));
+    }
+}

@@ -1,0 +1,523 @@
+//! The learner's side of asynchronous training (DESIGN §3, §9): a hub that
+//! actors and benchworkers connect to, and one thread that owns the
+//! networks and runs DreamShard's Algorithm 1 with the three loops
+//! overlapped:
+//!
+//! - **measuring**: each idle benchworker gets a plan sampled from the
+//!   current policy, until the round's `measure_per_iteration` are out;
+//!   each measurement goes to the durable cost log before it counts;
+//! - **fitting the cost network**: cost steps follow the measurements as
+//!   they arrive (`cost_steps / measure_per_iteration` per measurement);
+//! - **improving the policy**: once a round's cost steps are done, the
+//!   weights are published with a new version and unrolls acted with older
+//!   ones (a superseded cost network) are dropped; each later unroll is one
+//!   V-trace update, and new weights go out after each. Unrolls more than
+//!   `max_policy_lag` versions old are dropped and counted.
+//!
+//! The round — measurements, cost steps, policy updates in DreamShard's
+//! proportions — is what checkpoints close. Actors send unrolls under
+//! credits (one back per unroll received), so no queue grows without bound.
+//!
+//! [`train_in_process`] runs actors and benchworkers as threads on
+//! `inproc://`; the same loop serves remote peers on `tcp://`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use actor::mdp::Unroll;
+use actor::wire::{export, unroll_from_data};
+use common::link::{Hub, Incoming};
+use common::protocol::{DropCounts, Message, Role, Weights};
+
+use crate::train::{CostSample, Hooks, Pick, Trainer};
+
+/// Without progress for this long, training stops with an error instead of
+/// waiting for peers that will not come.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(120);
+/// Jobs that fail this many times in a row stop training.
+const MAX_JOB_FAILURES: usize = 10;
+
+/// A connected peer.
+#[derive(Debug)]
+struct Peer {
+    role: Role,
+    id: u64,
+    /// The job a benchworker is measuring.
+    job: Option<u64>,
+}
+
+/// An unroll waiting for the learner.
+struct Queued {
+    /// The actor that sent it: its credit goes back when the unroll is used
+    /// or dropped, so an actor idles while the learner is busy elsewhere.
+    from: Vec<u8>,
+    /// The weights' version it was acted with.
+    acted: u64,
+    task: usize,
+    unroll: Unroll,
+}
+
+/// What the runtime counted, beside the trainer's counters.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct RuntimeReport {
+    pub unrolls_received: u64,
+    /// Unrolls refused as malformed (wrong sizes, illegal actions, …).
+    pub bad_unrolls: u64,
+    pub refused_peers: u64,
+    pub failed_jobs: u64,
+    /// Frames that did not decode, by reason.
+    pub drops: DropCounts,
+    /// Messages from peers that never said hello, or of a kind the
+    /// learner does not take.
+    pub unexpected: u64,
+    /// Policy lag of every unroll learned from.
+    pub lags: Vec<u64>,
+}
+
+impl RuntimeReport {
+    /// The `q`-quantile of the policy lags (0 when there were none).
+    pub fn lag_quantile(&self, q: f64) -> u64 {
+        let mut l = self.lags.clone();
+        l.sort_unstable();
+        match l.len() {
+            0 => 0,
+            n => l[((n - 1) as f64 * q).round() as usize],
+        }
+    }
+}
+
+/// The learner's loop over a bound hub.
+pub struct Learner<'t, 'a> {
+    trainer: &'t mut Trainer<'a>,
+    hub: Hub,
+    token: String,
+    welcome_config: String,
+    peers: HashMap<Vec<u8>, Peer>,
+    next_peer: u64,
+    /// Jobs out on benchworkers, by id.
+    jobs: BTreeMap<u64, Pick>,
+    /// Jobs to hand out again (their benchworker went away).
+    requeue: VecDeque<Pick>,
+    next_job: u64,
+    job_failures: usize,
+    /// Unrolls waiting for an update.
+    queue: VecDeque<Queued>,
+    /// The version published when the current round's cost steps were done:
+    /// older unrolls were acted on a superseded cost network.
+    round_version: Option<u64>,
+    pub report: RuntimeReport,
+}
+
+impl<'t, 'a> Learner<'t, 'a> {
+    pub fn new(trainer: &'t mut Trainer<'a>, hub: Hub, token: String) -> anyhow::Result<Self> {
+        let welcome_config = toml::to_string(trainer.config())?;
+        Ok(Learner {
+            trainer,
+            hub,
+            token,
+            welcome_config,
+            peers: HashMap::new(),
+            next_peer: 1,
+            jobs: BTreeMap::new(),
+            requeue: VecDeque::new(),
+            next_job: 1,
+            job_failures: 0,
+            queue: VecDeque::new(),
+            round_version: None,
+            report: RuntimeReport::default(),
+        })
+    }
+
+    fn weights(&self) -> Message {
+        Message::Weights(Weights {
+            version: self.trainer.counters.policy_version,
+            policy: export(&self.trainer.model.policy_vs),
+            cost: export(&self.trainer.model.cost_vs),
+        })
+    }
+
+    /// Sends to a peer; a peer that is gone is forgotten and its job
+    /// handed to another.
+    fn send(&mut self, to: &[u8], message: &Message) {
+        let version = self.trainer.counters.policy_version;
+        if !self.hub.send(to, version, message) {
+            self.forget(to);
+        }
+    }
+
+    fn forget(&mut self, who: &[u8]) {
+        if let Some(peer) = self.peers.remove(who) {
+            tracing::warn!("{:?} {} is gone", peer.role, peer.id);
+            if let Some(pick) = peer.job.and_then(|j| self.jobs.remove(&j)) {
+                self.requeue.push_back(pick);
+            }
+        }
+    }
+
+    /// Sends the current networks to every actor.
+    fn broadcast(&mut self) {
+        let weights = self.weights();
+        let actors: Vec<Vec<u8>> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.role == Role::Actor)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for a in actors {
+            self.send(&a, &weights);
+        }
+    }
+
+    fn handle(&mut self, incoming: Incoming, hooks: &mut Hooks) -> anyhow::Result<()> {
+        let Incoming {
+            from,
+            header,
+            message,
+        } = incoming;
+        if let Message::Hello { role, token } = message {
+            if token != self.token {
+                self.report.refused_peers += 1;
+                tracing::warn!("refused a {role:?}: wrong cluster token");
+                self.send(
+                    &from,
+                    &Message::Refused {
+                        reason: "wrong cluster token".into(),
+                    },
+                );
+                return Ok(());
+            }
+            let id = self.next_peer;
+            self.next_peer += 1;
+            tracing::info!("{role:?} {id} joined");
+            self.forget(&from);
+            self.peers.insert(
+                from.clone(),
+                Peer {
+                    role,
+                    id,
+                    job: None,
+                },
+            );
+            let welcome = Message::Welcome {
+                peer: id,
+                config_toml: self.welcome_config.clone(),
+                tasks: self.trainer.tasks().to_vec(),
+            };
+            self.send(&from, &welcome);
+            if role == Role::Actor {
+                let weights = self.weights();
+                self.send(&from, &weights);
+                let n = self.trainer.config().train.actor_credits as u32;
+                self.send(&from, &Message::Credit { n });
+            }
+            return Ok(());
+        }
+        let Some(role) = self.peers.get(&from).map(|p| p.role) else {
+            self.report.unexpected += 1;
+            self.send(
+                &from,
+                &Message::Refused {
+                    reason: "unknown peer: say hello first".into(),
+                },
+            );
+            return Ok(());
+        };
+        match (role, message) {
+            (Role::Actor, Message::Unroll(data)) => {
+                self.report.unrolls_received += 1;
+                let task = data.task as usize;
+                let checked = match self.trainer.tasks().get(task) {
+                    Some(t) => unroll_from_data(&data, t.tables.len(), t.devices),
+                    None => Err(format!("unknown task {task}")),
+                };
+                match checked {
+                    Ok(unroll) => self.queue.push_back(Queued {
+                        from,
+                        acted: header.policy_version,
+                        task,
+                        unroll,
+                    }),
+                    Err(e) => {
+                        self.report.bad_unrolls += 1;
+                        tracing::warn!("malformed unroll dropped: {e}");
+                        self.send(&from, &Message::Credit { n: 1 });
+                    }
+                }
+            }
+            (Role::Benchworker, Message::Measurement { job, measurement }) => {
+                if let Some(p) = self.peers.get_mut(&from) {
+                    p.job = None;
+                }
+                // A job re-queued after its benchworker went quiet may come
+                // back twice: the second result is not counted.
+                let Some(pick) = self.jobs.remove(&job) else {
+                    self.report.unexpected += 1;
+                    return Ok(());
+                };
+                let task = &self.trainer.tasks()[pick.task];
+                if let Err(e) = measurement.validate(task.devices) {
+                    tracing::warn!("job {job}: malformed measurement: {e}");
+                    self.job_failed(pick, e)?;
+                    return Ok(());
+                }
+                let sample = CostSample::new(task, &pick.plan, measurement.clone());
+                (hooks.measured)(&sample)?;
+                self.trainer.record(&pick, measurement);
+                self.job_failures = 0;
+            }
+            (Role::Benchworker, Message::JobFailed { job, error }) => {
+                if let Some(p) = self.peers.get_mut(&from) {
+                    p.job = None;
+                }
+                if let Some(pick) = self.jobs.remove(&job) {
+                    tracing::warn!("job {job} failed: {error}");
+                    self.job_failed(pick, error)?;
+                }
+            }
+            (_, Message::Heartbeat) => {}
+            (_, Message::Shutdown) => self.forget(&from),
+            _ => self.report.unexpected += 1,
+        }
+        Ok(())
+    }
+
+    fn job_failed(&mut self, pick: Pick, error: String) -> anyhow::Result<()> {
+        self.report.failed_jobs += 1;
+        self.job_failures += 1;
+        anyhow::ensure!(
+            self.job_failures < MAX_JOB_FAILURES,
+            "{MAX_JOB_FAILURES} measurement jobs failed in a row; the last: {error}"
+        );
+        self.requeue.push_back(pick);
+        Ok(())
+    }
+
+    /// Hands plans of the current round to idle benchworkers.
+    fn dispatch(&mut self) -> bool {
+        let t = &self.trainer.config().train;
+        let round_end = (self.trainer.counters.iteration + 1) * t.measure_per_iteration;
+        let mut sent = false;
+        loop {
+            let out = self.trainer.buffer.len() + self.jobs.len();
+            if out >= round_end {
+                return sent;
+            }
+            let Some(idle) = self
+                .peers
+                .iter()
+                .find(|(_, p)| p.role == Role::Benchworker && p.job.is_none())
+                .map(|(k, _)| k.clone())
+            else {
+                return sent;
+            };
+            let pick = match self.requeue.pop_front() {
+                Some(p) => p,
+                None => self.trainer.pick_plan(),
+            };
+            let job = self.next_job;
+            self.next_job += 1;
+            let message = Message::MeasureJob {
+                job,
+                task: pick.task as u32,
+                assignment: pick.plan.assignment.iter().map(|&d| d as u32).collect(),
+            };
+            self.jobs.insert(job, pick);
+            if let Some(p) = self.peers.get_mut(&idle) {
+                p.job = Some(job);
+            }
+            self.send(&idle, &message);
+            sent = true;
+        }
+    }
+
+    /// Does the next piece of learning the round allows; false when there
+    /// is nothing to do until a message arrives.
+    fn learn(&mut self, hooks: &mut Hooks) -> anyhow::Result<bool> {
+        let t = &self.trainer.config().train;
+        let (m, cs, ps) = (t.measure_per_iteration, t.cost_steps, t.policy_steps);
+        let round = self.trainer.counters.iteration;
+        let measured = self.trainer.buffer.len().min((round + 1) * m);
+        // Cost steps follow the measurements.
+        let cost_due = measured * cs / m;
+        if self.trainer.counters.cost_steps < cost_due {
+            for _ in 0..(cost_due - self.trainer.counters.cost_steps).min(10) {
+                self.trainer.cost_step();
+            }
+            return Ok(true);
+        }
+        if measured < (round + 1) * m {
+            return Ok(false);
+        }
+        // The round's cost network is ready: publish it once.
+        let round_version = match self.round_version {
+            Some(v) => v,
+            None => {
+                self.trainer.counters.policy_version += 1;
+                self.broadcast();
+                let v = self.trainer.counters.policy_version;
+                // Acted on the previous cost network: dropped.
+                while let Some(q) = self.queue.pop_front() {
+                    self.trainer.counters.dropped_unrolls += 1;
+                    self.send(&q.from, &Message::Credit { n: 1 });
+                }
+                self.round_version = Some(v);
+                v
+            }
+        };
+        if self.trainer.counters.policy_updates < (round + 1) * ps {
+            let Some(q) = self.queue.pop_front() else {
+                return Ok(false);
+            };
+            self.send(&q.from, &Message::Credit { n: 1 });
+            let lag = self.trainer.counters.policy_version.saturating_sub(q.acted);
+            if q.acted < round_version || lag > t.max_policy_lag as u64 {
+                self.trainer.counters.dropped_unrolls += 1;
+                return Ok(true);
+            }
+            let line = self.trainer.policy_update(q.task, &q.unroll, lag);
+            self.report.lags.push(lag);
+            (hooks.metrics)(&line)?;
+            self.broadcast();
+            return Ok(true);
+        }
+        // The round is complete.
+        self.trainer.finish_round();
+        self.round_version = None;
+        (hooks.round_done)(self.trainer)?;
+        self.trainer.seed_round();
+        Ok(true)
+    }
+
+    /// Runs until every configured round is done or `stop` is set.
+    pub fn run(&mut self, hooks: &mut Hooks, stop: &AtomicBool) -> anyhow::Result<()> {
+        self.trainer.seed_round();
+        // Actors take version 0 for "no weights yet".
+        self.trainer.counters.policy_version += 1;
+        let mut last_progress = Instant::now();
+        let mut progress_mark = self.progress_mark();
+        while !self.trainer.done() && !stop.load(Ordering::Relaxed) {
+            let mut busy = self.dispatch();
+            busy |= self.learn(hooks)?;
+            let mut timeout = if busy { 0 } else { 20 };
+            while let Some(incoming) = self.hub.recv(timeout)? {
+                self.handle(incoming, hooks)?;
+                timeout = 0;
+            }
+            let mark = self.progress_mark();
+            if mark != progress_mark {
+                progress_mark = mark;
+                last_progress = Instant::now();
+            } else if last_progress.elapsed() > STALL_TIMEOUT {
+                let count = |r: Role| self.peers.values().filter(|p| p.role == r).count();
+                anyhow::bail!(
+                    "no progress for {:?}: {} actors and {} benchworkers connected, {} jobs out",
+                    STALL_TIMEOUT,
+                    count(Role::Actor),
+                    count(Role::Benchworker),
+                    self.jobs.len()
+                );
+            }
+        }
+        self.report.drops = self.hub.drops.clone();
+        Ok(())
+    }
+
+    fn progress_mark(&self) -> (usize, usize, usize, u64) {
+        let c = &self.trainer.counters;
+        (
+            self.trainer.buffer.len(),
+            c.cost_steps,
+            c.policy_updates,
+            self.report.unrolls_received,
+        )
+    }
+
+    /// Tells every peer to stop.
+    pub fn shutdown(&mut self) {
+        let all: Vec<Vec<u8>> = self.peers.keys().cloned().collect();
+        for p in all {
+            self.send(&p, &Message::Shutdown);
+        }
+    }
+}
+
+/// Where the in-process cluster's threads come from.
+#[derive(Debug, Clone)]
+pub struct InProcess {
+    pub actors: usize,
+    pub benchworkers: usize,
+    pub backend: benchworker::Backend,
+}
+
+/// What the in-process threads did.
+#[derive(Debug, Default, Clone)]
+pub struct ThreadsReport {
+    pub actors: Vec<actor::worker::ActorReport>,
+    pub benchworkers: Vec<benchworker::serve::ServeReport>,
+}
+
+/// Trains with actor and benchworker threads on `inproc://`.
+pub fn train_in_process(
+    trainer: &mut Trainer,
+    threads: &InProcess,
+    hooks: &mut Hooks,
+) -> anyhow::Result<(RuntimeReport, ThreadsReport)> {
+    let ctx = zmq::Context::new();
+    let endpoint = format!(
+        "inproc://learner-{}-{:x}",
+        std::process::id(),
+        rand::random::<u64>()
+    );
+    let token = format!("{:032x}", rand::random::<u128>());
+    let hub = Hub::bind(&ctx, &endpoint)?;
+    let stop = AtomicBool::new(false);
+    let seed = trainer.config().train.seed;
+    std::thread::scope(|s| {
+        let actors: Vec<_> = (0..threads.actors)
+            .map(|i| {
+                let opts = actor::worker::ActorOptions {
+                    endpoint: endpoint.clone(),
+                    token: token.clone(),
+                    seed: seed.wrapping_add(1 + i as u64),
+                    welcome_timeout: Duration::from_secs(30),
+                };
+                let (ctx, stop) = (&ctx, &stop);
+                s.spawn(move || actor::worker::run(ctx, &opts, stop))
+            })
+            .collect();
+        let benches: Vec<_> = (0..threads.benchworkers)
+            .map(|_| {
+                let opts = benchworker::serve::ServeOptions {
+                    endpoint: endpoint.clone(),
+                    token: token.clone(),
+                    backend: threads.backend,
+                    welcome_timeout: Duration::from_secs(30),
+                    heartbeat: Duration::from_secs(1),
+                };
+                let (ctx, stop) = (&ctx, &stop);
+                s.spawn(move || benchworker::serve::serve(ctx, &opts, stop))
+            })
+            .collect();
+        let mut learner = Learner::new(trainer, hub, token.clone())?;
+        let result = learner.run(hooks, &stop);
+        learner.shutdown();
+        stop.store(true, Ordering::Relaxed);
+        let mut report = ThreadsReport::default();
+        for a in actors {
+            match a.join() {
+                Ok(Ok(r)) => report.actors.push(r),
+                Ok(Err(e)) => tracing::warn!("an actor stopped with an error: {e:#}"),
+                Err(_) => tracing::warn!("an actor panicked"),
+            }
+        }
+        for b in benches {
+            match b.join() {
+                Ok(Ok(r)) => report.benchworkers.push(r),
+                Ok(Err(e)) => tracing::warn!("a benchworker stopped with an error: {e:#}"),
+                Err(_) => tracing::warn!("a benchworker panicked"),
+            }
+        }
+        result.map(|()| (learner.report.clone(), report))
+    })
+}

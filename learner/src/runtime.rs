@@ -521,3 +521,94 @@ pub fn train_in_process(
         result.map(|()| (learner.report.clone(), report))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::link::Link;
+    use common::protocol::UnrollData;
+    use common::Suite;
+
+    /// Strangers (a wrong token), garbage and messages from peers that
+    /// never said hello are refused and counted; training goes on.
+    #[test]
+    fn strangers_and_garbage_are_refused_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = crate::train::tests::small_config(dir.path());
+        cfg.train.iterations = 2;
+        cfg.train.policy_steps = 5;
+        crate::data::generate(&cfg, dir.path()).unwrap();
+        let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
+        let mut trainer = Trainer::new(&cfg, &suite.tasks);
+        let ctx = zmq::Context::new();
+        let endpoint = "inproc://strangers";
+        let hub = Hub::bind(&ctx, endpoint).unwrap();
+        let stop = AtomicBool::new(false);
+        let (report, stranger) = std::thread::scope(|s| {
+            let actor = s.spawn(|| {
+                let opts = actor::worker::ActorOptions {
+                    endpoint: endpoint.into(),
+                    token: "right".into(),
+                    seed: 1,
+                    welcome_timeout: Duration::from_secs(30),
+                };
+                actor::worker::run(&ctx, &opts, &stop)
+            });
+            let bench = s.spawn(|| {
+                let opts = benchworker::serve::ServeOptions {
+                    endpoint: endpoint.into(),
+                    token: "right".into(),
+                    backend: benchworker::Backend::Sim,
+                    welcome_timeout: Duration::from_secs(30),
+                    heartbeat: Duration::from_millis(200),
+                };
+                benchworker::serve::serve(&ctx, &opts, &stop)
+            });
+            let stranger = s.spawn(|| {
+                let opts = actor::worker::ActorOptions {
+                    endpoint: endpoint.into(),
+                    token: "wrong".into(),
+                    seed: 2,
+                    welcome_timeout: Duration::from_secs(30),
+                };
+                actor::worker::run(&ctx, &opts, &stop)
+            });
+            // Garbage, then a well-formed unroll from a peer that never said hello.
+            let mut raw = Link::connect(&ctx, endpoint).unwrap();
+            let junk = ctx.socket(zmq::DEALER).unwrap();
+            junk.connect(endpoint).unwrap();
+            junk.send(&b"EMBS\x01\x00\x05garbage"[..], 0).unwrap();
+            junk.send(&b"hello?"[..], 0).unwrap();
+            let unroll = UnrollData {
+                task: 0,
+                episodes: 1,
+                order: vec![],
+                actions: vec![],
+                behaviour_logp: vec![],
+                masks: vec![],
+                cost_features: vec![],
+                predicted_cost_ms: vec![1.0],
+                reward_scale: 1.0,
+                infeasible: vec![false],
+            };
+            raw.send(1, &Message::Unroll(unroll)).unwrap();
+            let mut learner = Learner::new(&mut trainer, hub, "right".into()).unwrap();
+            learner.run(&mut Hooks::none(), &stop).unwrap();
+            learner.shutdown();
+            stop.store(true, Ordering::Relaxed);
+            assert!(actor.join().unwrap().unwrap().unrolls > 0);
+            assert_eq!(bench.join().unwrap().unwrap().measured, 20);
+            // The peer without a hello was told so.
+            let told = raw.recv(1000).unwrap().map(|(_, m)| m);
+            assert!(matches!(told, Some(Message::Refused { .. })), "{told:?}");
+            (learner.report.clone(), stranger.join().unwrap())
+        });
+        let err = stranger.unwrap_err().to_string();
+        assert!(err.contains("wrong cluster token"), "{err}");
+        assert_eq!(report.refused_peers, 1);
+        assert_eq!(report.drops.total(), 2, "{:?}", report.drops);
+        assert_eq!(report.unexpected, 1);
+        assert_eq!(trainer.counters.iteration, 2, "training went on");
+        assert_eq!(trainer.counters.policy_updates, 10);
+    }
+}

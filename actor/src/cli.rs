@@ -16,6 +16,31 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Roll out episodes for a training learner.
+    ///
+    /// Connects to the learner, says hello with the cluster token (from
+    /// --token-file or EMBSHARD_TOKEN), takes the configuration, training
+    /// tasks and newest weights from it, and sends one unroll per credit
+    /// until the learner says stop or Ctrl-C. When the learner goes silent
+    /// (a crash, a restart), it says hello again until one answers. Start
+    /// as many as you like, at any time.
+    ///
+    /// Example:
+    ///   actor run --learner tcp://127.0.0.1:5555 --token-file runs/x/token
+    Run {
+        /// The learner's endpoint (see its DIR/endpoint).
+        #[arg(long)]
+        learner: String,
+        /// File holding the cluster token (or set EMBSHARD_TOKEN).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Seeds the task choice (default: random).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Give up when no learner answers for this many seconds.
+        #[arg(long, default_value_t = 600.0)]
+        wait_s: f64,
+    },
     /// Print the resolved configuration (defaults filled in, validated) as TOML.
     ///
     /// Example:
@@ -63,6 +88,39 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             rounds,
             config,
         } => bench(tables, devices, episodes, rounds, config, out),
+        Command::Run {
+            learner,
+            token_file,
+            seed,
+            wait_s,
+        } => {
+            anyhow::ensure!(
+                wait_s.is_finite() && wait_s > 0.0,
+                "--wait-s must be a positive number of seconds"
+            );
+            let token = common::link::read_token(token_file.as_deref())?.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "no cluster token: give --token-file or set {}",
+                    common::link::TOKEN_ENV
+                )
+            })?;
+            // One libtorch thread per actor: start more actors for more cores.
+            tch::set_num_threads(1);
+            let stop = common::link::stop_on_signal();
+            let opts = crate::worker::ActorOptions {
+                endpoint: learner,
+                token,
+                seed: seed.unwrap_or_else(rand::random),
+                wait: std::time::Duration::from_secs_f64(wait_s),
+            };
+            let r = crate::worker::run(&zmq::Context::new(), &opts, &stop)?;
+            writeln!(
+                out,
+                "sent {} unrolls ({} env steps), rejoined {} times",
+                r.unrolls, r.env_steps, r.rejoined
+            )?;
+            Ok(())
+        }
     }
 }
 

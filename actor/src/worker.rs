@@ -5,11 +5,10 @@
 //! the `actor` process (`tcp://`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
-use common::config::Config;
-use common::link::Link;
+use common::link::{Link, Welcome};
 use common::protocol::{Message, Role};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -24,10 +23,10 @@ use crate::wire::{import, unroll_to_data};
 pub struct ActorOptions {
     pub endpoint: String,
     pub token: String,
-    /// Seeds the task choice and the action sampling.
+    /// Seeds the task choice.
     pub seed: u64,
-    /// How long to wait for the learner's welcome.
-    pub welcome_timeout: Duration,
+    /// How long to keep saying hello before giving up.
+    pub wait: Duration,
 }
 
 /// What an actor did, when it stops.
@@ -37,6 +36,8 @@ pub struct ActorReport {
     pub env_steps: u64,
     pub weights_received: u64,
     pub bad_weights: u64,
+    /// Welcomes after the first: the learner restarted or lost this actor.
+    pub rejoined: u64,
 }
 
 /// The actor's networks, loaded with whatever weights arrive.
@@ -47,54 +48,59 @@ struct Nets {
     cost: CostNet,
 }
 
-/// Runs until the learner says `Shutdown` or `stop` is set.
+/// Runs until the learner says `Shutdown` or `stop` is set. A learner
+/// that falls silent (a crash, a restart) is greeted again until it
+/// answers.
 pub fn run(
     ctx: &zmq::Context,
     opts: &ActorOptions,
     stop: &AtomicBool,
 ) -> anyhow::Result<ActorReport> {
     let mut link = Link::connect(ctx, &opts.endpoint)?;
-    link.send(
-        0,
-        &Message::Hello {
-            role: Role::Actor,
-            token: opts.token.clone(),
-        },
-    )?;
-    let deadline = Instant::now() + opts.welcome_timeout;
-    let (cfg, tasks) = loop {
-        if stop.load(Ordering::Relaxed) {
-            return Ok(ActorReport::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
+    let mut report = ActorReport::default();
+    let mut welcomed = false;
+    loop {
+        let Some(welcome) = link
+            .register(Role::Actor, &opts.token, opts.wait, stop)
+            .with_context(|| format!("actor of the learner at {}", opts.endpoint))?
+        else {
+            return Ok(report);
+        };
+        if welcomed {
+            report.rejoined += 1;
         }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "no welcome from the learner at {} within {:?}",
-            opts.endpoint,
-            opts.welcome_timeout
-        );
-        match link.recv(100)? {
-            Some((
-                _,
-                Message::Welcome {
-                    peer,
-                    config_toml,
-                    tasks,
-                },
-            )) => {
-                link.set_sender(peer);
-                let cfg = Config::from_toml(&config_toml, std::path::Path::new("<welcome>"))
-                    .context("the learner's configuration")?;
-                break (cfg, tasks);
-            }
-            Some((_, Message::Refused { reason })) => {
-                anyhow::bail!("the learner refused this actor: {reason}")
-            }
-            Some((_, Message::Shutdown)) => return Ok(ActorReport::default()),
-            _ => {}
+        welcomed = true;
+        tracing::info!("actor {} joined the learner", welcome.peer);
+        if session(&mut link, &welcome, &mut rng, &mut report, stop)? == End::Stop {
+            return Ok(report);
         }
-    };
-    anyhow::ensure!(!tasks.is_empty(), "the learner sent no training tasks");
-    let mdps: Vec<MdpTask> = tasks
+        tracing::warn!("the learner is silent; saying hello again");
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    Stop,
+    LostLearner,
+}
+
+/// One stay with a learner, from its welcome until it stops us or goes
+/// silent.
+fn session(
+    link: &mut Link,
+    welcome: &Welcome,
+    rng: &mut ChaCha8Rng,
+    report: &mut ActorReport,
+    stop: &AtomicBool,
+) -> anyhow::Result<End> {
+    let cfg = &welcome.config;
+    anyhow::ensure!(
+        !welcome.tasks.is_empty(),
+        "the learner sent no training tasks"
+    );
+    let mdps: Vec<MdpTask> = welcome
+        .tasks
         .iter()
         .map(|t| MdpTask::new(&t.tables, t.devices, t.cap_bytes(), &cfg.memory))
         .collect();
@@ -106,18 +112,22 @@ pub fn run(
         policy_vs,
         cost_vs,
     };
-    let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
-    let mut report = ActorReport::default();
+    let heartbeat = Duration::from_secs_f64(cfg.cluster.heartbeat_s);
+    let timeout = Duration::from_secs_f64(cfg.cluster.peer_timeout_s);
     let (mut version, mut credits) = (0u64, 0u64);
     loop {
         if stop.load(Ordering::Relaxed) {
-            return Ok(report);
+            return Ok(End::Stop);
         }
+        if link.silence() > timeout {
+            return Ok(End::LostLearner);
+        }
+        link.heartbeat(heartbeat)?;
         // Wait only when there is nothing to roll out.
         let ready = credits > 0 && version > 0;
-        let mut timeout = if ready { 0 } else { 100 };
-        while let Some((header, message)) = link.recv(timeout)? {
-            timeout = 0;
+        let mut wait = if ready { 0 } else { 100 };
+        while let Some((header, message)) = link.recv(wait)? {
+            wait = 0;
             match message {
                 Message::Weights(w) => {
                     report.weights_received += 1;
@@ -135,9 +145,15 @@ pub fn run(
                     }
                 }
                 Message::Credit { n } => credits += n as u64,
-                Message::Shutdown => return Ok(report),
-                Message::Refused { reason } => {
-                    anyhow::bail!("the learner dropped this actor: {reason}")
+                // A second welcome answers a repeated hello: credits start over.
+                Message::Welcome { peer, .. } => {
+                    link.set_sender(peer);
+                    credits = 0;
+                }
+                Message::Shutdown => return Ok(End::Stop),
+                Message::Refused { reason, retry } => {
+                    anyhow::ensure!(retry, "the learner dropped this actor: {reason}");
+                    return Ok(End::LostLearner);
                 }
                 _ => {}
             }
@@ -153,9 +169,10 @@ pub fn run(
             cfg.train.episodes,
             Mode::Sample,
         );
-        link.send(version, &Message::Unroll(unroll_to_data(k as u32, &u)))?;
-        credits -= 1;
-        report.unrolls += 1;
-        report.env_steps += (cfg.train.episodes * mdps[k].tables()) as u64;
+        if link.send(version, &Message::Unroll(unroll_to_data(k as u32, &u)))? {
+            credits -= 1;
+            report.unrolls += 1;
+            report.env_steps += (cfg.train.episodes * mdps[k].tables()) as u64;
+        }
     }
 }

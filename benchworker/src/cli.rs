@@ -39,6 +39,32 @@ pub enum Command {
     /// Example:
     ///   benchworker bench --backend sim --tables 200 --devices 8 --plans 20000
     Bench(BenchArgs),
+    /// Serve a training learner: measure the plans it sends, one at a time.
+    ///
+    /// Connects to the learner, says hello with the cluster token (from
+    /// --token-file or EMBSHARD_TOKEN), takes the configuration and the
+    /// training tasks from its welcome, and measures jobs until the learner
+    /// says stop or Ctrl-C. When the learner goes silent (a crash, a
+    /// restart), it says hello again until one answers.
+    ///
+    /// Example:
+    ///   benchworker serve --learner tcp://127.0.0.1:5555 --backend sim --token-file runs/x/token
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// The learner's endpoint (see its DIR/endpoint).
+    #[arg(long)]
+    pub learner: String,
+    #[arg(long, value_enum, default_value = "sim")]
+    pub backend: Backend,
+    /// File holding the cluster token (or set EMBSHARD_TOKEN).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Give up when no learner answers for this many seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub wait_s: f64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -84,7 +110,35 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     match cli.command {
         Command::Measure(args) => measure(args, out),
         Command::Bench(args) => bench(args, out),
+        Command::Serve(args) => serve(args, out),
     }
+}
+
+fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.wait_s.is_finite() && args.wait_s > 0.0,
+        "--wait-s must be a positive number of seconds"
+    );
+    let token = common::link::read_token(args.token_file.as_deref())?.with_context(|| {
+        format!(
+            "no cluster token: give --token-file or set {}",
+            common::link::TOKEN_ENV
+        )
+    })?;
+    let stop = common::link::stop_on_signal();
+    let opts = crate::serve::ServeOptions {
+        endpoint: args.learner,
+        token,
+        backend: args.backend,
+        wait: std::time::Duration::from_secs_f64(args.wait_s),
+    };
+    let r = crate::serve::serve(&zmq::Context::new(), &opts, &stop)?;
+    writeln!(
+        out,
+        "measured {} plans ({} acknowledged durable, {} failed, rejoined {} times)",
+        r.measured, r.acked, r.failed, r.rejoined
+    )?;
+    Ok(())
 }
 
 fn bench(args: BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {

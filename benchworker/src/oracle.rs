@@ -26,7 +26,7 @@ pub enum OracleError {
 
 /// Something that measures a plan's cost: per device forward, backward and
 /// their all-to-all exchanges, and the overall iteration cost.
-pub trait Oracle {
+pub trait Oracle: Send {
     /// The backend's name, as written on the command line.
     fn name(&self) -> &'static str;
 

@@ -5,15 +5,14 @@
 //! (`inproc://`) and as `benchworker serve` (`tcp://`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
-use common::config::Config;
-use common::link::Link;
+use common::link::{Link, Welcome};
 use common::protocol::{Message, Role};
 use common::{Plan, Task};
 
-use crate::oracle::{build, Backend};
+use crate::oracle::{build, Backend, Oracle};
 
 /// How to reach the learner and what to measure with.
 #[derive(Debug, Clone)]
@@ -21,8 +20,8 @@ pub struct ServeOptions {
     pub endpoint: String,
     pub token: String,
     pub backend: Backend,
-    pub welcome_timeout: Duration,
-    pub heartbeat: Duration,
+    /// How long to keep saying hello before giving up.
+    pub wait: Duration,
 }
 
 /// What a benchworker did, when it stops.
@@ -30,6 +29,10 @@ pub struct ServeOptions {
 pub struct ServeReport {
     pub measured: u64,
     pub failed: u64,
+    /// Measurements the learner confirmed durable.
+    pub acked: u64,
+    /// Welcomes after the first: the learner restarted or lost us.
+    pub rejoined: u64,
 }
 
 /// Checks a job against the welcome's tasks and builds its plan.
@@ -48,63 +51,66 @@ fn job_plan<'t>(
     Ok((t, plan))
 }
 
-/// Runs until the learner says `Shutdown` or `stop` is set.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    Stop,
+    LostLearner,
+}
+
+/// Runs until the learner says `Shutdown` or `stop` is set. A learner
+/// that falls silent (a crash, a restart) is greeted again until it
+/// answers.
 pub fn serve(
     ctx: &zmq::Context,
     opts: &ServeOptions,
     stop: &AtomicBool,
 ) -> anyhow::Result<ServeReport> {
     let mut link = Link::connect(ctx, &opts.endpoint)?;
-    link.send(
-        0,
-        &Message::Hello {
-            role: Role::Benchworker,
-            token: opts.token.clone(),
-        },
-    )?;
-    let deadline = Instant::now() + opts.welcome_timeout;
-    let (cfg, tasks) = loop {
-        if stop.load(Ordering::Relaxed) {
-            return Ok(ServeReport::default());
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "no welcome from the learner at {} within {:?}",
-            opts.endpoint,
-            opts.welcome_timeout
-        );
-        match link.recv(100)? {
-            Some((
-                _,
-                Message::Welcome {
-                    peer,
-                    config_toml,
-                    tasks,
-                },
-            )) => {
-                link.set_sender(peer);
-                let cfg = Config::from_toml(&config_toml, std::path::Path::new("<welcome>"))
-                    .context("the learner's configuration")?;
-                break (cfg, tasks);
-            }
-            Some((_, Message::Refused { reason })) => {
-                anyhow::bail!("the learner refused this benchworker: {reason}")
-            }
-            Some((_, Message::Shutdown)) => return Ok(ServeReport::default()),
-            _ => {}
-        }
-    };
-    let mut oracle = build(opts.backend, &cfg)?;
     let mut report = ServeReport::default();
-    let mut last_sent = Instant::now();
+    let mut welcomed = false;
     loop {
-        if stop.load(Ordering::Relaxed) {
+        let Some(welcome) = link
+            .register(Role::Benchworker, &opts.token, opts.wait, stop)
+            .with_context(|| format!("benchworker of the learner at {}", opts.endpoint))?
+        else {
+            return Ok(report);
+        };
+        if welcomed {
+            report.rejoined += 1;
+        }
+        welcomed = true;
+        tracing::info!("benchworker {} joined the learner", welcome.peer);
+        let mut oracle = build(opts.backend, &welcome.config)?;
+        if session(&mut link, &welcome, oracle.as_mut(), &mut report, stop)? == End::Stop {
             return Ok(report);
         }
-        if last_sent.elapsed() >= opts.heartbeat {
-            link.send(0, &Message::Heartbeat)?;
-            last_sent = Instant::now();
+        tracing::warn!("the learner is silent; saying hello again");
+    }
+}
+
+/// One stay with a learner: measure its jobs one at a time, in a thread
+/// of their own so that heartbeats go on during a long measurement.
+fn session(
+    link: &mut Link,
+    welcome: &Welcome,
+    oracle: &mut dyn Oracle,
+    report: &mut ServeReport,
+    stop: &AtomicBool,
+) -> anyhow::Result<End> {
+    let heartbeat = Duration::from_secs_f64(welcome.config.cluster.heartbeat_s);
+    let timeout = Duration::from_secs_f64(welcome.config.cluster.peer_timeout_s);
+    let mut stopping = None;
+    loop {
+        if let Some(end) = stopping {
+            return Ok(end);
         }
+        if stop.load(Ordering::Relaxed) {
+            return Ok(End::Stop);
+        }
+        if link.silence() > timeout {
+            return Ok(End::LostLearner);
+        }
+        link.heartbeat(heartbeat)?;
         let Some((header, message)) = link.recv(100)? else {
             continue;
         };
@@ -114,11 +120,27 @@ pub fn serve(
                 task,
                 assignment,
             } => {
-                let result = job_plan(&tasks, task, &assignment).and_then(|(t, plan)| {
-                    oracle
-                        .measure(&t.tables, &plan)
-                        .map_err(|e| format!("{}: {e}", t.name))
-                });
+                let result = match job_plan(&welcome.tasks, task, &assignment) {
+                    Err(e) => Err(e),
+                    Ok((t, plan)) => std::thread::scope(|s| {
+                        let work = s.spawn(|| {
+                            oracle
+                                .measure(&t.tables, &plan)
+                                .map_err(|e| format!("{}: {e}", t.name))
+                        });
+                        // Heartbeats while measuring; a shutdown waits for the job.
+                        while !work.is_finished() {
+                            link.heartbeat(heartbeat)?;
+                            match link.recv(50)? {
+                                Some((_, Message::Shutdown)) => stopping = Some(End::Stop),
+                                Some((_, Message::Ack { .. })) => report.acked += 1,
+                                _ => {}
+                            }
+                        }
+                        work.join()
+                            .map_err(|_| anyhow::anyhow!("the oracle panicked measuring job {job}"))
+                    })?,
+                };
                 let reply = match result {
                     Ok(measurement) => {
                         report.measured += 1;
@@ -131,11 +153,12 @@ pub fn serve(
                     }
                 };
                 link.send(header.policy_version, &reply)?;
-                last_sent = Instant::now();
             }
-            Message::Shutdown => return Ok(report),
-            Message::Refused { reason } => {
-                anyhow::bail!("the learner dropped this benchworker: {reason}")
+            Message::Ack { .. } => report.acked += 1,
+            Message::Shutdown => return Ok(End::Stop),
+            Message::Refused { reason, retry } => {
+                anyhow::ensure!(retry, "the learner dropped this benchworker: {reason}");
+                return Ok(End::LostLearner);
             }
             _ => {}
         }

@@ -291,6 +291,59 @@ pub enum RewardScale {
     MinRatio,
 }
 
+/// How the learner, actors and benchworkers work together (DESIGN §3, §9).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Actor threads the learner starts beside itself; with 0 actor
+    /// threads, 0 benchworker threads and no remote peers (`--bind`), it
+    /// runs Algorithm 1 in its own thread alone (slower, reproducible).
+    pub actors: usize,
+    /// Benchworker threads the learner starts beside itself.
+    pub benchworkers: usize,
+    /// Unrolls an actor may have in flight (credits).
+    pub actor_credits: usize,
+    /// Unrolls acted with weights more than this many versions old are
+    /// dropped and counted.
+    pub max_policy_lag: usize,
+    /// Seconds between heartbeats, both ways.
+    pub heartbeat_s: f64,
+    /// A peer silent this long is gone: its job goes to another one. A peer
+    /// that hears nothing from the learner this long says hello again.
+    pub peer_timeout_s: f64,
+    /// A measurement not back after this long goes to another benchworker.
+    pub job_timeout_s: f64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            actors: 2,
+            benchworkers: 1,
+            actor_credits: 2,
+            max_policy_lag: 8,
+            heartbeat_s: 1.0,
+            peer_timeout_s: 10.0,
+            job_timeout_s: 600.0,
+        }
+    }
+}
+
+impl ClusterConfig {
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        positive("cluster.actor_credits", self.actor_credits as f64)?;
+        positive("cluster.heartbeat_s", self.heartbeat_s)?;
+        positive("cluster.job_timeout_s", self.job_timeout_s)?;
+        if self.peer_timeout_s < 2.0 * self.heartbeat_s {
+            return Err(format!(
+                "cluster.peer_timeout_s ({}) must be at least twice cluster.heartbeat_s ({})",
+                self.peer_timeout_s, self.heartbeat_s
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Training (DreamShard's Algorithm 1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -323,16 +376,6 @@ pub struct TrainConfig {
     pub checkpoint_every: usize,
     /// Checkpoints kept (the newest).
     pub keep_checkpoints: usize,
-    /// Actor threads rolling out episodes beside the learner; 0 runs
-    /// Algorithm 1 in the learner's thread alone (slower, reproducible).
-    pub actors: usize,
-    /// Benchworker threads measuring plans (with `actors` > 0).
-    pub benchworkers: usize,
-    /// Unrolls an actor may have in flight (credits, DESIGN §9).
-    pub actor_credits: usize,
-    /// Unrolls acted with weights more than this many versions old are
-    /// dropped and counted.
-    pub max_policy_lag: usize,
 }
 
 impl Default for TrainConfig {
@@ -358,10 +401,6 @@ impl Default for TrainConfig {
             seed: 0,
             checkpoint_every: 1,
             keep_checkpoints: 3,
-            actors: 2,
-            benchworkers: 1,
-            actor_credits: 2,
-            max_policy_lag: 8,
         }
     }
 }
@@ -375,10 +414,6 @@ impl TrainConfig {
         )?;
         positive("train.cost_batch", self.cost_batch as f64)?;
         positive("train.episodes", self.episodes as f64)?;
-        positive("train.actor_credits", self.actor_credits as f64)?;
-        if self.actors > 0 {
-            positive("train.benchworkers", self.benchworkers as f64)?;
-        }
         positive("train.cost_lr", self.cost_lr)?;
         positive("train.policy_lr", self.policy_lr)?;
         non_negative("train.entropy_cost", self.entropy_cost)?;
@@ -396,6 +431,7 @@ impl TrainConfig {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    pub cluster: ClusterConfig,
     pub memory: MemoryModel,
     pub sim: SimConfig,
     pub cpu: CpuConfig,
@@ -433,6 +469,7 @@ impl Config {
     }
 
     pub fn validate(&self) -> std::result::Result<(), String> {
+        self.cluster.validate()?;
         self.sim.validate()?;
         self.cpu.validate()?;
         self.generate.validate()?;

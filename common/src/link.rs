@@ -7,9 +7,14 @@
 //! Frames that do not decode are counted by reason in `drops` and skipped;
 //! receiving never fails on bad input, only on a broken socket.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
 use anyhow::Context as _;
 
-use crate::protocol::{decode, encode, DropCounts, Header, Message, MAX_FRAME_BYTES};
+use crate::config::Config;
+use crate::protocol::{decode, encode, DropCounts, Header, Message, Role, MAX_FRAME_BYTES};
+use crate::Task;
 
 fn configure(socket: &zmq::Socket) -> anyhow::Result<()> {
     socket.set_linger(0)?;
@@ -42,8 +47,18 @@ impl Envelope {
 pub struct Link {
     socket: zmq::Socket,
     envelope: Envelope,
+    last_heard: Instant,
+    last_sent: Instant,
     /// Frames received and dropped, by reason.
     pub drops: DropCounts,
+}
+
+/// What a peer learns from the learner's welcome.
+#[derive(Debug, Clone)]
+pub struct Welcome {
+    pub peer: u64,
+    pub config: Config,
+    pub tasks: Vec<Task>,
 }
 
 impl Link {
@@ -51,6 +66,9 @@ impl Link {
     pub fn connect(ctx: &zmq::Context, endpoint: &str) -> anyhow::Result<Link> {
         let socket = ctx.socket(zmq::DEALER)?;
         configure(&socket)?;
+        // Queue nothing while the learner is away: what it would get on
+        // reconnecting is stale (a restarted learner says hello anew).
+        socket.set_immediate(true)?;
         socket
             .connect(endpoint)
             .with_context(|| format!("connecting to the learner at {endpoint}"))?;
@@ -61,6 +79,8 @@ impl Link {
                 incarnation: crate::protocol::new_incarnation(),
                 seq: 0,
             },
+            last_heard: Instant::now(),
+            last_sent: Instant::now(),
             drops: DropCounts::default(),
         })
     }
@@ -70,9 +90,87 @@ impl Link {
         self.envelope.sender = id;
     }
 
-    pub fn send(&mut self, policy_version: u64, message: &Message) -> anyhow::Result<()> {
+    /// How long since anything came from the learner.
+    pub fn silence(&self) -> Duration {
+        self.last_heard.elapsed()
+    }
+
+    /// Sends a heartbeat if nothing was sent for `every`.
+    pub fn heartbeat(&mut self, every: Duration) -> anyhow::Result<()> {
+        if self.last_sent.elapsed() >= every {
+            self.send(0, &Message::Heartbeat)?;
+        }
+        Ok(())
+    }
+
+    /// Says hello (again every two seconds) until the learner welcomes this
+    /// peer. `None`: `stop` was set or the learner said `Shutdown` first.
+    /// A refusal for good (a wrong token) or no welcome within `wait` is an
+    /// error.
+    pub fn register(
+        &mut self,
+        role: Role,
+        token: &str,
+        wait: Duration,
+        stop: &AtomicBool,
+    ) -> anyhow::Result<Option<Welcome>> {
+        let start = Instant::now();
+        let hello = Message::Hello {
+            role,
+            token: token.to_string(),
+        };
+        let mut said = None::<Instant>;
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            anyhow::ensure!(
+                start.elapsed() < wait,
+                "no welcome from the learner within {wait:?}"
+            );
+            if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(2)) {
+                self.send(0, &hello)?;
+                said = Some(Instant::now());
+            }
+            match self.recv(100)? {
+                Some((
+                    _,
+                    Message::Welcome {
+                        peer,
+                        config_toml,
+                        tasks,
+                    },
+                )) => {
+                    self.set_sender(peer);
+                    let config = Config::from_toml(&config_toml, std::path::Path::new("<welcome>"))
+                        .context("the learner's configuration")?;
+                    return Ok(Some(Welcome {
+                        peer,
+                        config,
+                        tasks,
+                    }));
+                }
+                Some((_, Message::Refused { reason, retry })) => {
+                    anyhow::ensure!(retry, "the learner refused this {role:?}: {reason}");
+                }
+                Some((_, Message::Shutdown)) => return Ok(None),
+                _ => {}
+            }
+        }
+    }
+
+    /// Sends to the learner; false when it is not connected (the message
+    /// is dropped).
+    pub fn send(&mut self, policy_version: u64, message: &Message) -> anyhow::Result<bool> {
         let frame = encode(&self.envelope.next(policy_version), message);
-        self.socket.send(frame, 0).context("sending to the learner")
+        match self.socket.send(frame, zmq::DONTWAIT) {
+            Ok(()) => {
+                self.last_sent = Instant::now();
+                Ok(true)
+            }
+            Err(zmq::Error::EAGAIN) => Ok(false),
+            Err(e) => Err(e).context("sending to the learner"),
+        }
     }
 
     /// The next message that decodes, waiting at most `timeout_ms` (0: do
@@ -84,7 +182,10 @@ impl Link {
             }
             let frame = self.socket.recv_bytes(0)?;
             match decode(&frame) {
-                Ok(m) => return Ok(Some(m)),
+                Ok(m) => {
+                    self.last_heard = Instant::now();
+                    return Ok(Some(m));
+                }
                 Err(e) => {
                     tracing::warn!("dropped a frame from the learner: {e}");
                     self.drops.add(e.label());
@@ -92,6 +193,53 @@ impl Link {
             }
         }
     }
+}
+
+/// A flag that Ctrl-C (SIGINT) or SIGTERM sets, for a clean stop. Only
+/// one handler may exist per process: later calls get a flag nothing sets.
+pub fn stop_on_signal() -> std::sync::Arc<AtomicBool> {
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    if let Err(e) = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed)) {
+        tracing::debug!("no signal handler: {e}");
+    }
+    stop
+}
+
+/// The environment variable that may hold the cluster token.
+pub const TOKEN_ENV: &str = "EMBSHARD_TOKEN";
+
+/// The cluster token from `file` (trimmed), else from `EMBSHARD_TOKEN`;
+/// `None` when neither is given. Tokens never travel on command lines,
+/// where every user of the host can read them.
+pub fn read_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
+    let token = match file {
+        Some(f) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading the cluster token from {}", f.display()))?,
+        None => match std::env::var(TOKEN_ENV) {
+            Ok(t) => t,
+            Err(_) => return Ok(None),
+        },
+    };
+    let token = token.trim().to_string();
+    anyhow::ensure!(!token.is_empty(), "the cluster token is empty");
+    Ok(Some(token))
+}
+
+/// Writes a token file readable by its owner only.
+pub fn write_token(path: &std::path::Path, token: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    writeln!(f, "{token}")?;
+    f.sync_all()?;
+    Ok(())
 }
 
 /// A received message and who sent it.
@@ -116,6 +264,8 @@ impl Hub {
     pub fn bind(ctx: &zmq::Context, endpoint: &str) -> anyhow::Result<Hub> {
         let socket = ctx.socket(zmq::ROUTER)?;
         configure(&socket)?;
+        // Closing still delivers what is queued (the final shutdown) for a while.
+        socket.set_linger(2000)?;
         // A reply to a peer that has gone is an error, not a silent drop.
         socket.set_router_mandatory(true)?;
         socket
@@ -132,8 +282,12 @@ impl Hub {
         })
     }
 
-    /// The endpoint actually bound (a `tcp://…:0` request gets its port).
-    pub fn endpoint(&self) -> anyhow::Result<String> {
+    /// Binds one more endpoint; returns it as bound (a `tcp://…:0`
+    /// request gets its port).
+    pub fn bind_also(&mut self, endpoint: &str) -> anyhow::Result<String> {
+        self.socket
+            .bind(endpoint)
+            .with_context(|| format!("binding the learner to {endpoint}"))?;
         self.socket
             .get_last_endpoint()?
             .map_err(|_| anyhow::anyhow!("the bound endpoint is not UTF-8"))

@@ -104,8 +104,9 @@ pub enum Message {
         config_toml: String,
         tasks: Vec<Task>,
     },
-    /// The learner refuses a peer (wrong token, unknown peer).
-    Refused { reason: String },
+    /// The learner refuses a peer: for good (`retry` false: a wrong token),
+    /// or until it says hello again (a learner restarted since its hello).
+    Refused { reason: String, retry: bool },
     /// Both networks at a new policy version.
     Weights(Weights),
     /// An actor's rollouts, sent under a credit.
@@ -122,6 +123,9 @@ pub enum Message {
     Measurement { job: u64, measurement: Measurement },
     /// A job that could not be measured, and why.
     JobFailed { job: u64, error: String },
+    /// The learner made the job's measurement durable (fsynced into the
+    /// cost log): it survives any crash from now on.
+    Ack { job: u64 },
     /// Still alive.
     Heartbeat,
     /// Stop now.
@@ -143,6 +147,7 @@ pub enum Kind {
     JobFailed = 9,
     Heartbeat = 10,
     Shutdown = 11,
+    Ack = 12,
 }
 
 impl Message {
@@ -159,6 +164,7 @@ impl Message {
             Message::JobFailed { .. } => Kind::JobFailed,
             Message::Heartbeat => Kind::Heartbeat,
             Message::Shutdown => Kind::Shutdown,
+            Message::Ack { .. } => Kind::Ack,
         }
     }
 }
@@ -297,6 +303,7 @@ mod tests {
             },
             Message::Refused {
                 reason: "wrong token".into(),
+                retry: false,
             },
             Message::Weights(Weights {
                 version: 9,
@@ -335,6 +342,7 @@ mod tests {
             },
             Message::Heartbeat,
             Message::Shutdown,
+            Message::Ack { job: 11 },
         ]
     }
 
@@ -343,7 +351,7 @@ mod tests {
         let all = every_kind();
         let mut kinds: Vec<Kind> = all.iter().map(Message::kind).collect();
         kinds.dedup();
-        assert_eq!(kinds.len(), 11, "one message of each kind");
+        assert_eq!(kinds.len(), 12, "one message of each kind");
         for m in all {
             let frame = encode(&header(), &m);
             assert_eq!(frame[6], m.kind() as u8);
@@ -422,7 +430,7 @@ mod tests {
         /// Valid frames with random bytes flipped never panic either, and
         /// an untouched prefix with a flipped body is still checked.
         #[test]
-        fn corrupted_frames_never_panic(which in 0usize..11, flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
+        fn corrupted_frames_never_panic(which in 0usize..12, flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
             let mut frame = encode(&header(), &every_kind()[which]);
             for (at, byte) in flips {
                 let n = frame.len();

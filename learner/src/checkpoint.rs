@@ -59,7 +59,8 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 /// but the newest `keep`.
 pub fn save(run: &Path, trainer: &Trainer, keep: usize) -> anyhow::Result<PathBuf> {
     let root = checkpoints(run);
-    let name = format!("step-{:06}", trainer.counters.iteration);
+    let counters = trainer.counters_now();
+    let name = format!("step-{:06}", counters.policy_updates);
     let tmp = root.join(format!("{name}.tmp"));
     let dest = root.join(&name);
     if tmp.exists() {
@@ -78,7 +79,7 @@ pub fn save(run: &Path, trainer: &Trainer, keep: usize) -> anyhow::Result<PathBu
     Tensor::save_multi(&state, tmp.join("optimizer.ot")).context("writing optimizer.ot")?;
     std::fs::write(
         tmp.join("counters.json"),
-        serde_json::to_vec_pretty(&trainer.counters)?,
+        serde_json::to_vec_pretty(&counters)?,
     )?;
     let mut manifest = BTreeMap::new();
     for f in FILES {

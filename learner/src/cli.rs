@@ -117,6 +117,23 @@ pub struct TrainArgs {
     /// its own config.toml and every measurement of its cost-buffer log.
     #[arg(long)]
     pub resume: bool,
+    /// Also accept actors and benchworkers at this ZeroMQ endpoint, e.g.
+    /// tcp://127.0.0.1:5555 (port 0: any free port). Bind a non-loopback
+    /// address only on a network you trust, with a cluster token. The
+    /// endpoint bound is written to DIR/endpoint.
+    #[arg(long)]
+    pub bind: Option<String>,
+    /// Actor threads beside the learner (default: the config's cluster.actors).
+    #[arg(long)]
+    pub actors: Option<usize>,
+    /// Benchworker threads beside the learner (default: cluster.benchworkers).
+    #[arg(long)]
+    pub benchworkers: Option<usize>,
+    /// File holding the cluster token that peers must present (or set
+    /// EMBSHARD_TOKEN). With --bind and neither, a random token is written
+    /// to DIR/token (readable by its owner only) for the peers to use.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -309,6 +326,19 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .open(&metrics_path)
         .with_context(|| format!("opening {}", metrics_path.display()))?;
     let t = &cfg.train;
+    let actors = args.actors.unwrap_or(cfg.cluster.actors);
+    let benchworkers = args.benchworkers.unwrap_or(cfg.cluster.benchworkers);
+    let alone = actors == 0 && benchworkers == 0 && args.bind.is_none();
+    anyhow::ensure!(
+        alone || args.bind.is_some() || (actors > 0 && benchworkers > 0),
+        "without --bind, training needs at least one actor and one benchworker thread \
+         (or neither, to run in one thread); got {actors} and {benchworkers}"
+    );
+    // The networks are small: one libtorch thread each for the learner and
+    // every actor beats threads that spin against each other for the cores.
+    tch::set_num_threads(1);
+    // Ctrl-C (or SIGTERM): finish the update in progress, checkpoint, exit.
+    let stop = common::link::stop_on_signal();
     let bar = train_progress((t.iterations * t.policy_steps) as u64);
     bar.set_position(trainer.counters.policy_updates as u64);
     let start = (std::time::Instant::now(), trainer.counters.env_steps);
@@ -339,19 +369,29 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             Ok(())
         }),
     };
-    let lags = if t.actors == 0 {
+    let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
+    let lags = if alone {
         let mut oracle = benchworker::build(args.backend, &cfg)?;
-        while !trainer.done() {
+        while !trainer.done() && !stopped() {
             trainer.iteration(oracle.as_mut(), &mut hooks)?;
         }
         None
     } else {
-        let threads = crate::runtime::InProcess {
-            actors: t.actors,
-            benchworkers: t.benchworkers,
+        let run = crate::runtime::ClusterRun {
+            bind: args.bind.iter().cloned().collect(),
+            token: cluster_token(args.token_file.as_deref(), args.bind.is_some(), dir)?,
+            actors,
+            benchworkers,
             backend: args.backend,
         };
-        let (report, _) = crate::runtime::train_in_process(&mut trainer, &threads, &mut hooks)?;
+        let (report, _) =
+            crate::runtime::train_cluster(&mut trainer, &run, &mut hooks, &stop, |bound| {
+                if let Some(e) = bound.first() {
+                    tracing::info!("learner listening at {e}");
+                    common::fs::write_atomic(&dir.join("endpoint"), format!("{e}\n").as_bytes())?;
+                }
+                Ok(())
+            })?;
         if report.bad_unrolls + report.drops.total() + report.refused_peers > 0 {
             tracing::warn!(
                 "{} malformed unrolls, {} undecodable frames, {} refused peers",
@@ -362,6 +402,13 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         Some((report.lag_quantile(0.5), report.lag_quantile(0.99)))
     };
+    if stopped() && !trainer.done() {
+        let at = checkpoint::save(dir, &trainer, t.keep_checkpoints)?;
+        tracing::info!(
+            "stopped; checkpoint {} written: --resume continues",
+            at.display()
+        );
+    }
     drop(hooks);
     bar.finish_and_clear();
     let secs = start.0.elapsed().as_secs_f64();
@@ -382,6 +429,26 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     writeln!(out, "; run in {}", dir.display())?;
     Ok(())
+}
+
+/// The cluster token: from `--token-file`, else `EMBSHARD_TOKEN`, else
+/// (for a learner that accepts remote peers) a new random one written to
+/// RUN/token for the peers, else a random one for the threads alone.
+fn cluster_token(
+    file: Option<&std::path::Path>,
+    remote: bool,
+    run: &std::path::Path,
+) -> anyhow::Result<String> {
+    if let Some(t) = common::link::read_token(file)? {
+        return Ok(t);
+    }
+    let token = format!("{:032x}", rand::random::<u128>());
+    if remote {
+        let path = run.join("token");
+        common::link::write_token(&path, &token)?;
+        tracing::info!("cluster token written to {}", path.display());
+    }
+    Ok(token)
 }
 
 /// The newest intact model of a run directory.

@@ -18,7 +18,7 @@
 //! proportions — is what checkpoints close. Actors send unrolls under
 //! credits (one back per unroll received), so no queue grows without bound.
 //!
-//! [`train_in_process`] runs actors and benchworkers as threads on
+//! [`train_cluster`] runs actors and benchworkers as threads on
 //! `inproc://`; the same loop serves remote peers on `tcp://`.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -45,6 +45,13 @@ struct Peer {
     id: u64,
     /// The job a benchworker is measuring.
     job: Option<u64>,
+    last_seen: Instant,
+}
+
+/// A measurement job out on a benchworker.
+struct Job {
+    pick: Pick,
+    sent: Instant,
 }
 
 /// An unroll waiting for the learner.
@@ -66,6 +73,10 @@ pub struct RuntimeReport {
     pub bad_unrolls: u64,
     pub refused_peers: u64,
     pub failed_jobs: u64,
+    /// Jobs handed to another benchworker (theirs went away or timed out).
+    pub requeued_jobs: u64,
+    /// Peers forgotten after `cluster.peer_timeout_s` of silence.
+    pub lost_peers: u64,
     /// Frames that did not decode, by reason.
     pub drops: DropCounts,
     /// Messages from peers that never said hello, or of a kind the
@@ -96,7 +107,7 @@ pub struct Learner<'t, 'a> {
     peers: HashMap<Vec<u8>, Peer>,
     next_peer: u64,
     /// Jobs out on benchworkers, by id.
-    jobs: BTreeMap<u64, Pick>,
+    jobs: BTreeMap<u64, Job>,
     /// Jobs to hand out again (their benchworker went away).
     requeue: VecDeque<Pick>,
     next_job: u64,
@@ -106,6 +117,7 @@ pub struct Learner<'t, 'a> {
     /// The version published when the current round's cost steps were done:
     /// older unrolls were acted on a superseded cost network.
     round_version: Option<u64>,
+    last_heartbeat: Instant,
     pub report: RuntimeReport,
 }
 
@@ -125,6 +137,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             job_failures: 0,
             queue: VecDeque::new(),
             round_version: None,
+            last_heartbeat: Instant::now(),
             report: RuntimeReport::default(),
         })
     }
@@ -149,8 +162,9 @@ impl<'t, 'a> Learner<'t, 'a> {
     fn forget(&mut self, who: &[u8]) {
         if let Some(peer) = self.peers.remove(who) {
             tracing::warn!("{:?} {} is gone", peer.role, peer.id);
-            if let Some(pick) = peer.job.and_then(|j| self.jobs.remove(&j)) {
-                self.requeue.push_back(pick);
+            if let Some(job) = peer.job.and_then(|j| self.jobs.remove(&j)) {
+                self.report.requeued_jobs += 1;
+                self.requeue.push_back(job.pick);
             }
         }
     }
@@ -183,6 +197,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                     &from,
                     &Message::Refused {
                         reason: "wrong cluster token".into(),
+                        retry: false,
                     },
                 );
                 return Ok(());
@@ -197,6 +212,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                     role,
                     id,
                     job: None,
+                    last_seen: Instant::now(),
                 },
             );
             let welcome = Message::Welcome {
@@ -208,21 +224,24 @@ impl<'t, 'a> Learner<'t, 'a> {
             if role == Role::Actor {
                 let weights = self.weights();
                 self.send(&from, &weights);
-                let n = self.trainer.config().train.actor_credits as u32;
+                let n = self.trainer.config().cluster.actor_credits as u32;
                 self.send(&from, &Message::Credit { n });
             }
             return Ok(());
         }
-        let Some(role) = self.peers.get(&from).map(|p| p.role) else {
+        let Some(peer) = self.peers.get_mut(&from) else {
             self.report.unexpected += 1;
             self.send(
                 &from,
                 &Message::Refused {
                     reason: "unknown peer: say hello first".into(),
+                    retry: true,
                 },
             );
             return Ok(());
         };
+        peer.last_seen = Instant::now();
+        let role = peer.role;
         match (role, message) {
             (Role::Actor, Message::Unroll(data)) => {
                 self.report.unrolls_received += 1;
@@ -251,7 +270,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 }
                 // A job re-queued after its benchworker went quiet may come
                 // back twice: the second result is not counted.
-                let Some(pick) = self.jobs.remove(&job) else {
+                let Some(Job { pick, .. }) = self.jobs.remove(&job) else {
                     self.report.unexpected += 1;
                     return Ok(());
                 };
@@ -265,14 +284,16 @@ impl<'t, 'a> Learner<'t, 'a> {
                 (hooks.measured)(&sample)?;
                 self.trainer.record(&pick, measurement);
                 self.job_failures = 0;
+                // Durable now: the benchworker may forget it.
+                self.send(&from, &Message::Ack { job });
             }
             (Role::Benchworker, Message::JobFailed { job, error }) => {
                 if let Some(p) = self.peers.get_mut(&from) {
                     p.job = None;
                 }
-                if let Some(pick) = self.jobs.remove(&job) {
+                if let Some(j) = self.jobs.remove(&job) {
                     tracing::warn!("job {job} failed: {error}");
-                    self.job_failed(pick, error)?;
+                    self.job_failed(j.pick, error)?;
                 }
             }
             (_, Message::Heartbeat) => {}
@@ -322,7 +343,13 @@ impl<'t, 'a> Learner<'t, 'a> {
                 task: pick.task as u32,
                 assignment: pick.plan.assignment.iter().map(|&d| d as u32).collect(),
             };
-            self.jobs.insert(job, pick);
+            self.jobs.insert(
+                job,
+                Job {
+                    pick,
+                    sent: Instant::now(),
+                },
+            );
             if let Some(p) = self.peers.get_mut(&idle) {
                 p.job = Some(job);
             }
@@ -371,7 +398,8 @@ impl<'t, 'a> Learner<'t, 'a> {
             };
             self.send(&q.from, &Message::Credit { n: 1 });
             let lag = self.trainer.counters.policy_version.saturating_sub(q.acted);
-            if q.acted < round_version || lag > t.max_policy_lag as u64 {
+            let max_lag = self.trainer.config().cluster.max_policy_lag as u64;
+            if q.acted < round_version || lag > max_lag {
                 self.trainer.counters.dropped_unrolls += 1;
                 return Ok(true);
             }
@@ -389,6 +417,44 @@ impl<'t, 'a> Learner<'t, 'a> {
         Ok(true)
     }
 
+    /// Heartbeats to every peer; peers silent too long are forgotten, jobs
+    /// out too long handed to another benchworker.
+    fn keep_alive(&mut self) {
+        let c = &self.trainer.config().cluster;
+        if self.last_heartbeat.elapsed() < Duration::from_secs_f64(c.heartbeat_s) {
+            return;
+        }
+        self.last_heartbeat = Instant::now();
+        let timeout = Duration::from_secs_f64(c.peer_timeout_s);
+        let silent: Vec<Vec<u8>> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.last_seen.elapsed() > timeout)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in silent {
+            self.report.lost_peers += 1;
+            self.forget(&k);
+        }
+        let late: Vec<u64> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.sent.elapsed() > Duration::from_secs_f64(c.job_timeout_s))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in late {
+            if let Some(j) = self.jobs.remove(&id) {
+                tracing::warn!("job {id} timed out; another benchworker gets it");
+                self.report.requeued_jobs += 1;
+                self.requeue.push_back(j.pick);
+            }
+        }
+        let all: Vec<Vec<u8>> = self.peers.keys().cloned().collect();
+        for p in all {
+            self.send(&p, &Message::Heartbeat);
+        }
+    }
+
     /// Runs until every configured round is done or `stop` is set.
     pub fn run(&mut self, hooks: &mut Hooks, stop: &AtomicBool) -> anyhow::Result<()> {
         self.trainer.seed_round();
@@ -397,12 +463,20 @@ impl<'t, 'a> Learner<'t, 'a> {
         let mut last_progress = Instant::now();
         let mut progress_mark = self.progress_mark();
         while !self.trainer.done() && !stop.load(Ordering::Relaxed) {
+            let turn = Instant::now();
+            self.keep_alive();
             let mut busy = self.dispatch();
             busy |= self.learn(hooks)?;
             let mut timeout = if busy { 0 } else { 20 };
             while let Some(incoming) = self.hub.recv(timeout)? {
                 self.handle(incoming, hooks)?;
                 timeout = 0;
+            }
+            if turn.elapsed() > Duration::from_secs(2) {
+                tracing::warn!(
+                    "one turn of the learner's loop took {:.1} s: peers may time out",
+                    turn.elapsed().as_secs_f64()
+                );
             }
             let mark = self.progress_mark();
             if mark != progress_mark {
@@ -442,12 +516,31 @@ impl<'t, 'a> Learner<'t, 'a> {
     }
 }
 
-/// Where the in-process cluster's threads come from.
+/// How a training cluster is set up.
 #[derive(Debug, Clone)]
-pub struct InProcess {
+pub struct ClusterRun {
+    /// Endpoints for remote peers (e.g. `tcp://127.0.0.1:5555`), beside
+    /// the `inproc://` one of the threads.
+    pub bind: Vec<String>,
+    /// The cluster token every hello must carry.
+    pub token: String,
+    /// Actor and benchworker threads to start beside the learner.
     pub actors: usize,
     pub benchworkers: usize,
     pub backend: benchworker::Backend,
+}
+
+impl ClusterRun {
+    /// Threads only, with a token of their own.
+    pub fn threads(actors: usize, benchworkers: usize, backend: benchworker::Backend) -> Self {
+        ClusterRun {
+            bind: Vec::new(),
+            token: format!("{:032x}", rand::random::<u128>()),
+            actors,
+            benchworkers,
+            backend,
+        }
+    }
 }
 
 /// What the in-process threads did.
@@ -457,11 +550,17 @@ pub struct ThreadsReport {
     pub benchworkers: Vec<benchworker::serve::ServeReport>,
 }
 
-/// Trains with actor and benchworker threads on `inproc://`.
-pub fn train_in_process(
+/// Trains with the learner in this thread, `run.actors` and
+/// `run.benchworkers` threads on `inproc://`, and whatever peers connect
+/// to `run.bind`. `bound` is told the endpoints actually bound (a
+/// `tcp://…:0` request gets its port). Returns when every round is done or
+/// `stop` is set (the caller then checkpoints).
+pub fn train_cluster(
     trainer: &mut Trainer,
-    threads: &InProcess,
+    run: &ClusterRun,
     hooks: &mut Hooks,
+    stop: &AtomicBool,
+    bound: impl FnOnce(&[String]) -> anyhow::Result<()>,
 ) -> anyhow::Result<(RuntimeReport, ThreadsReport)> {
     let ctx = zmq::Context::new();
     let endpoint = format!(
@@ -469,40 +568,44 @@ pub fn train_in_process(
         std::process::id(),
         rand::random::<u64>()
     );
-    let token = format!("{:032x}", rand::random::<u128>());
-    let hub = Hub::bind(&ctx, &endpoint)?;
-    let stop = AtomicBool::new(false);
+    let mut hub = Hub::bind(&ctx, &endpoint)?;
+    let mut remote = Vec::new();
+    for b in &run.bind {
+        remote.push(hub.bind_also(b)?);
+    }
+    bound(&remote)?;
+    let threads_stop = AtomicBool::new(false);
     let seed = trainer.config().train.seed;
+    let wait = Duration::from_secs(30);
     std::thread::scope(|s| {
-        let actors: Vec<_> = (0..threads.actors)
+        let actors: Vec<_> = (0..run.actors)
             .map(|i| {
                 let opts = actor::worker::ActorOptions {
                     endpoint: endpoint.clone(),
-                    token: token.clone(),
+                    token: run.token.clone(),
                     seed: seed.wrapping_add(1 + i as u64),
-                    welcome_timeout: Duration::from_secs(30),
+                    wait,
                 };
-                let (ctx, stop) = (&ctx, &stop);
+                let (ctx, stop) = (&ctx, &threads_stop);
                 s.spawn(move || actor::worker::run(ctx, &opts, stop))
             })
             .collect();
-        let benches: Vec<_> = (0..threads.benchworkers)
+        let benches: Vec<_> = (0..run.benchworkers)
             .map(|_| {
                 let opts = benchworker::serve::ServeOptions {
                     endpoint: endpoint.clone(),
-                    token: token.clone(),
-                    backend: threads.backend,
-                    welcome_timeout: Duration::from_secs(30),
-                    heartbeat: Duration::from_secs(1),
+                    token: run.token.clone(),
+                    backend: run.backend,
+                    wait,
                 };
-                let (ctx, stop) = (&ctx, &stop);
+                let (ctx, stop) = (&ctx, &threads_stop);
                 s.spawn(move || benchworker::serve::serve(ctx, &opts, stop))
             })
             .collect();
-        let mut learner = Learner::new(trainer, hub, token.clone())?;
-        let result = learner.run(hooks, &stop);
+        let mut learner = Learner::new(trainer, hub, run.token.clone())?;
+        let result = learner.run(hooks, stop);
         learner.shutdown();
-        stop.store(true, Ordering::Relaxed);
+        threads_stop.store(true, Ordering::Relaxed);
         let mut report = ThreadsReport::default();
         for a in actors {
             match a.join() {
@@ -550,7 +653,7 @@ mod tests {
                     endpoint: endpoint.into(),
                     token: "right".into(),
                     seed: 1,
-                    welcome_timeout: Duration::from_secs(30),
+                    wait: Duration::from_secs(30),
                 };
                 actor::worker::run(&ctx, &opts, &stop)
             });
@@ -559,8 +662,7 @@ mod tests {
                     endpoint: endpoint.into(),
                     token: "right".into(),
                     backend: benchworker::Backend::Sim,
-                    welcome_timeout: Duration::from_secs(30),
-                    heartbeat: Duration::from_millis(200),
+                    wait: Duration::from_secs(30),
                 };
                 benchworker::serve::serve(&ctx, &opts, &stop)
             });
@@ -569,7 +671,7 @@ mod tests {
                     endpoint: endpoint.into(),
                     token: "wrong".into(),
                     seed: 2,
-                    welcome_timeout: Duration::from_secs(30),
+                    wait: Duration::from_secs(30),
                 };
                 actor::worker::run(&ctx, &opts, &stop)
             });
@@ -603,7 +705,7 @@ mod tests {
             assert!(matches!(told, Some(Message::Refused { .. })), "{told:?}");
             (learner.report.clone(), stranger.join().unwrap())
         });
-        let err = stranger.unwrap_err().to_string();
+        let err = format!("{:#}", stranger.unwrap_err());
         assert!(err.contains("wrong cluster token"), "{err}");
         assert_eq!(report.refused_peers, 1);
         assert_eq!(report.drops.total(), 2, "{:?}", report.drops);

@@ -571,6 +571,15 @@ impl<'a> Trainer<'a> {
         }
     }
 
+    /// The counters with the RNG's position as of now (for a checkpoint
+    /// taken mid-round).
+    pub fn counters_now(&self) -> Counters {
+        Counters {
+            rng_word_pos: self.rng.get_word_pos().to_string(),
+            ..self.counters.clone()
+        }
+    }
+
     /// Closes the current round.
     pub fn finish_round(&mut self) {
         self.counters.iteration += 1;
@@ -704,8 +713,8 @@ pub(crate) mod tests {
     fn short_run(actors: usize) {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = small_config(dir.path());
-        cfg.train.actors = actors;
-        cfg.train.benchworkers = 2;
+        cfg.cluster.actors = actors;
+        cfg.cluster.benchworkers = 2;
         crate::data::generate(&cfg, dir.path()).unwrap();
         let train_suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
         let test_suite = Suite::load(&dir.path().join("dlrm-20x4.test.json"), &cfg.memory).unwrap();
@@ -738,19 +747,19 @@ pub(crate) mod tests {
                 trainer.iteration(&mut sim, &mut hooks).unwrap();
             }
         } else {
-            let threads = crate::runtime::InProcess {
-                actors,
-                benchworkers: 2,
-                backend: benchworker::Backend::Sim,
-            };
+            let run = crate::runtime::ClusterRun::threads(actors, 2, benchworker::Backend::Sim);
+            let stop = std::sync::atomic::AtomicBool::new(false);
             let (report, peers) =
-                crate::runtime::train_in_process(&mut trainer, &threads, &mut hooks).unwrap();
+                crate::runtime::train_cluster(&mut trainer, &run, &mut hooks, &stop, |_| Ok(()))
+                    .unwrap();
             assert_eq!(peers.actors.len(), actors, "every actor stopped cleanly");
             assert!(peers.actors.iter().all(|a| a.unrolls > 0));
             let measured: u64 = peers.benchworkers.iter().map(|b| b.measured).sum();
             assert_eq!(measured, 40, "each plan measured once");
             assert_eq!(report.lags.len(), 100);
-            assert!(report.lag_quantile(1.0) <= cfg.train.max_policy_lag as u64);
+            assert!(report.lag_quantile(1.0) <= cfg.cluster.max_policy_lag as u64);
+            let acked: u64 = peers.benchworkers.iter().map(|b| b.acked).sum();
+            assert_eq!(acked, 40, "every measurement acknowledged");
             assert_eq!(report.bad_unrolls + report.drops.total(), 0);
         }
         drop(hooks);

@@ -433,7 +433,8 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 
 /// The cluster token: from `--token-file`, else `EMBSHARD_TOKEN`, else
 /// (for a learner that accepts remote peers) a new random one written to
-/// RUN/token for the peers, else a random one for the threads alone.
+/// RUN/token for the peers (kept on resume), else a random one for the
+/// threads alone.
 fn cluster_token(
     file: Option<&std::path::Path>,
     remote: bool,
@@ -442,9 +443,13 @@ fn cluster_token(
     if let Some(t) = common::link::read_token(file)? {
         return Ok(t);
     }
+    let path = run.join("token");
+    // A resumed run keeps its token: its peers still hold it.
+    if remote && path.exists() {
+        return Ok(common::link::read_token(Some(&path))?.unwrap_or_default());
+    }
     let token = format!("{:032x}", rand::random::<u128>());
     if remote {
-        let path = run.join("token");
         common::link::write_token(&path, &token)?;
         tracing::info!("cluster token written to {}", path.display());
     }

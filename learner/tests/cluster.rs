@@ -7,7 +7,7 @@
 //! learner (scripts/test.sh builds the workspace first).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 fn bin(name: &str) -> PathBuf {

@@ -1,32 +1,70 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: set up (idempotent), generate the
-# default DLRM-like pool and task suites, train the cost and policy networks
-# on the training tasks, and compare every placement method, the trained
-# policy included, on the test suites (tables never seen in training).
+# default DLRM-like pool and task suites, train with a cluster — one learner,
+# actors and benchworkers as separate processes talking ZeroMQ — and compare
+# every placement method, the trained policy included, on the test suites
+# (tables never seen in training).
 #
-# Usage: scripts/launch.sh [--config FILE] [--backend sim|cpu] [--run-dir DIR]
-#                          [--search-budget N]
+# Usage: scripts/launch.sh [options]
 #   --config FILE        configuration (default: configs/default.toml)
-#   --backend sim|cpu    the oracle that measures plans (default: sim)
-#   --run-dir DIR        where the run's config, metrics and checkpoints go
+#   --run-dir DIR        the run's config, metrics, checkpoints and logs/
 #                        (default: runs/default); an existing run there is
 #                        resumed, not overwritten
-#   --search-budget N    measurements per task for `search` (default: the
-#                        config's eval.search_budget on sim, 20 on cpu)
+#   --resume DIR         continue the run in DIR (same as --run-dir DIR)
+#   --actors N           actor processes (default: 2)
+#   --benchworkers N     benchworker processes (default: 1)
+#   --backend sim|cpu    what benchworkers measure with (default: sim)
+#   --search-budget N    measurements per task for `search` in the final
+#                        evaluation (default: the config's eval.search_budget
+#                        on sim, 20 on cpu)
+#   --port P             the learner's TCP port (default: any free port on
+#                        loopback; 5555 with --hostfile or --slurm)
+#   --hostfile FILE      start actors and benchworkers over ssh on the hosts
+#                        listed in FILE (one per line, # comments), round
+#                        robin; this checkout must be at the same path there
+#   --slurm              start them with srun inside a Slurm allocation (the
+#                        learner runs here, on the first node)
+#   --add-actors N --learner ENDPOINT
+#                        only start N more actors for a running cluster at
+#                        ENDPOINT, on this host (token: --token-file FILE or
+#                        EMBSHARD_TOKEN), and wait for them
+#   --token-file FILE    the cluster token (default: a new one, in DIR/token)
+#
+# Ctrl-C stops everything cleanly: the learner writes a final checkpoint and
+# tells every peer to stop; --resume DIR continues. Per-process logs go to
+# DIR/logs/.
 set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
+die() { echo "launch: $*" >&2; exit 2; }
+need() { [ "$1" -ge 2 ] || { usage >&2; exit 2; }; }
 
 CONFIG=""
 BACKEND=sim
 BUDGET=""
 RUN_DIR=""
+ACTORS=2
+BENCHES=1
+PORT=""
+HOSTFILE=""
+SLURM=0
+ADD=""
+LEARNER=""
+TOKEN_FILE=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --config) [ $# -ge 2 ] || { usage >&2; exit 2; }; CONFIG=$(realpath "$2"); shift 2 ;;
-    --backend) [ $# -ge 2 ] || { usage >&2; exit 2; }; BACKEND=$2; shift 2 ;;
-    --search-budget) [ $# -ge 2 ] || { usage >&2; exit 2; }; BUDGET=$2; shift 2 ;;
-    --run-dir) [ $# -ge 2 ] || { usage >&2; exit 2; }; RUN_DIR=$(realpath -m "$2"); shift 2 ;;
+    --config) need $#; CONFIG=$(realpath "$2"); shift 2 ;;
+    --backend) need $#; BACKEND=$2; shift 2 ;;
+    --search-budget) need $#; BUDGET=$2; shift 2 ;;
+    --run-dir|--resume) need $#; RUN_DIR=$(realpath -m "$2"); shift 2 ;;
+    --actors) need $#; ACTORS=$2; shift 2 ;;
+    --benchworkers) need $#; BENCHES=$2; shift 2 ;;
+    --port) need $#; PORT=$2; shift 2 ;;
+    --hostfile) need $#; HOSTFILE=$(realpath "$2"); shift 2 ;;
+    --slurm) SLURM=1; shift ;;
+    --add-actors) need $#; ADD=$2; shift 2 ;;
+    --learner) need $#; LEARNER=$2; shift 2 ;;
+    --token-file) need $#; TOKEN_FILE=$(realpath "$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "launch: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -34,15 +72,50 @@ done
 case "$BACKEND" in
   sim) ;;
   cpu) BUDGET=${BUDGET:-20} ;;
-  *) echo "launch: --backend must be sim or cpu, not '$BACKEND'" >&2; exit 2 ;;
+  *) die "--backend must be sim or cpu, not '$BACKEND'" ;;
 esac
+for n in "$ACTORS" "$BENCHES" ${ADD:+"$ADD"} ${PORT:+"$PORT"}; do
+  [[ "$n" =~ ^[0-9]+$ ]] || die "'$n' is not a number"
+done
+[ -z "$ADD" ] || [ -n "$LEARNER" ] || die "--add-actors needs --learner ENDPOINT"
+[ -n "$ADD" ] || [ -z "$LEARNER" ] || die "--learner goes with --add-actors"
+[ "$BENCHES" -ge 1 ] || [ -n "$ADD" ] || die "training needs at least one benchworker"
+[ -z "$HOSTFILE" ] || [ "$SLURM" = 0 ] || die "--hostfile and --slurm exclude each other"
+[ -z "$HOSTFILE" ] || [ -s "$HOSTFILE" ] || die "hostfile $HOSTFILE is empty or missing"
 
 . "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$EMBSHARD_ROOT"
-CONFIG=${CONFIG:-configs/default.toml}
-RUN_DIR=${RUN_DIR:-runs/default}
+BIN=$EMBSHARD_ROOT/target/release
+PIDS=()
 
-BIN=target/release
+stop_all() {
+  trap - INT TERM
+  echo "launch: stopping (the learner writes a checkpoint)..." >&2
+  [ -z "${LEARNER_PID:-}" ] || kill -INT "$LEARNER_PID" 2>/dev/null || true
+  [ -z "${LEARNER_PID:-}" ] || wait "$LEARNER_PID" 2>/dev/null || true
+  for p in "${PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  exit 130
+}
+
+if [ -n "$ADD" ]; then
+  # Scale out a running cluster: N more actors here.
+  if [ -n "$TOKEN_FILE" ]; then export EMBSHARD_TOKEN; EMBSHARD_TOKEN=$(cat "$TOKEN_FILE"); fi
+  [ -n "${EMBSHARD_TOKEN:-}" ] || die "--add-actors needs --token-file FILE or EMBSHARD_TOKEN"
+  LOGS=${RUN_DIR:-$EMBSHARD_ROOT/runs/added-actors}/logs
+  mkdir -p "$LOGS"
+  trap stop_all INT TERM
+  for i in $(seq 1 "$ADD"); do
+    "$BIN/actor" run --learner "$LEARNER" >"$LOGS/actor-added-$$-$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  echo "launch: $ADD actors joined $LEARNER (logs in $LOGS)" >&2
+  wait
+  exit 0
+fi
+
+CONFIG=${CONFIG:-$EMBSHARD_ROOT/configs/default.toml}
+RUN_DIR=${RUN_DIR:-$EMBSHARD_ROOT/runs/default}
 SUITES=()
 while read -r line; do
   echo "$line" >&2
@@ -51,13 +124,100 @@ while read -r line; do
   esac
 done < <("$BIN/learner" generate --config "$CONFIG")
 [ ${#SUITES[@]} -gt 0 ] || { echo "launch: generate wrote no test suite" >&2; exit 1; }
-if [ -d "$RUN_DIR/checkpoints" ] && [ -n "$(ls -A "$RUN_DIR/checkpoints" 2>/dev/null)" ]; then
-  # The run exists: continue it (a finished run just goes on to the evaluation).
-  echo "launch: continuing the run in $RUN_DIR" >&2
-  "$BIN/learner" train --backend "$BACKEND" --run-dir "$RUN_DIR" --resume
-else
-  "$BIN/learner" train --config "$CONFIG" --backend "$BACKEND" --run-dir "$RUN_DIR"
+
+# Where the learner listens: loopback unless peers run on other hosts.
+HOST=127.0.0.1
+if [ -n "$HOSTFILE" ] || [ "$SLURM" = 1 ]; then
+  HOST=$(hostname -I 2>/dev/null | awk '{print $1}')
+  [ -n "$HOST" ] || HOST=$(hostname)
+  PORT=${PORT:-5555}
 fi
+PORT=${PORT:-0}
+mkdir -p "$RUN_DIR/logs"
+LOGS=$RUN_DIR/logs
+rm -f "$RUN_DIR/endpoint"
+TRAIN=(train --run-dir "$RUN_DIR" --backend "$BACKEND" --actors 0 --benchworkers 0)
+if [ -d "$RUN_DIR/checkpoints" ] && [ -n "$(ls -A "$RUN_DIR/checkpoints" 2>/dev/null)" ]; then
+  echo "launch: continuing the run in $RUN_DIR" >&2
+  TRAIN+=(--resume)
+  # Peers that survived a learner crash know only the old endpoint.
+  if [ "$PORT" = 0 ] && [ -f "$RUN_DIR/endpoint.last" ]; then
+    OLD=$(cat "$RUN_DIR/endpoint.last")
+    case "$OLD" in tcp://127.0.0.1:*) PORT=${OLD##*:} ;; esac
+  fi
+else
+  TRAIN+=(--config "$CONFIG")
+fi
+[ -z "$TOKEN_FILE" ] || TRAIN+=(--token-file "$TOKEN_FILE")
+trap stop_all INT TERM
+"$BIN/learner" "${TRAIN[@]}" --bind "tcp://$HOST:$PORT" >"$LOGS/learner.out" 2>"$LOGS/learner.log" &
+LEARNER_PID=$!
+for _ in $(seq 1 600); do
+  [ -f "$RUN_DIR/endpoint" ] && break
+  kill -0 "$LEARNER_PID" 2>/dev/null || { cat "$LOGS/learner.log" >&2; exit 1; }
+  sleep 0.1
+done
+[ -f "$RUN_DIR/endpoint" ] || die "the learner did not start listening (see $LOGS/learner.log)"
+ENDPOINT=$(cat "$RUN_DIR/endpoint")
+cp "$RUN_DIR/endpoint" "$RUN_DIR/endpoint.last"
+TOKEN_FILE=${TOKEN_FILE:-$RUN_DIR/token}
+echo "launch: learner at $ENDPOINT; $ACTORS actors, $BENCHES $BACKEND benchworkers; logs in $LOGS" >&2
+
+ACTOR=("$BIN/actor" run --learner "$ENDPOINT")
+BENCH=("$BIN/benchworker" serve --learner "$ENDPOINT" --backend "$BACKEND")
+if [ "$SLURM" = 1 ]; then
+  command -v srun >/dev/null || die "--slurm: srun not found (run inside an allocation)"
+  # The token travels in the environment (srun --export), never in arguments.
+  export EMBSHARD_TOKEN; EMBSHARD_TOKEN=$(cat "$TOKEN_FILE")
+  [ "$ACTORS" = 0 ] || { srun --export=ALL --ntasks="$ACTORS" "${ACTOR[@]}" >"$LOGS/actors.log" 2>&1 & PIDS+=($!); }
+  srun --export=ALL --ntasks="$BENCHES" "${BENCH[@]}" >"$LOGS/benchworkers.log" 2>&1 &
+  PIDS+=($!)
+elif [ -n "$HOSTFILE" ]; then
+  mapfile -t HOSTS < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$HOSTFILE" | awk '{print $1}')
+  [ ${#HOSTS[@]} -gt 0 ] || die "no hosts in $HOSTFILE"
+  # The token goes over ssh's stdin, never on a command line.
+  remote() { # remote HOST LOG COMMAND...
+    local host=$1 log=$2; shift 2
+    ssh -o BatchMode=yes "$host" "read -r EMBSHARD_TOKEN; export EMBSHARD_TOKEN; exec $(printf '%q ' "$@")" \
+      <"$TOKEN_FILE" >"$log" 2>&1 &
+    PIDS+=($!)
+  }
+  k=0
+  for i in $(seq 1 "$ACTORS"); do
+    h=${HOSTS[$((k % ${#HOSTS[@]}))]}; k=$((k + 1))
+    remote "$h" "$LOGS/actor-$i-$h.log" "${ACTOR[@]}"
+  done
+  for i in $(seq 1 "$BENCHES"); do
+    h=${HOSTS[$((k % ${#HOSTS[@]}))]}; k=$((k + 1))
+    remote "$h" "$LOGS/benchworker-$i-$h.log" "${BENCH[@]}"
+  done
+else
+  for i in $(seq 1 "$ACTORS"); do
+    "${ACTOR[@]}" --token-file "$TOKEN_FILE" >"$LOGS/actor-$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  for i in $(seq 1 "$BENCHES"); do
+    "${BENCH[@]}" --token-file "$TOKEN_FILE" >"$LOGS/benchworker-$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+fi
+
+STATUS=0
+wait "$LEARNER_PID" || STATUS=$?
+trap - INT TERM
+cat "$LOGS/learner.out"
+if [ "$STATUS" != 0 ]; then
+  tail -n 20 "$LOGS/learner.log" >&2
+  for p in "${PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+  exit "$STATUS"
+fi
+# The learner told every peer to stop; give them a moment, then make sure.
+for p in "${PIDS[@]}"; do
+  for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  kill -INT "$p" 2>/dev/null || true
+done
+wait 2>/dev/null || true
+
 EXTRA=()
 [ -z "$BUDGET" ] || EXTRA=(--search-budget "$BUDGET")
 "$BIN/learner" eval --config "$CONFIG" --backend "$BACKEND" --methods all \

@@ -50,7 +50,8 @@ pub enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Time rollouts on the estimated MDP: placement steps per second.
+    /// Time rollouts on the estimated MDP: placement steps per second, and
+    /// the size of one unroll on the wire.
     ///
     /// Untrained networks of the configured sizes place a seeded DLRM-like
     /// task `--rounds` times, `--episodes` episodes in lockstep, on one
@@ -157,12 +158,28 @@ fn bench(
     }
     let secs = start.elapsed().as_secs_f64();
     let steps = (rounds * episodes * tables) as f64;
+    let u = rollout(&policy, &cost, &task, episodes, Mode::Sample);
+    let frame = common::protocol::encode(
+        &common::protocol::Header {
+            sender: 1,
+            incarnation: 1,
+            seq: 1,
+            policy_version: 1,
+        },
+        &common::protocol::Message::Unroll(crate::wire::unroll_to_data(0, &u)),
+    );
     writeln!(
         out,
         "{rounds} rounds × {episodes} episodes × {tables} tables on {devices} devices in {secs:.3} s: \
          {:.0} placement steps/s on one thread ({:.1} ms per lockstep round)",
         steps / secs,
         1e3 * secs / rounds as f64
+    )?;
+    writeln!(
+        out,
+        "one unroll of {episodes} episodes is {} bytes on the wire ({:.1} per placement step)",
+        frame.len(),
+        frame.len() as f64 / (episodes * tables) as f64
     )?;
     Ok(())
 }

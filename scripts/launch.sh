@@ -29,6 +29,7 @@
 #                        ENDPOINT, on this host (token: --token-file FILE or
 #                        EMBSHARD_TOKEN), and wait for them
 #   --token-file FILE    the cluster token (default: a new one, in DIR/token)
+#   --no-eval            stop after training (no comparison table)
 #
 # Ctrl-C stops everything cleanly: the learner writes a final checkpoint and
 # tells every peer to stop; --resume DIR continues. Per-process logs go to
@@ -51,6 +52,7 @@ SLURM=0
 ADD=""
 LEARNER=""
 TOKEN_FILE=""
+EVAL=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --config) need $#; CONFIG=$(realpath "$2"); shift 2 ;;
@@ -62,6 +64,7 @@ while [ $# -gt 0 ]; do
     --port) need $#; PORT=$2; shift 2 ;;
     --hostfile) need $#; HOSTFILE=$(realpath "$2"); shift 2 ;;
     --slurm) SLURM=1; shift ;;
+    --no-eval) EVAL=0; shift ;;
     --add-actors) need $#; ADD=$2; shift 2 ;;
     --learner) need $#; LEARNER=$2; shift 2 ;;
     --token-file) need $#; TOKEN_FILE=$(realpath "$2"); shift 2 ;;
@@ -217,6 +220,7 @@ for p in "${PIDS[@]}"; do
   kill -INT "$p" 2>/dev/null || true
 done
 wait 2>/dev/null || true
+[ "$EVAL" = 1 ] || exit 0
 
 EXTRA=()
 [ -z "$BUDGET" ] || EXTRA=(--search-budget "$BUDGET")

@@ -8,7 +8,7 @@
 //! device (numbered across the whole batch) each table sits on, and
 //! `plan_of_device[g]` the plan each device belongs to.
 
-use common::config::ModelConfig;
+use common::config::{CostWork, ModelConfig, OverallCost};
 use common::NUM_FEATURES;
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
@@ -40,6 +40,14 @@ pub fn max_by(rows: &Tensor, index: &Tensor, groups: i64) -> Tensor {
     let idx = index.unsqueeze(1).expand([-1, width], false);
     Tensor::zeros([groups, width], (rows.kind(), rows.device()))
         .internal_scatter_reduce(0, &idx, rows, "amax", false)
+}
+
+/// `[P]` iteration costs composed from `[G, 3]` per-device (fwd, bwd, comm):
+/// `max_d fwd_d + max_d (bwd_d + 2·comm_d)` over each plan's devices.
+pub fn compose(per_device: &Tensor, plan_of_device: &Tensor, plans: i64) -> Tensor {
+    let fwd = per_device.narrow(1, 0, 1);
+    let rest = per_device.narrow(1, 1, 1) + per_device.narrow(1, 2, 1) * 2.0;
+    (max_by(&fwd, plan_of_device, plans) + max_by(&rest, plan_of_device, plans)).squeeze_dim(1)
 }
 
 /// One plan as the networks see it.
@@ -122,6 +130,23 @@ pub struct CostNet {
     bwd: nn::Sequential,
     comm: nn::Sequential,
     overall: nn::Sequential,
+    composition: OverallCost,
+    work: CostWork,
+}
+
+/// Extra cost-network inputs derived from the scaled features (see
+/// [`CostWork`]): lookups per sample over 16 (about
+/// the mean pooling) and that times `dim / 128`, both linear, not logarithmic.
+pub const WORK_FEATURES: i64 = 2;
+
+/// `[N, 21]` scaled features → `[N, 23]` with the two work features appended.
+pub fn with_work_features(features: &Tensor) -> Tensor {
+    let dim = features.narrow(1, 0, 1);
+    // Inverts `log10(1 + pooling) / 3` (common::features::scaled).
+    let pooling = (features.narrow(1, 2, 1) * (3.0 * std::f64::consts::LN_10)).exp() - 1.0;
+    let lookups = pooling / 16.0;
+    let width = &lookups * dim;
+    Tensor::cat(&[features.shallow_clone(), lookups, width], 1)
 }
 
 impl CostNet {
@@ -131,19 +156,46 @@ impl CostNet {
             cfg.cost_table_out,
             cfg.cost_head_hidden,
         );
+        let input = NUM_FEATURES as i64
+            + if cfg.cost_work == CostWork::None {
+                0
+            } else {
+                WORK_FEATURES
+            };
         CostNet {
-            table: mlp(&(p / "table"), NUM_FEATURES as i64, h, o).add_fn(|x| x.relu()),
+            table: mlp(&(p / "table"), input, h, o).add_fn(|x| x.relu()),
             fwd: mlp(&(p / "fwd"), o, hh, 1),
             bwd: mlp(&(p / "bwd"), o, hh, 1),
             comm: mlp(&(p / "comm"), o, hh, 1),
             overall: mlp(&(p / "overall"), o, hh, 1),
+            composition: cfg.overall_cost,
+            work: cfg.cost_work,
         }
     }
 
     /// `[N, out]` table representations; they do not depend on the plan,
     /// so an episode computes them once.
     pub fn tables(&self, features: &Tensor) -> Tensor {
-        self.table.forward(features)
+        match self.work {
+            CostWork::None => self.table.forward(features),
+            CostWork::Inputs => self.table.forward(&with_work_features(features)),
+            CostWork::Gated => {
+                let x = with_work_features(features);
+                let r = self.table.forward(&x);
+                let (n, o) = (r.size()[0], r.size()[1]);
+                let k = o / 3;
+                let f = NUM_FEATURES as i64;
+                let scale = Tensor::cat(
+                    &[
+                        x.narrow(1, f + 1, 1).expand([n, k], false),
+                        x.narrow(1, f, 1).expand([n, k], false),
+                        Tensor::ones([n, o - 2 * k], (r.kind(), r.device())),
+                    ],
+                    1,
+                );
+                r * scale
+            }
+        }
     }
 
     /// `[G, 3]` cost features of devices given their summed representations.
@@ -158,16 +210,23 @@ impl CostNet {
         )
     }
 
-    /// `[P]` overall costs from device representations.
+    /// `[P]` overall costs from device representations (see
+    /// [`OverallCost`]).
     pub fn overall_cost(
         &self,
         device_repr: &Tensor,
         plan_of_device: &Tensor,
         plans: i64,
     ) -> Tensor {
-        self.overall
-            .forward(&max_by(device_repr, plan_of_device, plans))
-            .squeeze_dim(1)
+        match self.composition {
+            OverallCost::Head => self
+                .overall
+                .forward(&max_by(device_repr, plan_of_device, plans))
+                .squeeze_dim(1),
+            OverallCost::Composed => {
+                compose(&self.device_costs(device_repr), plan_of_device, plans)
+            }
+        }
     }
 
     pub fn forward(&self, batch: &PlanBatch) -> CostPrediction {
@@ -176,9 +235,14 @@ impl CostNet {
             &batch.device_of,
             batch.devices,
         );
+        let per_device = self.device_costs(&dev);
+        let overall = match self.composition {
+            OverallCost::Head => self.overall_cost(&dev, &batch.plan_of_device, batch.plans),
+            OverallCost::Composed => compose(&per_device, &batch.plan_of_device, batch.plans),
+        };
         CostPrediction {
-            per_device: self.device_costs(&dev),
-            overall: self.overall_cost(&dev, &batch.plan_of_device, batch.plans),
+            per_device,
+            overall,
         }
     }
 }
@@ -309,6 +373,69 @@ mod tests {
 
     fn close(a: &Tensor, b: &Tensor) -> bool {
         (a - b).abs().max().double_value(&[]) < 1e-5
+    }
+
+    #[test]
+    fn composed_cost_is_max_forward_plus_max_backward_and_exchanges() {
+        // Two plans: devices (fwd, bwd, comm) 0..1 belong to plan 0, 2..4 to plan 1.
+        let per_device = Tensor::from_slice(&[
+            1.0f32, 2.0, 0.5, //
+            3.0, 1.0, 0.1, //
+            2.0, 4.0, 0.0, //
+            1.0, 3.0, 1.0, //
+            0.5, 1.0, 0.2,
+        ])
+        .view([5, 3]);
+        let plan_of_device = Tensor::from_slice(&[0i64, 0, 1, 1, 1]);
+        let c = compose(&per_device, &plan_of_device, 2);
+        // Plan 0: max fwd 3 + max(2 + 1, 1 + 0.2) = 6; plan 1: 2 + max(4, 5, 1.4) = 7.
+        assert!(close(&c, &Tensor::from_slice(&[6.0f32, 7.0])));
+    }
+
+    #[test]
+    fn work_features_recover_lookups_linearly() {
+        let t = common::Table::cold("t", 10_000, 64, 31.0);
+        let f = Tensor::from_slice(&scaled(&t)).view([1, NUM_FEATURES as i64]);
+        let w = with_work_features(&f);
+        assert_eq!(w.size(), vec![1, NUM_FEATURES as i64 + WORK_FEATURES]);
+        let lookups = w.double_value(&[0, NUM_FEATURES as i64]);
+        let width = w.double_value(&[0, NUM_FEATURES as i64 + 1]);
+        assert!((lookups - 31.0 / 16.0).abs() < 1e-3, "{lookups}");
+        assert!((width - 31.0 / 16.0 * 0.5).abs() < 1e-3, "{width}");
+    }
+
+    #[test]
+    fn every_cost_variant_is_invariant_to_device_numbering() {
+        for (overall_cost, cost_work) in [
+            (OverallCost::Composed, CostWork::Inputs),
+            (OverallCost::Head, CostWork::Gated),
+        ] {
+            tch::manual_seed(0);
+            let vs = nn::VarStore::new(Device::Cpu);
+            let cfg = ModelConfig {
+                overall_cost,
+                cost_work,
+                ..ModelConfig::default()
+            };
+            let net = CostNet::new(&vs.root(), &cfg);
+            let f = pool(6);
+            let a = net.forward(&PlanBatch::new(&[placed(
+                f.clone(),
+                vec![0, 0, 1, 1, 2, 2],
+                3,
+            )]));
+            let b = net.forward(&PlanBatch::new(&[placed(f, vec![2, 2, 1, 1, 0, 0], 3)]));
+            assert!(close(&a.overall, &b.overall));
+            assert!(close(&a.per_device.get(0), &b.per_device.get(2)));
+            // The rollout's path (device representations) agrees with forward.
+            let dev = sum_by(
+                &net.tables(&PlanBatch::new(&[placed(pool(6), vec![0; 6], 1)]).features),
+                &Tensor::from_slice(&[0i64, 0, 1, 1, 2, 2]),
+                3,
+            );
+            let via_repr = net.overall_cost(&dev, &Tensor::from_slice(&[0i64, 0, 0]), 1);
+            assert!(close(&via_repr, &a.overall));
+        }
     }
 
     #[test]

@@ -225,6 +225,49 @@ pub struct ModelConfig {
     /// Hidden width of the per-device score MLP and of the value head.
     pub score_hidden: i64,
     pub value_hidden: i64,
+    /// How the cost network gives a plan's iteration cost (the reward).
+    pub overall_cost: OverallCost,
+    /// Whether and how the cost network uses each table's work on a linear
+    /// scale (see [`CostWork`]).
+    pub cost_work: CostWork,
+}
+
+/// How the cost network's table MLP sees a table's work: its lookups
+/// (`pooling / 16`, 16 being about the mean pooling) and lookup width
+/// (`pooling / 16 × dim / 128`), on a linear scale. A table's bytes read grow
+/// linearly with them, while the 21 scaled features hold pooling as a
+/// logarithm, from which a ReLU network extrapolates far too low on a table
+/// busier than any it was trained on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostWork {
+    /// The 21 scaled features only (DreamShard).
+    #[default]
+    None,
+    /// The two work figures appended to the table MLP's input.
+    Inputs,
+    /// Appended to the input, and the table representation's channels
+    /// multiplied by them: a third by the lookup width, a third by the
+    /// lookups, the rest left alone, so that a device's summed
+    /// representation holds work-weighted sums (Σ width × g(table)).
+    Gated,
+}
+
+/// How the cost network turns device representations into a plan's
+/// iteration cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverallCost {
+    /// DreamShard's overall head on the element-wise maximum of the device
+    /// representations.
+    #[default]
+    Head,
+    /// Composed from the per-device heads the way one iteration runs: the
+    /// forward all-to-all waits for the slowest forward, then each device
+    /// runs its two exchanges and its backward, so the cost is
+    /// `max_d fwd_d + max_d (bwd_d + 2·comm_d)` (the forward exchange moves
+    /// the same bytes as the backward one).
+    Composed,
 }
 
 impl Default for ModelConfig {
@@ -239,6 +282,8 @@ impl Default for ModelConfig {
             cost_feature_out: 32,
             score_hidden: 64,
             value_hidden: 64,
+            overall_cost: OverallCost::Head,
+            cost_work: CostWork::None,
         }
     }
 }
@@ -355,6 +400,11 @@ pub struct TrainConfig {
     /// Plans measured on the oracle per iteration (the measurement budget is
     /// `iterations × measure_per_iteration`).
     pub measure_per_iteration: usize,
+    /// Share of each iteration's measured plans that are the policy's greedy
+    /// plan (what `plan` would return) rather than a sampled one: measuring
+    /// them shows the cost network its errors where the policy exploits
+    /// them (DAgger-like); the rest explore.
+    pub measure_greedy_share: f64,
     pub cost_steps: usize,
     pub cost_batch: usize,
     pub cost_lr: f64,
@@ -384,6 +434,7 @@ impl Default for TrainConfig {
             suite: PathBuf::from("data/generated/dlrm-50x4.train.json"),
             iterations: 10,
             measure_per_iteration: 10,
+            measure_greedy_share: 0.0,
             cost_steps: 300,
             cost_batch: 64,
             cost_lr: 5e-4,
@@ -412,6 +463,12 @@ impl TrainConfig {
             "train.measure_per_iteration",
             self.measure_per_iteration as f64,
         )?;
+        if !(0.0..=1.0).contains(&self.measure_greedy_share) {
+            return Err(format!(
+                "train.measure_greedy_share = {} must lie in [0, 1]",
+                self.measure_greedy_share
+            ));
+        }
         positive("train.cost_batch", self.cost_batch as f64)?;
         positive("train.episodes", self.episodes as f64)?;
         positive("train.cost_lr", self.cost_lr)?;

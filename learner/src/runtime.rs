@@ -334,7 +334,11 @@ impl<'t, 'a> Learner<'t, 'a> {
             };
             let pick = match self.requeue.pop_front() {
                 Some(p) => p,
-                None => self.trainer.pick_plan(),
+                None => {
+                    let j = out.saturating_sub(self.trainer.counters.iteration * t.measure_per_iteration);
+                    let greedy = self.trainer.greedy_pick(j);
+                    self.trainer.pick_plan(greedy)
+                }
             };
             let job = self.next_job;
             self.next_job += 1;

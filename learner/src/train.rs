@@ -480,17 +480,19 @@ impl<'a> Trainer<'a> {
         tch::manual_seed((t.seed ^ it.wrapping_mul(0x9e3779b97f4a7c15)) as i64);
     }
 
-    /// Draws a training task and samples one plan for it from the current
-    /// policy, to be measured.
-    pub fn pick_plan(&mut self) -> Pick {
+    /// Whether the `j`-th plan measured in a round is the policy's greedy
+    /// plan (`train.measure_greedy_share` of them are) rather than a sample.
+    pub fn greedy_pick(&self, j: usize) -> bool {
+        let t = &self.cfg.train;
+        j < (t.measure_greedy_share * t.measure_per_iteration as f64).round() as usize
+    }
+
+    /// Draws a training task and one plan for it from the current policy,
+    /// to be measured: its greedy plan or a sample.
+    pub fn pick_plan(&mut self, greedy: bool) -> Pick {
         let k = self.rng.gen_range(0..self.tasks.len());
-        let u = rollout(
-            &self.model.policy,
-            &self.model.cost,
-            &self.mdps[k],
-            1,
-            Mode::Sample,
-        );
+        let mode = if greedy { Mode::Greedy } else { Mode::Sample };
+        let u = rollout(&self.model.policy, &self.model.cost, &self.mdps[k], 1, mode);
         Pick {
             task: k,
             plan: Plan {
@@ -594,8 +596,12 @@ impl<'a> Trainer<'a> {
         // A run resumed mid-round has some of the round's measurements.
         let due = ((self.counters.iteration + 1) * t.measure_per_iteration)
             .saturating_sub(self.buffer.len());
-        for _ in 0..due {
-            let pick = self.pick_plan();
+        let done = self
+            .buffer
+            .len()
+            .saturating_sub(self.counters.iteration * t.measure_per_iteration);
+        for j in done..done + due {
+            let pick = self.pick_plan(self.greedy_pick(j));
             let m = oracle.measure(&self.tasks[pick.task].tables, &pick.plan)?;
             let sample = CostSample::new(&self.tasks[pick.task], &pick.plan, m.clone());
             (hooks.measured)(&sample)?;

@@ -282,8 +282,8 @@ impl Default for ModelConfig {
             cost_feature_out: 32,
             score_hidden: 64,
             value_hidden: 64,
-            overall_cost: OverallCost::Head,
-            cost_work: CostWork::None,
+            overall_cost: OverallCost::Composed,
+            cost_work: CostWork::Inputs,
         }
     }
 }
@@ -432,14 +432,14 @@ impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             suite: PathBuf::from("data/generated/dlrm-50x4.train.json"),
-            iterations: 10,
+            iterations: 20,
             measure_per_iteration: 10,
-            measure_greedy_share: 0.0,
-            cost_steps: 300,
+            measure_greedy_share: 0.5,
+            cost_steps: 1000,
             cost_batch: 64,
-            cost_lr: 5e-4,
-            policy_steps: 10,
-            episodes: 10,
+            cost_lr: 1e-3,
+            policy_steps: 25,
+            episodes: 32,
             policy_lr: 5e-4,
             entropy_cost: 1e-3,
             baseline_cost: 0.5,

@@ -335,7 +335,8 @@ impl<'t, 'a> Learner<'t, 'a> {
             let pick = match self.requeue.pop_front() {
                 Some(p) => p,
                 None => {
-                    let j = out.saturating_sub(self.trainer.counters.iteration * t.measure_per_iteration);
+                    let j = out
+                        .saturating_sub(self.trainer.counters.iteration * t.measure_per_iteration);
                     let greedy = self.trainer.greedy_pick(j);
                     self.trainer.pick_plan(greedy)
                 }

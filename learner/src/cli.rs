@@ -400,7 +400,11 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 report.refused_peers
             );
         }
-        Some((report.lag_quantile(0.5), report.lag_quantile(0.99)))
+        Some((
+            report.lag_quantile(0.5),
+            report.lag_quantile(0.99),
+            report.weights_sent,
+        ))
     };
     if stopped() && !trainer.done() {
         let at = checkpoint::save(dir, &trainer, t.keep_checkpoints)?;
@@ -424,8 +428,11 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         steps as f64 / secs.max(1e-9),
         c.dropped_unrolls,
     )?;
-    if let Some((p50, p99)) = lags {
-        write!(out, ", policy lag median {p50}, p99 {p99}")?;
+    if let Some((p50, p99, weights)) = lags {
+        write!(
+            out,
+            ", policy lag median {p50}, p99 {p99}, {weights} weight messages sent"
+        )?;
     }
     writeln!(out, "; run in {}", dir.display())?;
     Ok(())

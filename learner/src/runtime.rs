@@ -16,7 +16,9 @@
 //!
 //! The round — measurements, cost steps, policy updates in DreamShard's
 //! proportions — is what checkpoints close. Actors send unrolls under
-//! credits (one back per unroll received), so no queue grows without bound.
+//! credits (one back per unroll learned from or dropped), so no queue grows
+//! without bound; new weights go to actors that hold a credit, and to the
+//! others with their next credit.
 //!
 //! [`train_cluster`] runs actors and benchworkers as threads on
 //! `inproc://`; the same loop serves remote peers on `tcp://`.
@@ -46,6 +48,10 @@ struct Peer {
     /// The job a benchworker is measuring.
     job: Option<u64>,
     last_seen: Instant,
+    /// Unrolls an actor may still send.
+    credits: u64,
+    /// The newest weights' version this actor was sent.
+    version_sent: u64,
 }
 
 /// A measurement job out on a benchworker.
@@ -84,6 +90,8 @@ pub struct RuntimeReport {
     pub unexpected: u64,
     /// Policy lag of every unroll learned from.
     pub lags: Vec<u64>,
+    /// Weight messages sent to actors.
+    pub weights_sent: u64,
 }
 
 impl RuntimeReport {
@@ -169,18 +177,47 @@ impl<'t, 'a> Learner<'t, 'a> {
         }
     }
 
-    /// Sends the current networks to every actor.
+    /// Sends the current networks to every actor that holds a credit and
+    /// has older ones. An actor without credits gets them with its next
+    /// credit: weights it cannot act with yet would only load the network.
     fn broadcast(&mut self) {
-        let weights = self.weights();
+        let version = self.trainer.counters.policy_version;
         let actors: Vec<Vec<u8>> = self
             .peers
             .iter()
-            .filter(|(_, p)| p.role == Role::Actor)
+            .filter(|(_, p)| p.role == Role::Actor && p.credits > 0 && p.version_sent < version)
             .map(|(k, _)| k.clone())
             .collect();
-        for a in actors {
-            self.send(&a, &weights);
+        if actors.is_empty() {
+            return;
         }
+        let weights = self.weights();
+        for a in actors {
+            self.send_weights(&a, &weights, version);
+        }
+    }
+
+    fn send_weights(&mut self, to: &[u8], weights: &Message, version: u64) {
+        if let Some(p) = self.peers.get_mut(to) {
+            p.version_sent = version;
+        }
+        self.report.weights_sent += 1;
+        self.send(to, weights);
+    }
+
+    /// Gives an actor `n` credits, with the newest weights first if it
+    /// lacks them.
+    fn grant(&mut self, to: &[u8], n: u64) {
+        let version = self.trainer.counters.policy_version;
+        let Some(p) = self.peers.get_mut(to) else {
+            return; // gone, or a new incarnation that got fresh credits
+        };
+        p.credits += n;
+        if p.version_sent < version {
+            let weights = self.weights();
+            self.send_weights(to, &weights, version);
+        }
+        self.send(to, &Message::Credit { n: n as u32 });
     }
 
     fn handle(&mut self, incoming: Incoming, hooks: &mut Hooks) -> anyhow::Result<()> {
@@ -213,6 +250,8 @@ impl<'t, 'a> Learner<'t, 'a> {
                     id,
                     job: None,
                     last_seen: Instant::now(),
+                    credits: 0,
+                    version_sent: 0,
                 },
             );
             let welcome = Message::Welcome {
@@ -222,10 +261,8 @@ impl<'t, 'a> Learner<'t, 'a> {
             };
             self.send(&from, &welcome);
             if role == Role::Actor {
-                let weights = self.weights();
-                self.send(&from, &weights);
-                let n = self.trainer.config().cluster.actor_credits as u32;
-                self.send(&from, &Message::Credit { n });
+                let n = self.trainer.config().cluster.actor_credits as u64;
+                self.grant(&from, n);
             }
             return Ok(());
         }
@@ -245,6 +282,9 @@ impl<'t, 'a> Learner<'t, 'a> {
         match (role, message) {
             (Role::Actor, Message::Unroll(data)) => {
                 self.report.unrolls_received += 1;
+                if let Some(p) = self.peers.get_mut(&from) {
+                    p.credits = p.credits.saturating_sub(1);
+                }
                 let task = data.task as usize;
                 let checked = match self.trainer.tasks().get(task) {
                     Some(t) => unroll_from_data(&data, t.tables.len(), t.devices),
@@ -260,7 +300,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                     Err(e) => {
                         self.report.bad_unrolls += 1;
                         tracing::warn!("malformed unroll dropped: {e}");
-                        self.send(&from, &Message::Credit { n: 1 });
+                        self.grant(&from, 1);
                     }
                 }
             }
@@ -391,7 +431,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 // Acted on the previous cost network: dropped.
                 while let Some(q) = self.queue.pop_front() {
                     self.trainer.counters.dropped_unrolls += 1;
-                    self.send(&q.from, &Message::Credit { n: 1 });
+                    self.grant(&q.from, 1);
                 }
                 self.round_version = Some(v);
                 v
@@ -401,7 +441,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             let Some(q) = self.queue.pop_front() else {
                 return Ok(false);
             };
-            self.send(&q.from, &Message::Credit { n: 1 });
+            self.grant(&q.from, 1);
             let lag = self.trainer.counters.policy_version.saturating_sub(q.acted);
             let max_lag = self.trainer.config().cluster.max_policy_lag as u64;
             if q.acted < round_version || lag > max_lag {

@@ -553,10 +553,28 @@ impl<'t, 'a> Learner<'t, 'a> {
     }
 
     /// Tells every peer to stop.
-    pub fn shutdown(&mut self) {
+    /// Tells every peer to stop; with `linger`, then for two heartbeat
+    /// periods answers whoever still speaks (a remote peer forgotten a
+    /// moment ago, one saying hello again) with `Shutdown` too, so that no
+    /// peer is left waiting.
+    pub fn shutdown(&mut self, linger: bool) {
         let all: Vec<Vec<u8>> = self.peers.keys().cloned().collect();
         for p in all {
             self.send(&p, &Message::Shutdown);
+        }
+        if !linger {
+            return;
+        }
+        let grace = Duration::from_secs_f64(2.0 * self.trainer.config().cluster.heartbeat_s);
+        let start = Instant::now();
+        while let Some(left) = grace.checked_sub(start.elapsed()) {
+            match self.hub.recv(left.as_millis() as i64) {
+                Ok(Some(incoming)) => {
+                    let version = self.trainer.counters.policy_version;
+                    let _ = self.hub.send(&incoming.from, version, &Message::Shutdown);
+                }
+                Ok(None) | Err(_) => break,
+            }
         }
     }
 }
@@ -649,7 +667,7 @@ pub fn train_cluster(
             .collect();
         let mut learner = Learner::new(trainer, hub, run.token.clone())?;
         let result = learner.run(hooks, stop);
-        learner.shutdown();
+        learner.shutdown(!run.bind.is_empty());
         threads_stop.store(true, Ordering::Relaxed);
         let mut report = ThreadsReport::default();
         for a in actors {
@@ -741,7 +759,7 @@ mod tests {
             raw.send(1, &Message::Unroll(unroll)).unwrap();
             let mut learner = Learner::new(&mut trainer, hub, "right".into()).unwrap();
             learner.run(&mut Hooks::none(), &stop).unwrap();
-            learner.shutdown();
+            learner.shutdown(false);
             stop.store(true, Ordering::Relaxed);
             assert!(actor.join().unwrap().unwrap().unrolls > 0);
             assert_eq!(bench.join().unwrap().unwrap().measured, 20);

@@ -97,7 +97,7 @@ fn setup(dir: &Path, iterations: usize, extra: &str) -> PathBuf {
     std::fs::write(
         &cfg,
         format!(
-            "[cluster]\nheartbeat_s = 0.2\npeer_timeout_s = 1.5\n\
+            "[cluster]\nheartbeat_s = 0.25\npeer_timeout_s = 3.0\n\
              [generate]\ntables = 120\n[data]\ndir = {data:?}\ntrain_tasks = 4\ntest_tasks = 2\n\
              suites = [{{ tables = 12, devices = 3, memory_gb = 50.0 }}]\n\
              [train]\nsuite = {:?}\niterations = {iterations}\nmeasure_per_iteration = 3\n\

@@ -14,9 +14,11 @@ use crate::eval::{evaluate, Report};
 
 /// The embshard learner: learns to place embedding tables on GPUs.
 ///
-/// Offline commands available now: `generate` writes the default DLRM-like
-/// pool and task suites; `eval` compares placement methods on a suite with
-/// a measuring oracle (`sim` or `cpu`).
+/// `generate` writes the default DLRM-like pool and task suites; `train`
+/// learns a placement policy with actors and benchworkers; `eval` compares
+/// placement methods (a trained policy included) on a suite with a
+/// measuring oracle (`sim` or `cpu`); `plan` places your tables with a
+/// trained model.
 #[derive(Debug, Parser)]
 #[command(name = "learner", version, about, long_about)]
 pub struct Cli {
@@ -49,17 +51,24 @@ pub enum Command {
     /// On the `cpu` backend a measurement takes about a second: give `search`
     /// a small budget (--search-budget 20).
     Eval(EvalArgs),
-    /// Train the cost and policy networks (DreamShard's Algorithm 1).
+    /// Train the cost and policy networks (DreamShard's Algorithm 1, asynchronous).
     ///
     /// Measures plans drawn from the current policy on the oracle, fits the
     /// cost network to them, and improves the policy on the estimated MDP
-    /// with V-trace. Writes DIR/config.toml (the resolved configuration),
+    /// with V-trace. Actors roll out episodes and benchworkers measure
+    /// plans: as threads of this process (--actors, --benchworkers), and as
+    /// processes on any host that connect to --bind (`actor run`,
+    /// `benchworker serve`; scripts/launch.sh starts them). With
+    /// --actors 0 --benchworkers 0 and no --bind, everything runs in one
+    /// thread, reproducibly. Ctrl-C writes a checkpoint and stops every peer.
+    /// Writes DIR/config.toml (the resolved configuration),
     /// DIR/metrics.jsonl (one line per policy update), DIR/cost_buffer.jsonl
     /// (every measurement, fsynced) and DIR/checkpoints/step-N/; --resume
     /// continues a run after a crash.
     ///
-    /// Example:
+    /// Examples:
     ///   learner train --config configs/default.toml --run-dir runs/first
+    ///   learner train --config configs/default.toml --run-dir runs/big --bind tcp://10.0.0.5:5555 --actors 0 --benchworkers 0
     Train(TrainArgs),
     /// Place your tables with a trained model, in milliseconds, without a GPU.
     ///

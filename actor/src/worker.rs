@@ -7,8 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::Context as _;
-use common::link::{Link, Welcome};
+use common::link::{sessions, End, Link, Welcome};
 use common::protocol::{Message, Role};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -56,33 +55,18 @@ pub fn run(
     opts: &ActorOptions,
     stop: &AtomicBool,
 ) -> anyhow::Result<ActorReport> {
-    let mut link = Link::connect(ctx, &opts.endpoint)?;
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     let mut report = ActorReport::default();
-    let mut welcomed = false;
-    loop {
-        let Some(welcome) = link
-            .register(Role::Actor, &opts.token, opts.wait, stop)
-            .with_context(|| format!("actor of the learner at {}", opts.endpoint))?
-        else {
-            return Ok(report);
-        };
-        if welcomed {
-            report.rejoined += 1;
-        }
-        welcomed = true;
-        tracing::info!("actor {} joined the learner", welcome.peer);
-        if session(&mut link, &welcome, &mut rng, &mut report, stop)? == End::Stop {
-            return Ok(report);
-        }
-        tracing::warn!("the learner is silent; saying hello again");
-    }
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum End {
-    Stop,
-    LostLearner,
+    report.rejoined = sessions(
+        ctx,
+        &opts.endpoint,
+        Role::Actor,
+        &opts.token,
+        opts.wait,
+        stop,
+        |link, welcome| session(link, welcome, &mut rng, &mut report, stop),
+    )?;
+    Ok(report)
 }
 
 /// One stay with a learner, from its welcome until it stops us or goes

@@ -7,8 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::Context as _;
-use common::link::{Link, Welcome};
+use common::link::{sessions, End, Link, Welcome};
 use common::protocol::{Message, Role};
 use common::{Plan, Task};
 
@@ -51,12 +50,6 @@ fn job_plan<'t>(
     Ok((t, plan))
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum End {
-    Stop,
-    LostLearner,
-}
-
 /// Runs until the learner says `Shutdown` or `stop` is set. A learner
 /// that falls silent (a crash, a restart) is greeted again until it
 /// answers.
@@ -65,27 +58,20 @@ pub fn serve(
     opts: &ServeOptions,
     stop: &AtomicBool,
 ) -> anyhow::Result<ServeReport> {
-    let mut link = Link::connect(ctx, &opts.endpoint)?;
     let mut report = ServeReport::default();
-    let mut welcomed = false;
-    loop {
-        let Some(welcome) = link
-            .register(Role::Benchworker, &opts.token, opts.wait, stop)
-            .with_context(|| format!("benchworker of the learner at {}", opts.endpoint))?
-        else {
-            return Ok(report);
-        };
-        if welcomed {
-            report.rejoined += 1;
-        }
-        welcomed = true;
-        tracing::info!("benchworker {} joined the learner", welcome.peer);
-        let mut oracle = build(opts.backend, &welcome.config)?;
-        if session(&mut link, &welcome, oracle.as_mut(), &mut report, stop)? == End::Stop {
-            return Ok(report);
-        }
-        tracing::warn!("the learner is silent; saying hello again");
-    }
+    report.rejoined = sessions(
+        ctx,
+        &opts.endpoint,
+        Role::Benchworker,
+        &opts.token,
+        opts.wait,
+        stop,
+        |link, welcome| {
+            let mut oracle = build(opts.backend, &welcome.config)?;
+            session(link, welcome, oracle.as_mut(), &mut report, stop)
+        },
+    )?;
+    Ok(report)
 }
 
 /// One stay with a learner: measure its jobs one at a time, in a thread

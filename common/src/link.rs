@@ -242,6 +242,46 @@ pub fn write_token(path: &std::path::Path, token: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How a stay with a learner ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Told to stop, or `stop` was set.
+    Stop,
+    /// The learner went silent or forgot this peer: say hello again.
+    LostLearner,
+}
+
+/// A peer's life: say hello, run `session` with the welcome, and when the
+/// learner is lost, say hello again — until a session ends with
+/// [`End::Stop`]. Returns how many welcomes followed the first (the
+/// learner restarted or lost this peer).
+pub fn sessions(
+    ctx: &zmq::Context,
+    endpoint: &str,
+    role: Role,
+    token: &str,
+    wait: Duration,
+    stop: &AtomicBool,
+    mut session: impl FnMut(&mut Link, &Welcome) -> anyhow::Result<End>,
+) -> anyhow::Result<u64> {
+    let mut link = Link::connect(ctx, endpoint)?;
+    let mut welcomes = 0u64;
+    loop {
+        let Some(welcome) = link
+            .register(role, token, wait, stop)
+            .with_context(|| format!("{role:?} of the learner at {endpoint}"))?
+        else {
+            return Ok(welcomes.saturating_sub(1));
+        };
+        welcomes += 1;
+        tracing::info!("{role:?} {} joined the learner", welcome.peer);
+        if session(&mut link, &welcome)? == End::Stop {
+            return Ok(welcomes - 1);
+        }
+        tracing::warn!("the learner is silent; saying hello again");
+    }
+}
+
 /// A received message and who sent it.
 pub struct Incoming {
     /// ZeroMQ's routing id of the connection: where replies go.

@@ -131,6 +131,31 @@ fn learner(dir: &Path, label: &str, args: &[&str]) -> (Proc, String) {
     (p, e)
 }
 
+/// A new run's learner on a free loopback port with `actors` and
+/// `benchworkers` threads of its own.
+fn fresh_learner(
+    dir: &Path,
+    label: &str,
+    cfg: &Path,
+    actors: &str,
+    benches: &str,
+) -> (Proc, String) {
+    learner(
+        dir,
+        label,
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--bind",
+            "tcp://127.0.0.1:0",
+            "--actors",
+            actors,
+            "--benchworkers",
+            benches,
+        ],
+    )
+}
+
 fn actor(dir: &Path, label: &str, endpoint: &str, token: &Path) -> Proc {
     Proc::start(
         dir,
@@ -182,20 +207,7 @@ fn a_killed_actor_is_replaced_and_strangers_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let cfg = setup(d, 30, "");
-    let (mut l, ep) = learner(
-        d,
-        "learner",
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "--bind",
-            "tcp://127.0.0.1:0",
-            "--actors",
-            "0",
-            "--benchworkers",
-            "1",
-        ],
-    );
+    let (mut l, ep) = fresh_learner(d, "learner", &cfg, "0", "1");
     let token = d.join("run").join("token");
     let metrics = d.join("run").join("metrics.jsonl");
     let mut a1 = actor(d, "a1", &ep, &token);
@@ -249,20 +261,7 @@ fn a_killed_benchworkers_job_is_measured_by_another() {
         6,
         "[cpu]\nbatch = 256\nmax_rows = 2000\nwarmup = 1\nrepeats = 3\n",
     );
-    let (mut l, ep) = learner(
-        d,
-        "learner",
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "--bind",
-            "tcp://127.0.0.1:0",
-            "--actors",
-            "1",
-            "--benchworkers",
-            "0",
-        ],
-    );
+    let (mut l, ep) = fresh_learner(d, "learner", &cfg, "1", "0");
     let token = d.join("run").join("token");
     let log = d.join("run").join("cost_buffer.jsonl");
     let mut b1 = bench(d, "b1", &ep, &token, "cpu");
@@ -298,20 +297,7 @@ fn a_killed_learner_resumes_and_its_peers_come_back_by_themselves() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let cfg = setup(d, 30, "");
-    let (mut l1, ep) = learner(
-        d,
-        "learner1",
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "--bind",
-            "tcp://127.0.0.1:0",
-            "--actors",
-            "0",
-            "--benchworkers",
-            "0",
-        ],
-    );
+    let (mut l1, ep) = fresh_learner(d, "learner1", &cfg, "0", "0");
     let run = d.join("run");
     let token = run.join("token");
     let log = run.join("cost_buffer.jsonl");

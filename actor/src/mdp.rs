@@ -48,12 +48,16 @@ impl MdpTask {
 }
 
 /// How actions are chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Mode {
     /// Sample from the policy (training).
     Sample,
     /// The most probable legal device (placing for a user).
     Greedy,
+    /// Episode 0 greedy, the others sampled at `temperature` with Gumbel
+    /// noise from a ChaCha RNG seeded by `seed`: reproducible candidates for
+    /// `plan` to choose among, without touching libtorch's global RNG.
+    GreedyAndSamples { seed: u64, temperature: f64 },
 }
 
 /// `E` episodes of one task, time-major over the `M` steps.
@@ -136,6 +140,12 @@ pub fn rollout(
     let mut infeasible = vec![false; episodes];
     let mut plans = vec![vec![0usize; m]; episodes];
     let rows = Tensor::arange(e, (Kind::Int64, Device::Cpu));
+    let mut gumbel_rng = match mode {
+        Mode::GreedyAndSamples { seed, .. } => {
+            Some(<rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed))
+        }
+        _ => None,
+    };
     let (mut actions, mut logps, mut masks, mut feats) = (
         Vec::with_capacity(m),
         Vec::with_capacity(m),
@@ -167,6 +177,20 @@ pub fn rollout(
         let action = match mode {
             Mode::Sample => logp.exp().multinomial(1, true).squeeze_dim(1),
             Mode::Greedy => logp.argmax(1, false),
+            Mode::GreedyAndSamples { temperature, .. } => {
+                let rng = gumbel_rng.as_mut().expect("seeded above");
+                let noise: Vec<f32> = (0..episodes * task.devices)
+                    .map(|i| {
+                        if i < task.devices {
+                            0.0
+                        } else {
+                            let u: f64 = rand::Rng::gen_range(rng, 1e-12..1.0);
+                            (-(-u.ln()).ln() * temperature) as f32
+                        }
+                    })
+                    .collect();
+                (&logp + Tensor::from_slice(&noise).view([e, d])).argmax(1, false)
+            }
         };
         let chosen_logp = logp.gather(1, &action.unsqueeze(1), false).squeeze_dim(1);
         // A copy: the state tensors are updated in place below.

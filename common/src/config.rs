@@ -230,6 +230,19 @@ pub struct ModelConfig {
     /// Whether and how the cost network uses each table's work on a linear
     /// scale (see [`CostWork`]).
     pub cost_work: CostWork,
+    /// Episodes the policy rolls out in lockstep when it places for a user
+    /// (`plan`, eval's `policy`): its greedy episode and `plan_samples − 1`
+    /// samples; the plan with the lowest predicted cost wins. 1: greedy only.
+    pub plan_samples: usize,
+    /// Whether `plan` also lets the cheap heuristics' plans (`lookup`,
+    /// `size_lookup`, `torchrec`) compete on predicted cost.
+    pub plan_heuristics: bool,
+    /// Temperature of `plan`'s sampled episodes (1: the policy's own).
+    pub plan_temperature: f64,
+    /// After choosing, `plan` improves the plan by up to this many single
+    /// table moves, each the one that lowers the predicted cost most
+    /// (hill climbing on the cost network; 0: none).
+    pub plan_moves: usize,
 }
 
 /// How the cost network's table MLP sees a table's work: its lookups
@@ -251,6 +264,19 @@ pub enum CostWork {
     /// lookups, the rest left alone, so that a device's summed
     /// representation holds work-weighted sums (Σ width × g(table)).
     Gated,
+}
+
+/// The cost network's loss over per-device forward, backward and
+/// communication times and the iteration cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostLoss {
+    /// Squared error in ms (DreamShard): large costs dominate.
+    #[default]
+    Mse,
+    /// Squared error relative to the target, `((pred − y) / y)²` (targets
+    /// below 0.1 ms count as 0.1 ms): every plan's error counts by its share.
+    Relative,
 }
 
 /// How the cost network turns device representations into a plan's
@@ -284,6 +310,10 @@ impl Default for ModelConfig {
             value_hidden: 64,
             overall_cost: OverallCost::Composed,
             cost_work: CostWork::Inputs,
+            plan_samples: 8,
+            plan_heuristics: true,
+            plan_temperature: 1.0,
+            plan_moves: 10,
         }
     }
 }
@@ -395,6 +425,9 @@ impl ClusterConfig {
 pub struct TrainConfig {
     /// Suite of training tasks (relative to the working directory).
     pub suite: PathBuf,
+    /// Further suites whose tasks train beside `suite`'s (e.g. one with 8
+    /// devices, so that the cost network sees 8-way communication).
+    pub extra_suites: Vec<PathBuf>,
     /// Rounds of collect → cost updates → policy updates.
     pub iterations: usize,
     /// Plans measured on the oracle per iteration (the measurement budget is
@@ -408,6 +441,8 @@ pub struct TrainConfig {
     pub cost_steps: usize,
     pub cost_batch: usize,
     pub cost_lr: f64,
+    /// The cost network's loss (see [`CostLoss`]).
+    pub cost_loss: CostLoss,
     pub policy_steps: usize,
     /// Episodes per policy update, in lockstep on one task.
     pub episodes: usize,
@@ -432,12 +467,14 @@ impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             suite: PathBuf::from("data/generated/dlrm-50x4.train.json"),
+            extra_suites: Vec::new(),
             iterations: 20,
             measure_per_iteration: 10,
             measure_greedy_share: 0.5,
             cost_steps: 1000,
             cost_batch: 64,
             cost_lr: 1e-3,
+            cost_loss: CostLoss::Mse,
             policy_steps: 25,
             episodes: 32,
             policy_lr: 5e-4,

@@ -279,7 +279,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         );
         Config::load(args.config.as_deref())?
     };
-    let suite = Suite::load(&cfg.train.suite, &cfg.memory)?;
+    let train_tasks = crate::data::train_tasks(&cfg)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let log_path = dir.join("cost_buffer.jsonl");
     let metrics_path = dir.join("metrics.jsonl");
@@ -312,7 +312,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             .collect();
         common::fs::write_atomic(&metrics_path, kept.concat().as_bytes())?;
         let mut t =
-            crate::train::Trainer::with(&cfg, &suite.tasks, loaded.model, read.samples, counters);
+            crate::train::Trainer::with(&cfg, &train_tasks, loaded.model, read.samples, counters);
         t.cost_opt
             .load_state(&cost_state)
             .map_err(anyhow::Error::msg)?;
@@ -327,7 +327,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         )?;
         common::fs::write_atomic(&metrics_path, b"")?;
         let _ = std::fs::remove_file(&log_path);
-        crate::train::Trainer::new(&cfg, &suite.tasks)
+        crate::train::Trainer::new(&cfg, &train_tasks)
     };
     let mut log = CostLog::open(&log_path)?;
     let mut metrics = std::fs::OpenOptions::new()

@@ -64,6 +64,15 @@ pub fn generate(cfg: &Config, dir: &Path) -> Result<Generated> {
     Ok(Generated { stats, suites })
 }
 
+/// The training tasks: `train.suite`'s, then each of `train.extra_suites`'.
+pub fn train_tasks(cfg: &Config) -> Result<Vec<common::Task>> {
+    let mut tasks = Vec::new();
+    for path in std::iter::once(&cfg.train.suite).chain(&cfg.train.extra_suites) {
+        tasks.extend(common::Suite::load(path, &cfg.memory)?.tasks);
+    }
+    Ok(tasks)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

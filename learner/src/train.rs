@@ -8,9 +8,12 @@
 //! actor's unroll.
 
 use actor::mdp::{rollout, MdpTask, Mode, Unroll};
-use actor::nets::{masked_log_softmax, CostNet, PlacedTables, PlanBatch, PolicyNet, COST_FEATURES};
+use actor::nets::{
+    compose as nets_compose, masked_log_softmax, CostNet, PlacedTables, PlanBatch, PolicyNet,
+    COST_FEATURES,
+};
 use benchworker::Oracle;
-use common::config::{Config, RewardScale, TrainConfig, Update};
+use common::config::{Config, CostLoss, RewardScale, TrainConfig, Update};
 use common::features::scaled;
 use common::{Measurement, Plan, Task};
 use rand::{Rng, SeedableRng};
@@ -49,7 +52,7 @@ impl CostSample {
 /// MSE of the cost network on measured plans: per-device forward, backward
 /// and backward-communication times, and the iteration cost (DreamShard's
 /// sum of four losses).
-pub fn cost_loss(cost: &CostNet, samples: &[&CostSample]) -> Tensor {
+pub fn cost_loss(cost: &CostNet, samples: &[&CostSample], kind: CostLoss) -> Tensor {
     let placed: Vec<PlacedTables> = samples.iter().map(|s| s.placed.clone()).collect();
     let batch = PlanBatch::new(&placed);
     let per_device: Vec<f32> = samples
@@ -67,14 +70,15 @@ pub fn cost_loss(cost: &CostNet, samples: &[&CostSample]) -> Tensor {
         .collect();
     let pred = cost.forward(&batch);
     let dev_target = Tensor::from_slice(&per_device).view([-1, COST_FEATURES]);
-    let dev_loss = (pred.per_device - dev_target)
-        .square()
+    let overall = Tensor::from_slice(&overall);
+    let err = |pred: Tensor, target: &Tensor| match kind {
+        CostLoss::Mse => (pred - target).square(),
+        CostLoss::Relative => ((pred - target) / target.clamp_min(0.1)).square(),
+    };
+    let dev_loss = err(pred.per_device, &dev_target)
         .mean_dim([0i64].as_slice(), false, Kind::Float)
         .sum(Kind::Float);
-    dev_loss
-        + pred
-            .overall
-            .mse_loss(&Tensor::from_slice(&overall), tch::Reduction::Mean)
+    dev_loss + err(pred.overall, &overall).mean(Kind::Float)
 }
 
 /// Figures of one policy update.
@@ -304,6 +308,10 @@ pub struct Model {
     pub cost_vs: nn::VarStore,
     pub policy: PolicyNet,
     pub cost: CostNet,
+    /// How [`Model::plan`] chooses (`model.plan_*`), and the global batch
+    /// for TorchRec's estimator among its candidates.
+    pub plan_cfg: common::config::ModelConfig,
+    pub batch: u64,
 }
 
 impl Model {
@@ -317,6 +325,8 @@ impl Model {
             cost_vs,
             policy,
             cost,
+            plan_cfg: cfg.model.clone(),
+            batch: cfg.sim.batch,
         }
     }
 
@@ -370,18 +380,203 @@ impl Model {
         )
     }
 
-    /// The policy's greedy plan for a task, and whether it ran out of memory
-    /// (see [`Model::estimate`] for its predicted cost).
+    /// The policy's plan for a task, and whether it ran out of memory (see
+    /// [`Model::estimate`] for its predicted cost). With `model.plan_samples`
+    /// = 1 and no `model.plan_heuristics`, the greedy episode; otherwise the
+    /// candidate with the lowest predicted cost among the greedy episode,
+    /// `plan_samples − 1` sampled ones (one batched rollout, reproducible)
+    /// and the cheap heuristics' plans.
     pub fn plan(&self, task: &Task, mem: &common::MemoryModel) -> (Plan, bool) {
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
-        let u = rollout(&self.policy, &self.cost, &mdp, 1, Mode::Greedy);
+        let c = &self.plan_cfg;
+        let k = c.plan_samples.max(1);
+        let mode = if k == 1 {
+            Mode::Greedy
+        } else {
+            Mode::GreedyAndSamples {
+                seed: 0,
+                temperature: c.plan_temperature,
+            }
+        };
+        let u = rollout(&self.policy, &self.cost, &mdp, k, mode);
+        let mut candidates: Vec<(Vec<usize>, bool)> =
+            u.plans.into_iter().zip(u.infeasible).collect();
+        if c.plan_heuristics {
+            let ctx = crate::baselines::Context {
+                tables: &task.tables,
+                devices: task.devices,
+                cap_bytes: task.cap_bytes(),
+                mem,
+                batch: self.batch,
+            };
+            let mut rng = ChaCha8Rng::seed_from_u64(0);
+            for m in [
+                crate::baselines::Method::Lookup,
+                crate::baselines::Method::SizeLookup,
+                crate::baselines::Method::Torchrec,
+            ] {
+                if let Some(p) = crate::baselines::place(m, &ctx, &mut rng) {
+                    candidates.push((p.assignment, false));
+                }
+            }
+        }
+        let moves = if c.overall_cost == common::config::OverallCost::Composed {
+            c.plan_moves
+        } else {
+            0
+        };
+        if candidates.len() == 1 && moves == 0 {
+            let (assignment, infeasible) = candidates.swap_remove(0);
+            return (
+                Plan {
+                    devices: task.devices,
+                    assignment,
+                },
+                infeasible,
+            );
+        }
+        // The cost network's table representations once; each candidate's
+        // device sums from them.
+        let _guard = tch::no_grad_guard();
+        let reps = self.cost.tables(
+            &PlanBatch::new(&[PlacedTables {
+                features: task.tables.iter().map(scaled).collect(),
+                assignment: candidates[0].0.clone(),
+                devices: task.devices,
+            }])
+            .features,
+        );
+        let best =
+            if candidates.len() == 1 {
+                0
+            } else {
+                let (n, d) = (candidates.len() as i64, task.devices as i64);
+                let device_of: Vec<i64> = candidates
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, (a, _))| a.iter().map(move |&x| i as i64 * d + x as i64))
+                    .collect();
+                let dev = Tensor::zeros([n * d, reps.size()[1]], (Kind::Float, Device::Cpu))
+                    .index_add(0, &Tensor::from_slice(&device_of), &reps.repeat([n, 1]));
+                let plan_of_device = Tensor::arange(n, (Kind::Int64, Device::Cpu))
+                    .repeat_interleave_self_int(d, 0, None);
+                let costs: Vec<f32> =
+                    Vec::try_from(self.cost.overall_cost(&dev, &plan_of_device, n))
+                        .unwrap_or_default();
+                (0..candidates.len())
+                    .filter(|&i| !candidates[i].1)
+                    .min_by(|&a, &b| costs[a].total_cmp(&costs[b]).then(a.cmp(&b)))
+                    .unwrap_or(0)
+            };
+        let (mut assignment, infeasible) = candidates.swap_remove(best);
+        if !infeasible && moves > 0 {
+            assignment = self.improve(task, mem, &reps, assignment, moves);
+        }
         (
             Plan {
                 devices: task.devices,
-                assignment: u.plans[0].clone(),
+                assignment,
             },
-            u.infeasible[0],
+            infeasible,
         )
+    }
+}
+
+impl Model {
+    /// Hill climbing on the cost network: up to `moves` times, the single
+    /// table move (to a device it fits) that lowers the predicted iteration
+    /// cost most. Only the two devices a move touches are re-costed.
+    fn improve(
+        &self,
+        task: &Task,
+        mem: &common::MemoryModel,
+        reps: &Tensor,
+        mut assignment: Vec<usize>,
+        moves: usize,
+    ) -> Vec<usize> {
+        let _guard = tch::no_grad_guard();
+        let (m, d) = (task.tables.len(), task.devices);
+        let bytes: Vec<u64> = task.tables.iter().map(|t| mem.table_bytes(t)).collect();
+        let cap = task.cap_bytes();
+        let cw = reps.size()[1];
+        let mut used = vec![0u64; d];
+        for (t, &a) in assignment.iter().enumerate() {
+            used[a] += bytes[t];
+        }
+        let dev_of = Tensor::from_slice(&assignment.iter().map(|&a| a as i64).collect::<Vec<_>>());
+        let dev_repr =
+            Tensor::zeros([d as i64, cw], (Kind::Float, Device::Cpu)).index_add(0, &dev_of, reps);
+        let mut per_dev = self.cost.device_costs(&dev_repr);
+        let one_plan = Tensor::zeros([d as i64], (Kind::Int64, Device::Cpu));
+        let mut current = nets_compose(&per_dev, &one_plan, 1).double_value(&[0]);
+        for _ in 0..moves {
+            // Only moves off a bottleneck device (the slowest forward, the
+            // slowest backward with its exchanges) can lower the cost.
+            let pd: Vec<f32> = Vec::try_from(per_dev.view([-1])).unwrap_or_default();
+            let argmax = |f: &dyn Fn(&[f32]) -> f32| {
+                (0..d)
+                    .max_by(|&a, &b| f(&pd[a * 3..a * 3 + 3]).total_cmp(&f(&pd[b * 3..b * 3 + 3])))
+                    .unwrap_or(0)
+            };
+            let slow = [argmax(&|c| c[0]), argmax(&|c| c[1] + 2.0 * c[2])];
+            let (mut tabs, mut dsts) = (Vec::new(), Vec::new());
+            for t in (0..m).filter(|&t| slow.contains(&assignment[t])) {
+                for (dst, &u) in used.iter().enumerate() {
+                    if dst != assignment[t] && u + bytes[t] <= cap {
+                        tabs.push(t as i64);
+                        dsts.push(dst as i64);
+                    }
+                }
+            }
+            if tabs.is_empty() {
+                break;
+            }
+            let n = tabs.len() as i64;
+            let srcs: Vec<i64> = tabs
+                .iter()
+                .map(|&t| assignment[t as usize] as i64)
+                .collect();
+            let (tabs_t, srcs_t, dsts_t) = (
+                Tensor::from_slice(&tabs),
+                Tensor::from_slice(&srcs),
+                Tensor::from_slice(&dsts),
+            );
+            let moved = reps.index_select(0, &tabs_t);
+            let src_repr = dev_repr.index_select(0, &srcs_t) - &moved;
+            let dst_repr = dev_repr.index_select(0, &dsts_t) + &moved;
+            let changed = self
+                .cost
+                .device_costs(&Tensor::cat(&[src_repr, dst_repr], 0));
+            // [N, D, 3]: the current per-device costs with the two rows replaced.
+            let all = per_dev.unsqueeze(0).repeat([n, 1, 1]);
+            let rows = Tensor::arange(n, (Kind::Int64, Device::Cpu));
+            let all = all
+                .index_put(
+                    &[Some(rows.shallow_clone()), Some(srcs_t)],
+                    &changed.narrow(0, 0, n),
+                    false,
+                )
+                .index_put(&[Some(rows), Some(dsts_t)], &changed.narrow(0, n, n), false);
+            let plan_of_device = Tensor::arange(n, (Kind::Int64, Device::Cpu))
+                .repeat_interleave_self_int(d as i64, 0, None);
+            let costs = nets_compose(&all.view([n * d as i64, 3]), &plan_of_device, n);
+            let best = costs.argmin(0, false).int64_value(&[]);
+            let best_cost = costs.double_value(&[best]);
+            if best_cost >= current - 1e-6 {
+                break;
+            }
+            let (t, dst) = (tabs[best as usize] as usize, dsts[best as usize] as usize);
+            let src = assignment[t];
+            used[src] -= bytes[t];
+            used[dst] += bytes[t];
+            assignment[t] = dst;
+            let rep = reps.get(t as i64);
+            let _ = dev_repr.get(src as i64).g_sub_(&rep);
+            let _ = dev_repr.get(dst as i64).g_add_(&rep);
+            per_dev = self.cost.device_costs(&dev_repr);
+            current = best_cost;
+        }
+        assignment
     }
 }
 
@@ -488,7 +683,8 @@ impl<'a> Trainer<'a> {
     }
 
     /// Draws a training task and one plan for it from the current policy,
-    /// to be measured: its greedy plan or a sample.
+    /// to be measured: its greedy plan or a sample. (Measuring the plan
+    /// that `model.plan_*` selects instead did not help: see the commit.)
     pub fn pick_plan(&mut self, greedy: bool) -> Pick {
         let k = self.rng.gen_range(0..self.tasks.len());
         let mode = if greedy { Mode::Greedy } else { Mode::Sample };
@@ -524,7 +720,7 @@ impl<'a> Trainer<'a> {
         let batch: Vec<&CostSample> = (0..t.cost_batch.min(self.buffer.len()))
             .map(|_| &self.buffer[self.rng.gen_range(0..self.buffer.len())])
             .collect();
-        let loss = cost_loss(&self.model.cost, &batch);
+        let loss = cost_loss(&self.model.cost, &batch, t.cost_loss);
         self.cost_opt.backward_step(&loss);
         self.tally.cost_loss += loss.double_value(&[]);
         self.tally.cost_n += 1;
@@ -807,6 +1003,39 @@ pub(crate) mod tests {
         let (a, _) = model.plan(&test_suite.tasks[0], &cfg.memory);
         let (b, _) = back.plan(&test_suite.tasks[0], &cfg.memory);
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn plan_selection_and_moves_never_predict_worse_than_greedy() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = small_config(dir.path());
+        crate::data::generate(&cfg, dir.path()).unwrap();
+        let suite = Suite::load(&dir.path().join("dlrm-20x4.test.json"), &cfg.memory).unwrap();
+        tch::manual_seed(3);
+        let mut model = Model::new(&cfg);
+        for task in &suite.tasks[..4] {
+            model.plan_cfg.plan_samples = 1;
+            model.plan_cfg.plan_moves = 0;
+            model.plan_cfg.plan_heuristics = false;
+            let (greedy, _) = model.plan(task, &cfg.memory);
+            model.plan_cfg.plan_samples = 8;
+            model.plan_cfg.plan_moves = 20;
+            model.plan_cfg.plan_heuristics = true;
+            let (chosen, infeasible) = model.plan(task, &cfg.memory);
+            assert!(!infeasible);
+            assert_eq!(chosen, model.plan(task, &cfg.memory).0, "reproducible");
+            let fits = task.tables.iter().zip(&chosen.assignment).fold(
+                vec![0u64; task.devices],
+                |mut used, (t, &d)| {
+                    used[d] += cfg.memory.table_bytes(t);
+                    used
+                },
+            );
+            assert!(fits.iter().all(|&u| u <= task.cap_bytes()));
+            let g = model.estimate(&task.tables, &greedy).1;
+            let c = model.estimate(&task.tables, &chosen).1;
+            assert!(c <= g + 1e-4, "chosen {c} ms vs greedy {g} ms");
+        }
     }
 
     #[test]

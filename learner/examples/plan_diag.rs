@@ -1,0 +1,76 @@
+//! Diagnostics for plan-time selection: per task, `K` candidates (the greedy
+//! episode and `K − 1` samples, as `plan` rolls them out), each predicted by
+//! the cost network and measured on the `sim` oracle. Prints the mean
+//! measured cost of the greedy plan, of the candidate the cost network picks,
+//! of the truly best candidate (what a perfect ranking would get), and the
+//! mean Spearman correlation between predicted and measured costs.
+//!
+//! cargo run --release --example plan_diag -- RUN_DIR K SUITE...
+use actor::mdp::{rollout, MdpTask, Mode};
+use benchworker::sim::SimOracle;
+use benchworker::Oracle;
+use common::config::Config;
+use common::{Plan, Suite};
+
+fn ranks(v: &[f64]) -> Vec<f64> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
+    let mut r = vec![0.0; v.len()];
+    for (i, &j) in idx.iter().enumerate() {
+        r[j] = i as f64;
+    }
+    r
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let run = std::path::Path::new(&args[0]);
+    let k: usize = args[1].parse()?;
+    let cfg = Config::load(Some(&run.join("config.toml")))?;
+    let model = learner::checkpoint::load_latest(&cfg, run)
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint"))?
+        .model;
+    let mut sim = SimOracle::new(cfg.sim.clone(), cfg.memory);
+    for suite_path in &args[2..] {
+        let suite = Suite::load(std::path::Path::new(suite_path), &cfg.memory)?;
+        let (mut greedy, mut picked, mut best, mut rho, mut n) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for task in &suite.tasks {
+            let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
+            let mode = Mode::GreedyAndSamples {
+                seed: 0,
+                temperature: cfg.model.plan_temperature,
+            };
+            let u = rollout(&model.policy, &model.cost, &mdp, k, mode);
+            let pred: Vec<f64> = Vec::<f32>::try_from(&u.predicted_cost_ms)?
+                .into_iter()
+                .map(f64::from)
+                .collect();
+            let mut meas = Vec::new();
+            for p in &u.plans {
+                let plan = Plan {
+                    devices: task.devices,
+                    assignment: p.clone(),
+                };
+                meas.push(sim.measure(&task.tables, &plan)?.cost_ms);
+            }
+            let pick = (0..k).min_by(|&a, &b| pred[a].total_cmp(&pred[b])).unwrap();
+            greedy += meas[0];
+            picked += meas[pick];
+            best += meas.iter().cloned().fold(f64::INFINITY, f64::min);
+            let (rp, rm) = (ranks(&pred), ranks(&meas));
+            let m = (k as f64 - 1.0) / 2.0;
+            let cov: f64 = rp.iter().zip(&rm).map(|(a, b)| (a - m) * (b - m)).sum();
+            let var: f64 = rp.iter().map(|a| (a - m) * (a - m)).sum();
+            rho += cov / var.max(1e-9);
+            n += 1.0;
+        }
+        println!(
+            "{suite_path} K={k}: greedy {:.3} picked {:.3} best-of-K {:.3} spearman {:.2}",
+            greedy / n,
+            picked / n,
+            best / n,
+            rho / n
+        );
+    }
+    Ok(())
+}

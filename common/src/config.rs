@@ -310,7 +310,7 @@ impl Default for ModelConfig {
             value_hidden: 64,
             overall_cost: OverallCost::Composed,
             cost_work: CostWork::Inputs,
-            plan_samples: 8,
+            plan_samples: 1,
             plan_heuristics: true,
             plan_temperature: 1.0,
             plan_moves: 10,

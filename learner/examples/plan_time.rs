@@ -17,14 +17,11 @@ fn main() -> anyhow::Result<()> {
     };
     for (k, moves, heur) in [
         (1, 0, false),
-        (8, 0, false),
-        (16, 0, false),
-        (32, 0, false),
-        (1, 20, false),
+        (1, 10, true),
+        (4, 10, true),
         (8, 10, true),
-        (16, 20, true),
-        (32, 20, false),
-        (32, 20, true),
+        (16, 10, true),
+        (32, 10, true),
     ] {
         cfg.model.plan_samples = k;
         cfg.model.plan_moves = moves;

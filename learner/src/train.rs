@@ -8,10 +8,7 @@
 //! actor's unroll.
 
 use actor::mdp::{rollout, MdpTask, Mode, Unroll};
-use actor::nets::{
-    compose as nets_compose, masked_log_softmax, CostNet, PlacedTables, PlanBatch, PolicyNet,
-    COST_FEATURES,
-};
+use actor::nets::{masked_log_softmax, CostNet, PlacedTables, PlanBatch, PolicyNet, COST_FEATURES};
 use benchworker::Oracle;
 use common::config::{Config, CostLoss, RewardScale, TrainConfig, Update};
 use common::features::scaled;
@@ -506,16 +503,27 @@ impl Model {
         let dev_of = Tensor::from_slice(&assignment.iter().map(|&a| a as i64).collect::<Vec<_>>());
         let dev_repr =
             Tensor::zeros([d as i64, cw], (Kind::Float, Device::Cpu)).index_add(0, &dev_of, reps);
-        let mut per_dev = self.cost.device_costs(&dev_repr);
-        let one_plan = Tensor::zeros([d as i64], (Kind::Int64, Device::Cpu));
-        let mut current = nets_compose(&per_dev, &one_plan, 1).double_value(&[0]);
+        // Per-device (fwd, bwd, comm) as plain floats: a move changes two
+        // devices, and `compose` is two maxima and a sum.
+        let costs_of = |t: &Tensor| Vec::<f32>::try_from(t.view([-1])).unwrap_or_default();
+        let mut pd = costs_of(&self.cost.device_costs(&dev_repr));
+        let composed = |dev: &dyn Fn(usize) -> [f32; 3]| {
+            let (mut fwd, mut rest) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            for x in 0..d {
+                let c = dev(x);
+                fwd = fwd.max(c[0]);
+                rest = rest.max(c[1] + c[2] * 2.0);
+            }
+            fwd + rest
+        };
+        let row = |v: &[f32], x: usize| [v[x * 3], v[x * 3 + 1], v[x * 3 + 2]];
+        let mut current = composed(&|x| row(&pd, x));
         for _ in 0..moves {
             // Only moves off a bottleneck device (the slowest forward, the
             // slowest backward with its exchanges) can lower the cost.
-            let pd: Vec<f32> = Vec::try_from(per_dev.view([-1])).unwrap_or_default();
-            let argmax = |f: &dyn Fn(&[f32]) -> f32| {
+            let argmax = |f: &dyn Fn([f32; 3]) -> f32| {
                 (0..d)
-                    .max_by(|&a, &b| f(&pd[a * 3..a * 3 + 3]).total_cmp(&f(&pd[b * 3..b * 3 + 3])))
+                    .max_by(|&a, &b| f(row(&pd, a)).total_cmp(&f(row(&pd, b))))
                     .unwrap_or(0)
             };
             let slow = [argmax(&|c| c[0]), argmax(&|c| c[1] + 2.0 * c[2])];
@@ -531,41 +539,40 @@ impl Model {
             if tabs.is_empty() {
                 break;
             }
-            let n = tabs.len() as i64;
+            let n = tabs.len();
             let srcs: Vec<i64> = tabs
                 .iter()
                 .map(|&t| assignment[t as usize] as i64)
                 .collect();
-            let (tabs_t, srcs_t, dsts_t) = (
-                Tensor::from_slice(&tabs),
-                Tensor::from_slice(&srcs),
-                Tensor::from_slice(&dsts),
+            let moved = reps.index_select(0, &Tensor::from_slice(&tabs));
+            let src_repr = dev_repr.index_select(0, &Tensor::from_slice(&srcs)) - &moved;
+            let dst_repr = dev_repr.index_select(0, &Tensor::from_slice(&dsts)) + &moved;
+            // [2N, 3]: the source devices after each move, then the targets.
+            let changed = costs_of(
+                &self
+                    .cost
+                    .device_costs(&Tensor::cat(&[src_repr, dst_repr], 0)),
             );
-            let moved = reps.index_select(0, &tabs_t);
-            let src_repr = dev_repr.index_select(0, &srcs_t) - &moved;
-            let dst_repr = dev_repr.index_select(0, &dsts_t) + &moved;
-            let changed = self
-                .cost
-                .device_costs(&Tensor::cat(&[src_repr, dst_repr], 0));
-            // [N, D, 3]: the current per-device costs with the two rows replaced.
-            let all = per_dev.unsqueeze(0).repeat([n, 1, 1]);
-            let rows = Tensor::arange(n, (Kind::Int64, Device::Cpu));
-            let all = all
-                .index_put(
-                    &[Some(rows.shallow_clone()), Some(srcs_t)],
-                    &changed.narrow(0, 0, n),
-                    false,
-                )
-                .index_put(&[Some(rows), Some(dsts_t)], &changed.narrow(0, n, n), false);
-            let plan_of_device = Tensor::arange(n, (Kind::Int64, Device::Cpu))
-                .repeat_interleave_self_int(d as i64, 0, None);
-            let costs = nets_compose(&all.view([n * d as i64, 3]), &plan_of_device, n);
-            let best = costs.argmin(0, false).int64_value(&[]);
-            let best_cost = costs.double_value(&[best]);
+            let (best, best_cost) = (0..n)
+                .map(|i| {
+                    let (src, dst) = (srcs[i] as usize, dsts[i] as usize);
+                    let c = composed(&|x| {
+                        if x == src {
+                            row(&changed, i)
+                        } else if x == dst {
+                            row(&changed, n + i)
+                        } else {
+                            row(&pd, x)
+                        }
+                    });
+                    (i, c)
+                })
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .unwrap_or((0, f32::INFINITY));
             if best_cost >= current - 1e-6 {
                 break;
             }
-            let (t, dst) = (tabs[best as usize] as usize, dsts[best as usize] as usize);
+            let (t, dst) = (tabs[best] as usize, dsts[best] as usize);
             let src = assignment[t];
             used[src] -= bytes[t];
             used[dst] += bytes[t];
@@ -573,7 +580,8 @@ impl Model {
             let rep = reps.get(t as i64);
             let _ = dev_repr.get(src as i64).g_sub_(&rep);
             let _ = dev_repr.get(dst as i64).g_add_(&rep);
-            per_dev = self.cost.device_costs(&dev_repr);
+            pd[src * 3..src * 3 + 3].copy_from_slice(&row(&changed, best));
+            pd[dst * 3..dst * 3 + 3].copy_from_slice(&row(&changed, n + best));
             current = best_cost;
         }
         assignment

@@ -85,11 +85,8 @@ fn session(
 ) -> anyhow::Result<End> {
     let heartbeat = Duration::from_secs_f64(welcome.config.cluster.heartbeat_s);
     let timeout = Duration::from_secs_f64(welcome.config.cluster.peer_timeout_s);
-    let mut stopping = None;
+    let mut stopping = false;
     loop {
-        if let Some(end) = stopping {
-            return Ok(end);
-        }
         if stop.load(Ordering::Relaxed) {
             return Ok(End::Stop);
         }
@@ -109,22 +106,32 @@ fn session(
                 let result = match job_plan(&welcome.tasks, task, &assignment) {
                     Err(e) => Err(e),
                     Ok((t, plan)) => std::thread::scope(|s| {
-                        let work = s.spawn(|| {
-                            oracle
-                                .measure(&t.tables, &plan)
-                                .map_err(|e| format!("{}: {e}", t.name))
+                        let (done, result) = std::sync::mpsc::channel();
+                        let o = &mut *oracle;
+                        s.spawn(move || {
+                            let _ = done.send(
+                                o.measure(&t.tables, &plan)
+                                    .map_err(|e| format!("{}: {e}", t.name)),
+                            );
                         });
                         // Heartbeats while measuring; a shutdown waits for the job.
-                        while !work.is_finished() {
+                        loop {
+                            match result.recv_timeout(Duration::from_millis(50)) {
+                                Ok(r) => return Ok(r),
+                                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                                    anyhow::bail!("the oracle panicked measuring job {job}")
+                                }
+                                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                            }
                             link.heartbeat(heartbeat)?;
-                            match link.recv(50)? {
-                                Some((_, Message::Shutdown)) => stopping = Some(End::Stop),
-                                Some((_, Message::Ack { .. })) => report.acked += 1,
-                                _ => {}
+                            while let Some((_, m)) = link.recv(0)? {
+                                match m {
+                                    Message::Shutdown => stopping = true,
+                                    Message::Ack { .. } => report.acked += 1,
+                                    _ => {}
+                                }
                             }
                         }
-                        work.join()
-                            .map_err(|_| anyhow::anyhow!("the oracle panicked measuring job {job}"))
                     })?,
                 };
                 let reply = match result {
@@ -139,6 +146,9 @@ fn session(
                     }
                 };
                 link.send(header.policy_version, &reply)?;
+                if stopping {
+                    return Ok(End::Stop);
+                }
             }
             Message::Ack { .. } => report.acked += 1,
             Message::Shutdown => return Ok(End::Stop),

@@ -87,12 +87,14 @@ pub struct PlanBatch {
 
 impl PlanBatch {
     /// Flattens plans into one batch.
-    pub fn new(plans: &[PlacedTables]) -> PlanBatch {
+    pub fn new<'p>(plans: impl IntoIterator<Item = &'p PlacedTables>) -> PlanBatch {
         let mut features = Vec::new();
         let mut device_of = Vec::new();
         let mut plan_of_device = Vec::new();
         let mut first_device = 0i64;
-        for (p, plan) in plans.iter().enumerate() {
+        let mut count = 0i64;
+        for (p, plan) in plans.into_iter().enumerate() {
+            count += 1;
             for (f, &d) in plan.features.iter().zip(&plan.assignment) {
                 features.extend_from_slice(f);
                 device_of.push(first_device + d as i64);
@@ -106,7 +108,7 @@ impl PlanBatch {
             device_of: Tensor::from_slice(&device_of),
             plan_of_device: Tensor::from_slice(&plan_of_device),
             devices: first_device,
-            plans: plans.len() as i64,
+            plans: count,
         }
     }
 }

@@ -226,6 +226,11 @@ pub fn read_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<Strin
     Ok(Some(token))
 }
 
+/// A new random cluster token.
+pub fn random_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
 /// Writes a token file readable by its owner only.
 pub fn write_token(path: &std::path::Path, token: &str) -> anyhow::Result<()> {
     use std::io::Write as _;

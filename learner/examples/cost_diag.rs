@@ -8,7 +8,6 @@
 //! cargo run --release --example cost_diag -- RUN_DIR SUITE...
 use benchworker::sim::SimOracle;
 use benchworker::Oracle;
-use common::config::Config;
 use common::Suite;
 use learner::baselines::{place, Context, Method};
 use rand::SeedableRng;
@@ -16,10 +15,7 @@ use rand::SeedableRng;
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let run = std::path::Path::new(&args[0]);
-    let cfg = Config::load(Some(&run.join("config.toml")))?;
-    let model = learner::checkpoint::load_latest(&cfg, run)
-        .ok_or_else(|| anyhow::anyhow!("no checkpoint"))?
-        .model;
+    let (cfg, model) = learner::checkpoint::load_run(run)?;
     let mut sim = SimOracle::new(cfg.sim.clone(), cfg.memory);
     for suite_path in &args[1..] {
         let suite = Suite::load(std::path::Path::new(suite_path), &cfg.memory)?;

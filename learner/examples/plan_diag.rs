@@ -9,7 +9,6 @@
 use actor::mdp::{rollout, MdpTask, Mode};
 use benchworker::sim::SimOracle;
 use benchworker::Oracle;
-use common::config::Config;
 use common::{Plan, Suite};
 
 fn ranks(v: &[f64]) -> Vec<f64> {
@@ -26,10 +25,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let run = std::path::Path::new(&args[0]);
     let k: usize = args[1].parse()?;
-    let cfg = Config::load(Some(&run.join("config.toml")))?;
-    let model = learner::checkpoint::load_latest(&cfg, run)
-        .ok_or_else(|| anyhow::anyhow!("no checkpoint"))?
-        .model;
+    let (cfg, model) = learner::checkpoint::load_run(run)?;
     let mut sim = SimOracle::new(cfg.sim.clone(), cfg.memory);
     for suite_path in &args[2..] {
         let suite = Suite::load(std::path::Path::new(suite_path), &cfg.memory)?;

@@ -2,13 +2,11 @@
 //! under several `model.plan_*` settings: min and median over 15 calls.
 //!
 //! cargo run --release --example plan_time -- RUN_DIR TABLES_CSV DEVICES MEMORY_GB
-use common::config::Config;
-
 fn main() -> anyhow::Result<()> {
     tch::set_num_threads(1);
     let args: Vec<String> = std::env::args().skip(1).collect();
     let run = std::path::Path::new(&args[0]);
-    let mut cfg = Config::load(Some(&run.join("config.toml")))?;
+    let (cfg, mut model) = learner::checkpoint::load_run(run)?;
     let task = common::Task {
         name: args[1].clone(),
         devices: args[2].parse()?,
@@ -23,12 +21,9 @@ fn main() -> anyhow::Result<()> {
         (16, 10, true),
         (32, 10, true),
     ] {
-        cfg.model.plan_samples = k;
-        cfg.model.plan_moves = moves;
-        cfg.model.plan_heuristics = heur;
-        let model = learner::checkpoint::load_latest(&cfg, run)
-            .ok_or_else(|| anyhow::anyhow!("no checkpoint"))?
-            .model;
+        model.plan_cfg.plan_samples = k;
+        model.plan_cfg.plan_moves = moves;
+        model.plan_cfg.plan_heuristics = heur;
         model.plan(&task, &cfg.memory);
         let mut t: Vec<f64> = (0..15)
             .map(|_| {

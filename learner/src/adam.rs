@@ -55,6 +55,9 @@ impl Adam {
 
     /// Scales the gradients so their joint L2 norm is at most `max`.
     pub fn clip_grad_norm(&mut self, max: f64) {
+        if !max.is_finite() {
+            return;
+        }
         tch::no_grad(|| {
             let grads: Vec<Tensor> = self
                 .params

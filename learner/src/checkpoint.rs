@@ -122,10 +122,16 @@ fn verify(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn load_one(cfg: &Config, dir: &Path) -> anyhow::Result<Loaded> {
+/// Loads a checkpoint; the optimizer's state only when `optimizer` (a
+/// trained model's users need the networks alone).
+fn load_one(cfg: &Config, dir: &Path, optimizer: bool) -> anyhow::Result<Loaded> {
     verify(dir)?;
     let model = Model::load(cfg, dir)?;
-    let optimizer = Tensor::load_multi(dir.join("optimizer.ot")).context("loading optimizer.ot")?;
+    let optimizer = if optimizer {
+        Tensor::load_multi(dir.join("optimizer.ot")).context("loading optimizer.ot")?
+    } else {
+        Vec::new()
+    };
     let counters: Counters = serde_json::from_slice(&std::fs::read(dir.join("counters.json"))?)
         .context("parsing counters.json")?;
     Ok(Loaded {
@@ -139,8 +145,26 @@ fn load_one(cfg: &Config, dir: &Path) -> anyhow::Result<Loaded> {
 /// The newest intact checkpoint of a run; damaged ones are skipped with a
 /// warning. `None` when the run has none.
 pub fn load_latest(cfg: &Config, run: &Path) -> Option<Loaded> {
+    latest(cfg, run, true)
+}
+
+/// A run directory's configuration and its newest intact model.
+pub fn load_run(run: &Path) -> anyhow::Result<(Config, Model)> {
+    let cfg = Config::load(Some(&run.join("config.toml")))?;
+    let loaded = load_latest_model(&cfg, run)
+        .with_context(|| format!("no intact checkpoint in {}", run.display()))?;
+    Ok((cfg, loaded.model))
+}
+
+/// [`load_latest`] without the optimizer's state (its `optimizer` is empty):
+/// for `plan` and `eval`.
+pub fn load_latest_model(cfg: &Config, run: &Path) -> Option<Loaded> {
+    latest(cfg, run, false)
+}
+
+fn latest(cfg: &Config, run: &Path, optimizer: bool) -> Option<Loaded> {
     for dir in list(run) {
-        match load_one(cfg, &dir) {
+        match load_one(cfg, &dir, optimizer) {
             Ok(l) => return Some(l),
             Err(e) => tracing::warn!(
                 "checkpoint {} is damaged, trying an older one: {e:#}",

@@ -196,7 +196,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
 fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     // One episode's tensors are tiny: a thread pool only adds latency.
     tch::set_num_threads(1);
-    let (run_cfg, model) = load_run(&args.checkpoint)?;
+    let (run_cfg, model) = crate::checkpoint::load_run(&args.checkpoint)?;
     let tables = common::pool::read(&args.tables)?;
     let task = common::Task {
         name: args.tables.display().to_string(),
@@ -367,8 +367,8 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut hooks = crate::train::Hooks {
         measured: Box::new(|s| log.append(s)),
         metrics: Box::new(|m| {
+            // Made durable with each checkpoint: a resume drops later lines.
             writeln!(metrics, "{}", serde_json::to_string(m)?)
-                .and_then(|_| metrics.sync_data())
                 .with_context(|| format!("writing {}", metrics_path.display()))?;
             bar.set_position(m.step as u64);
             let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2}"));
@@ -386,6 +386,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }),
         round_done: Box::new(|trainer| {
             if trainer.done() || trainer.counters.iteration % t.checkpoint_every == 0 {
+                sync_file(&metrics_path)?;
                 checkpoint::save(dir, trainer, t.keep_checkpoints)?;
             }
             Ok(())
@@ -429,6 +430,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         ))
     };
     if stopped() && !trainer.done() {
+        sync_file(&metrics_path)?;
         let at = checkpoint::save(dir, &trainer, t.keep_checkpoints)?;
         tracing::info!(
             "stopped; checkpoint {} written: --resume continues",
@@ -460,6 +462,13 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Flushes a file's written data to disk.
+fn sync_file(path: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_data())
+        .with_context(|| format!("syncing {}", path.display()))
+}
+
 /// The cluster token: from `--token-file`, else `EMBSHARD_TOKEN`, else
 /// (for a learner that accepts remote peers) a new random one written to
 /// RUN/token for the peers (kept on resume), else a random one for the
@@ -477,20 +486,12 @@ fn cluster_token(
     if remote && path.exists() {
         return Ok(common::link::read_token(Some(&path))?.unwrap_or_default());
     }
-    let token = format!("{:032x}", rand::random::<u128>());
+    let token = common::link::random_token();
     if remote {
         common::link::write_token(&path, &token)?;
         tracing::info!("cluster token written to {}", path.display());
     }
     Ok(token)
-}
-
-/// The newest intact model of a run directory.
-fn load_run(run: &std::path::Path) -> anyhow::Result<(Config, crate::train::Model)> {
-    let run_cfg = Config::load(Some(&run.join("config.toml")))?;
-    let loaded = crate::checkpoint::load_latest(&run_cfg, run)
-        .with_context(|| format!("no intact checkpoint in {}", run.display()))?;
-    Ok((run_cfg, loaded.model))
 }
 
 fn generate(args: GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -514,7 +515,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         Method::parse_list(&args.methods).map_err(|e| anyhow::anyhow!("--methods: {e}"))?;
     let model = match &args.checkpoint {
         Some(run) => {
-            let (_, model) = load_run(run)?;
+            let (_, model) = crate::checkpoint::load_run(run)?;
             if args.methods.trim() == "all" {
                 methods.push(Method::Policy);
             }

@@ -24,6 +24,7 @@
 //! `inproc://`; the same loop serves remote peers on `tcp://`.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -125,6 +126,7 @@ pub struct Learner<'t, 'a> {
     /// The version published when the current round's cost steps were done:
     /// older unrolls were acted on a superseded cost network.
     round_version: Option<u64>,
+    weights_cache: Option<(u64, Rc<Message>)>,
     last_heartbeat: Instant,
     pub report: RuntimeReport,
 }
@@ -145,17 +147,27 @@ impl<'t, 'a> Learner<'t, 'a> {
             job_failures: 0,
             queue: VecDeque::new(),
             round_version: None,
+            weights_cache: None,
             last_heartbeat: Instant::now(),
             report: RuntimeReport::default(),
         })
     }
 
-    fn weights(&self) -> Message {
-        Message::Weights(Weights {
-            version: self.trainer.counters.policy_version,
-            policy: export(&self.trainer.model.policy_vs),
-            cost: export(&self.trainer.model.cost_vs),
-        })
+    /// The current networks as a message, exported once per version.
+    fn weights(&mut self) -> Rc<Message> {
+        let version = self.trainer.counters.policy_version;
+        match &self.weights_cache {
+            Some((v, m)) if *v == version => m.clone(),
+            _ => {
+                let m = Rc::new(Message::Weights(Weights {
+                    version,
+                    policy: export(&self.trainer.model.policy_vs),
+                    cost: export(&self.trainer.model.cost_vs),
+                }));
+                self.weights_cache = Some((version, m.clone()));
+                m
+            }
+        }
     }
 
     /// Sends to a peer; a peer that is gone is forgotten and its job
@@ -320,9 +332,9 @@ impl<'t, 'a> Learner<'t, 'a> {
                     self.job_failed(pick, e)?;
                     return Ok(());
                 }
-                let sample = CostSample::new(task, &pick.plan, measurement.clone());
+                let sample = CostSample::new(task, &pick.plan, measurement);
                 (hooks.measured)(&sample)?;
-                self.trainer.record(&pick, measurement);
+                self.trainer.record(pick.predicted_ms, sample);
                 self.job_failures = 0;
                 // Durable now: the benchworker may forget it.
                 self.send(&from, &Message::Ack { job });
@@ -441,17 +453,18 @@ impl<'t, 'a> Learner<'t, 'a> {
             let Some(q) = self.queue.pop_front() else {
                 return Ok(false);
             };
-            self.grant(&q.from, 1);
             let lag = self.trainer.counters.policy_version.saturating_sub(q.acted);
             let max_lag = self.trainer.config().cluster.max_policy_lag as u64;
             if q.acted < round_version || lag > max_lag {
                 self.trainer.counters.dropped_unrolls += 1;
-                return Ok(true);
+            } else {
+                let line = self.trainer.policy_update(q.task, &q.unroll, lag);
+                self.report.lags.push(lag);
+                (hooks.metrics)(&line)?;
+                self.broadcast();
             }
-            let line = self.trainer.policy_update(q.task, &q.unroll, lag);
-            self.report.lags.push(lag);
-            (hooks.metrics)(&line)?;
-            self.broadcast();
+            // After the update: the credit comes with the new weights.
+            self.grant(&q.from, 1);
             return Ok(true);
         }
         // The round is complete.
@@ -552,7 +565,6 @@ impl<'t, 'a> Learner<'t, 'a> {
         )
     }
 
-    /// Tells every peer to stop.
     /// Tells every peer to stop; with `linger`, then for two heartbeat
     /// periods answers whoever still speaks (a remote peer forgotten a
     /// moment ago, one saying hello again) with `Shutdown` too, so that no
@@ -598,7 +610,7 @@ impl ClusterRun {
     pub fn threads(actors: usize, benchworkers: usize, backend: benchworker::Backend) -> Self {
         ClusterRun {
             bind: Vec::new(),
-            token: format!("{:032x}", rand::random::<u128>()),
+            token: common::link::random_token(),
             actors,
             benchworkers,
             backend,
@@ -611,6 +623,28 @@ impl ClusterRun {
 pub struct ThreadsReport {
     pub actors: Vec<actor::worker::ActorReport>,
     pub benchworkers: Vec<benchworker::serve::ServeReport>,
+}
+
+/// Joins peer threads: the reports of those that stopped cleanly; the
+/// others are logged.
+fn join_all<R>(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, anyhow::Result<R>>>,
+    what: &str,
+) -> Vec<R> {
+    handles
+        .into_iter()
+        .filter_map(|h| match h.join() {
+            Ok(Ok(r)) => Some(r),
+            Ok(Err(e)) => {
+                tracing::warn!("{what} stopped with an error: {e:#}");
+                None
+            }
+            Err(_) => {
+                tracing::warn!("{what} panicked");
+                None
+            }
+        })
+        .collect()
 }
 
 /// Trains with the learner in this thread, `run.actors` and
@@ -669,21 +703,10 @@ pub fn train_cluster(
         let result = learner.run(hooks, stop);
         learner.shutdown(!run.bind.is_empty());
         threads_stop.store(true, Ordering::Relaxed);
-        let mut report = ThreadsReport::default();
-        for a in actors {
-            match a.join() {
-                Ok(Ok(r)) => report.actors.push(r),
-                Ok(Err(e)) => tracing::warn!("an actor stopped with an error: {e:#}"),
-                Err(_) => tracing::warn!("an actor panicked"),
-            }
-        }
-        for b in benches {
-            match b.join() {
-                Ok(Ok(r)) => report.benchworkers.push(r),
-                Ok(Err(e)) => tracing::warn!("a benchworker stopped with an error: {e:#}"),
-                Err(_) => tracing::warn!("a benchworker panicked"),
-            }
-        }
+        let report = ThreadsReport {
+            actors: join_all(actors, "an actor"),
+            benchworkers: join_all(benches, "a benchworker"),
+        };
         result.map(|()| (learner.report.clone(), report))
     })
 }

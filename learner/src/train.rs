@@ -50,8 +50,7 @@ impl CostSample {
 /// and backward-communication times, and the iteration cost (DreamShard's
 /// sum of four losses).
 pub fn cost_loss(cost: &CostNet, samples: &[&CostSample], kind: CostLoss) -> Tensor {
-    let placed: Vec<PlacedTables> = samples.iter().map(|s| s.placed.clone()).collect();
-    let batch = PlanBatch::new(&placed);
+    let batch = PlanBatch::new(samples.iter().map(|s| &s.placed));
     let per_device: Vec<f32> = samples
         .iter()
         .flat_map(|s| {
@@ -671,10 +670,6 @@ impl<'a> Trainer<'a> {
         self.tasks
     }
 
-    pub fn mdp(&self, task: usize) -> &MdpTask {
-        &self.mdps[task]
-    }
-
     /// Seeds libtorch's sampling from the round, so that a resumed run
     /// samples as the first would have.
     pub fn seed_round(&self) {
@@ -708,15 +703,13 @@ impl<'a> Trainer<'a> {
     }
 
     /// Adds a measured plan to the cost buffer (after the caller made it
-    /// durable).
-    pub fn record(&mut self, pick: &Pick, measurement: Measurement) -> CostSample {
+    /// durable); `predicted_ms` is what the cost network expected of it.
+    pub fn record(&mut self, predicted_ms: f64, sample: CostSample) {
         let t = &mut self.tally;
-        t.measured += measurement.cost_ms;
-        t.predicted += pick.predicted_ms;
+        t.measured += sample.measurement.cost_ms;
+        t.predicted += predicted_ms;
         t.measured_n += 1;
-        let sample = CostSample::new(&self.tasks[pick.task], &pick.plan, measurement);
-        self.buffer.push(sample.clone());
-        sample
+        self.buffer.push(sample);
     }
 
     /// One MSE step of the cost network on a batch drawn from the buffer.
@@ -807,9 +800,9 @@ impl<'a> Trainer<'a> {
         for j in done..done + due {
             let pick = self.pick_plan(self.greedy_pick(j));
             let m = oracle.measure(&self.tasks[pick.task].tables, &pick.plan)?;
-            let sample = CostSample::new(&self.tasks[pick.task], &pick.plan, m.clone());
+            let sample = CostSample::new(&self.tasks[pick.task], &pick.plan, m);
             (hooks.measured)(&sample)?;
-            self.record(&pick, m);
+            self.record(pick.predicted_ms, sample);
         }
         for _ in 0..t.cost_steps {
             self.cost_step();

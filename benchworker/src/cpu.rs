@@ -150,12 +150,6 @@ impl CpuOracle {
         })
     }
 
-    /// Spread of the iteration cost (the slowest device's total) over the
-    /// repeats of the last measurement; `None` before the first.
-    pub fn last_spread(&self) -> Option<Spread> {
-        self.last_spread
-    }
-
     /// Views of the arena shaped `[rows, dim]`, one per shape.
     fn weights(&mut self, shapes: &[(i64, i64)]) -> Result<Vec<Tensor>, TchError> {
         let need: i64 = shapes.iter().map(|(r, c)| r * c).sum();
@@ -636,14 +630,17 @@ mod tests {
         }
         let max = m.devices.iter().map(|d| d.total_ms).fold(0.0, f64::max);
         assert_eq!(m.cost_ms, max);
-        let s = o.last_spread().unwrap();
+        let s = o.spread().unwrap();
         assert_eq!(s.repeats, 3);
         assert!(s.min_ms <= s.median_ms && s.median_ms <= s.max_ms, "{s:?}");
-        assert!(s.relative() >= 0.0);
         assert_eq!(o.spread(), Some(s));
     }
 
+    /// Wall-clock times: a benchmark more than a test, so it runs on demand
+    /// (`cargo test --release -p embshard-benchworker -- --ignored`) on a
+    /// quiet machine; `benchworker measure --backend cpu` reports the same.
     #[test]
+    #[ignore = "asserts wall-clock timings; run on a quiet machine"]
     fn many_more_lookups_cost_more_forward_time() {
         // 50× the lookups; a light call sits near libtorch's fixed cost.
         let light = table("light", 4000, 128, 4.0);
@@ -699,7 +696,7 @@ mod tests {
             o.measure(&tables, &plan(0, vec![])),
             Err(OracleError::NoDevice)
         ));
-        assert!(o.last_spread().is_none());
+        assert!(o.spread().is_none());
         assert!(CpuOracle::new(cfg(0), MemoryModel::default()).is_err());
     }
 

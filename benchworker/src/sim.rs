@@ -288,16 +288,9 @@ impl SimOracle {
             .iter()
             .map(|g| g.iter().map(|t| t.dim as f64).sum())
             .collect();
-        let fwd_x: Vec<f64> = self
-            .exchange_ms(&dim_sums)
-            .into_iter()
-            .map(|x| x * noise(2))
-            .collect();
-        let bwd_x: Vec<f64> = self
-            .exchange_ms(&dim_sums)
-            .into_iter()
-            .map(|x| x * noise(3))
-            .collect();
+        let exchange = self.exchange_ms(&dim_sums);
+        let fwd_x: Vec<f64> = exchange.iter().map(|x| x * noise(2)).collect();
+        let bwd_x: Vec<f64> = exchange.iter().map(|x| x * noise(3)).collect();
         let slowest = fwd.iter().copied().fold(0.0, f64::max);
         let devices = (0..plan.devices)
             .map(|d| DeviceCost::new(fwd[d], bwd[d], slowest - fwd[d] + fwd_x[d], bwd_x[d]))

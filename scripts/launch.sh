@@ -6,14 +6,16 @@
 # (tables never seen in training).
 #
 # Usage: scripts/launch.sh [options]
-#   --config FILE        configuration (default: configs/default.toml)
+#   --config FILE        configuration (default: configs/default.toml, or
+#                        the resumed run's own config.toml)
 #   --run-dir DIR        the run's config, metrics, checkpoints and logs/
 #                        (default: runs/default); an existing run there is
 #                        resumed, not overwritten
 #   --resume DIR         continue the run in DIR (same as --run-dir DIR)
 #   --actors N           actor processes (default: 2)
 #   --benchworkers N     benchworker processes (default: 1)
-#   --backend sim|cpu    what benchworkers measure with (default: sim)
+#   --backend sim|cpu    what benchworkers measure with (default: sim, or
+#                        what the resumed run used)
 #   --search-budget N    measurements per task for `search` in the final
 #                        evaluation (default: the config's eval.search_budget
 #                        on sim, 20 on cpu)
@@ -41,7 +43,7 @@ die() { echo "launch: $*" >&2; exit 2; }
 need() { [ "$1" -ge 2 ] || { usage >&2; exit 2; }; }
 
 CONFIG=""
-BACKEND=sim
+BACKEND=""
 BUDGET=""
 RUN_DIR=""
 ACTORS=2
@@ -72,11 +74,6 @@ while [ $# -gt 0 ]; do
     *) echo "launch: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
-case "$BACKEND" in
-  sim) ;;
-  cpu) BUDGET=${BUDGET:-20} ;;
-  *) die "--backend must be sim or cpu, not '$BACKEND'" ;;
-esac
 for n in "$ACTORS" "$BENCHES" ${ADD:+"$ADD"} ${PORT:+"$PORT"}; do
   [[ "$n" =~ ^[0-9]+$ ]] || die "'$n' is not a number"
 done
@@ -117,15 +114,33 @@ if [ -n "$ADD" ]; then
   exit 0
 fi
 
-CONFIG=${CONFIG:-$EMBSHARD_ROOT/configs/default.toml}
 RUN_DIR=${RUN_DIR:-$EMBSHARD_ROOT/runs/default}
+# A run with a finished checkpoint (what `learner train --resume` accepts) is
+# continued with its own configuration and backend.
+RESUME=0
+if compgen -G "$RUN_DIR/checkpoints/step-[0-9]*[0-9]" >/dev/null; then
+  RESUME=1
+  CONFIG=${CONFIG:-$RUN_DIR/config.toml}
+  RECORDED=$(cat "$RUN_DIR/backend" 2>/dev/null || echo sim)
+  [ -z "$BACKEND" ] || [ "$BACKEND" = "$RECORDED" ] ||
+    die "the run in $RUN_DIR measures with '$RECORDED', not '$BACKEND'"
+  BACKEND=$RECORDED
+fi
+CONFIG=${CONFIG:-$EMBSHARD_ROOT/configs/default.toml}
+BACKEND=${BACKEND:-sim}
+case "$BACKEND" in
+  sim) ;;
+  cpu) BUDGET=${BUDGET:-20} ;;
+  *) die "--backend must be sim or cpu, not '$BACKEND'" ;;
+esac
+GENERATED=$("$BIN/learner" generate --config "$CONFIG")
 SUITES=()
 while read -r line; do
   echo "$line" >&2
   case "$line" in
     "wrote "*.test.json) SUITES+=(--suite "${line#wrote }") ;;
   esac
-done < <("$BIN/learner" generate --config "$CONFIG")
+done <<<"$GENERATED"
 [ ${#SUITES[@]} -gt 0 ] || { echo "launch: generate wrote no test suite" >&2; exit 1; }
 
 # Where the learner listens: loopback unless peers run on other hosts.
@@ -140,7 +155,7 @@ mkdir -p "$RUN_DIR/logs"
 LOGS=$RUN_DIR/logs
 rm -f "$RUN_DIR/endpoint"
 TRAIN=(train --run-dir "$RUN_DIR" --backend "$BACKEND" --actors 0 --benchworkers 0)
-if [ -d "$RUN_DIR/checkpoints" ] && [ -n "$(ls -A "$RUN_DIR/checkpoints" 2>/dev/null)" ]; then
+if [ "$RESUME" = 1 ]; then
   echo "launch: continuing the run in $RUN_DIR" >&2
   TRAIN+=(--resume)
   # Peers that survived a learner crash know only the old endpoint.
@@ -150,6 +165,7 @@ if [ -d "$RUN_DIR/checkpoints" ] && [ -n "$(ls -A "$RUN_DIR/checkpoints" 2>/dev/
   fi
 else
   TRAIN+=(--config "$CONFIG")
+  echo "$BACKEND" >"$RUN_DIR/backend"
 fi
 [ -z "$TOKEN_FILE" ] || TRAIN+=(--token-file "$TOKEN_FILE")
 trap stop_all INT TERM

@@ -198,15 +198,12 @@ fn a_killed_training_run_resumes_with_every_counter_and_measurement() {
     wait_for(
         "a second checkpoint",
         std::time::Duration::from_secs(60),
-        || checkpoints(&run) >= 2,
+        || learner::checkpoint::list(&run).len() >= 2,
     );
     child.kill().unwrap(); // SIGKILL: no chance to clean up
     child.wait().unwrap();
-    let logged_before = std::fs::read_to_string(run.join("cost_buffer.jsonl"))
-        .unwrap()
-        .lines()
-        .count();
-    assert!(logged_before >= 6);
+    let logged_before = std::fs::read_to_string(run.join("cost_buffer.jsonl")).unwrap();
+    assert!(logged_before.lines().count() >= 6);
 
     // A plain start refuses to overwrite the run.
     let (ok, _, err) = learner(&[
@@ -218,7 +215,7 @@ fn a_killed_training_run_resumes_with_every_counter_and_measurement() {
     ]);
     assert!(!ok && err.contains("--resume"), "{err}");
     // Damage the newest checkpoint: the resume falls back to the one before.
-    let newest = common_newest(&run);
+    let newest = learner::checkpoint::list(&run).remove(0);
     std::fs::write(newest.join("policy.ot"), b"garbage").unwrap();
 
     let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
@@ -238,12 +235,11 @@ fn a_killed_training_run_resumes_with_every_counter_and_measurement() {
     );
     assert!(field("iteration").windows(2).all(|w| w[1] >= w[0]));
     assert!(field("policy_version").windows(2).all(|w| w[1] > w[0]));
-    let logged = std::fs::read_to_string(run.join("cost_buffer.jsonl"))
-        .unwrap()
-        .lines()
-        .count();
+    let log = std::fs::read_to_string(run.join("cost_buffer.jsonl")).unwrap();
+    let logged = log.lines().count();
     // Every measurement logged before the kill is still there and counted,
     // and none is measured twice: the budget is spent exactly.
+    assert!(log.starts_with(&logged_before));
     assert_eq!(logged, 120);
     assert_eq!(
         lines.last().unwrap()["measurements"].as_u64().unwrap() as usize,
@@ -257,26 +253,4 @@ fn a_killed_training_run_resumes_with_every_counter_and_measurement() {
         steps.windows(2).all(|w| w[1] > w[0]),
         "env steps keep growing: {steps:?}"
     );
-}
-
-/// The newest finished checkpoint (a kill can leave a `.tmp` one half written).
-fn common_newest(run: &std::path::Path) -> std::path::PathBuf {
-    let mut dirs: Vec<_> = std::fs::read_dir(run.join("checkpoints"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_none_or(|x| x != "tmp"))
-        .collect();
-    dirs.sort();
-    dirs.pop().unwrap()
-}
-
-/// Finished checkpoints of a run.
-fn checkpoints(run: &std::path::Path) -> usize {
-    std::fs::read_dir(run.join("checkpoints"))
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.path().extension().is_none_or(|x| x != "tmp"))
-                .count()
-        })
-        .unwrap_or(0)
 }

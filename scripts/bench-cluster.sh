@@ -9,7 +9,11 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$EMBSHARD_ROOT"
-COUNTS=("${@:-1 2 4}")
+COUNTS=("$@")
+[ $# -gt 0 ] || COUNTS=(1 2 4)
+for n in "${COUNTS[@]}"; do
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "bench-cluster: '$n' is not an actor count" >&2; exit 2; }
+done
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 # Policy updates dominate: 4 rounds of 5 measured plans, 100 updates each.
@@ -19,7 +23,7 @@ sed -e 's/^iterations = .*/iterations = 4/' \
     -e 's/^policy_steps = .*/policy_steps = 100/' \
     configs/default.toml >"$OUT/bench.toml"
 target/release/learner generate --config "$OUT/bench.toml" >/dev/null
-for n in ${COUNTS[*]}; do
+for n in "${COUNTS[@]}"; do
   scripts/launch.sh --config "$OUT/bench.toml" --run-dir "$OUT/procs-$n" --actors "$n" --no-eval 2>/dev/null |
     sed "s|^|$n actor processes: |; s|; run in .*||"
   target/release/learner train --config "$OUT/bench.toml" --run-dir "$OUT/threads-$n" \

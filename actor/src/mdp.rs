@@ -89,13 +89,12 @@ fn opts() -> (Kind, Device) {
     (Kind::Float, Device::Cpu)
 }
 
-/// Each table's predicted cost alone on a device (ms).
-pub fn single_table_costs(cost: &CostNet, task: &MdpTask) -> Vec<f32> {
-    let m = task.tables() as i64;
-    let single = tch::no_grad(|| {
-        let repr = cost.tables(&task.features);
-        cost.overall_cost(&repr, &Tensor::arange(m, (Kind::Int64, Device::Cpu)), m)
-    });
+/// Each table's predicted cost alone on a device (ms), from the cost
+/// network's `[M, width]` table representations.
+pub fn single_table_costs(cost: &CostNet, repr: &Tensor) -> Vec<f32> {
+    let m = repr.size()[0];
+    let single =
+        tch::no_grad(|| cost.overall_cost(repr, &Tensor::arange(m, (Kind::Int64, Device::Cpu)), m));
     Vec::try_from(single).unwrap_or_default()
 }
 
@@ -125,12 +124,12 @@ pub fn rollout(
 ) -> Unroll {
     let _guard = tch::no_grad_guard();
     let (m, e, d) = (task.tables(), episodes as i64, task.devices as i64);
-    let single = single_table_costs(cost, task);
+    let cost_repr = cost.tables(&task.features);
+    let single = single_table_costs(cost, &cost_repr);
     let order = placement_order(&single);
     let reward_scale =
         (single.iter().map(|&c| c.max(0.0) as f64).sum::<f64>() / task.devices as f64).max(1e-3);
     let pol_repr = policy.tables(&task.features);
-    let cost_repr = cost.tables(&task.features);
     let (pw, cw) = (pol_repr.size()[1], cost_repr.size()[1]);
     let mut dev_pol = Tensor::zeros([e, d, pw], opts());
     let mut dev_cost = Tensor::zeros([e, d, cw], opts());
@@ -204,11 +203,7 @@ pub fn rollout(
         }
         // Running sums, then re-cost only the device that changed.
         let at = [Some(rows.shallow_clone()), Some(action.shallow_clone())];
-        let _ = dev_pol.index_put_(
-            &at,
-            &pol_repr.get(table as i64).expand([e, pw], false),
-            true,
-        );
+        let _ = dev_pol.index_put_(&at, &current, true);
         let _ = dev_cost.index_put_(
             &at,
             &cost_repr.get(table as i64).expand([e, cw], false),
@@ -218,8 +213,7 @@ pub fn rollout(
         let _ = cost_feat.index_put_(&at, &q, false);
         actions.push(action);
     }
-    let plan_of_device =
-        Tensor::arange(e, (Kind::Int64, Device::Cpu)).repeat_interleave_self_int(d, 0, None);
+    let plan_of_device = rows.repeat_interleave_self_int(d, 0, None);
     let predicted = cost.overall_cost(&dev_cost.view([e * d, cw]), &plan_of_device, e);
     Unroll {
         order,

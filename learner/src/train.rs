@@ -434,14 +434,7 @@ impl Model {
         // The cost network's table representations once; each candidate's
         // device sums from them.
         let _guard = tch::no_grad_guard();
-        let reps = self.cost.tables(
-            &PlanBatch::new(&[PlacedTables {
-                features: task.tables.iter().map(scaled).collect(),
-                assignment: candidates[0].0.clone(),
-                devices: task.devices,
-            }])
-            .features,
-        );
+        let reps = self.cost.tables(&mdp.features);
         let best =
             if candidates.len() == 1 {
                 0
@@ -466,7 +459,7 @@ impl Model {
             };
         let (mut assignment, infeasible) = candidates.swap_remove(best);
         if !infeasible && moves > 0 {
-            assignment = self.improve(task, mem, &reps, assignment, moves);
+            assignment = self.improve(&mdp, &reps, assignment, moves);
         }
         (
             Plan {
@@ -484,16 +477,15 @@ impl Model {
     /// cost most. Only the two devices a move touches are re-costed.
     fn improve(
         &self,
-        task: &Task,
-        mem: &common::MemoryModel,
+        mdp: &MdpTask,
         reps: &Tensor,
         mut assignment: Vec<usize>,
         moves: usize,
     ) -> Vec<usize> {
         let _guard = tch::no_grad_guard();
-        let (m, d) = (task.tables.len(), task.devices);
-        let bytes: Vec<u64> = task.tables.iter().map(|t| mem.table_bytes(t)).collect();
-        let cap = task.cap_bytes();
+        let (m, d) = (mdp.tables(), mdp.devices);
+        let bytes = &mdp.bytes;
+        let cap = mdp.cap_bytes;
         let cw = reps.size()[1];
         let mut used = vec![0u64; d];
         for (t, &a) in assignment.iter().enumerate() {

@@ -44,7 +44,9 @@ use common::{DeviceCost, Measurement, MemoryModel, Plan, Precision, Table};
 use tch::{Device, Kind, TchError, Tensor};
 
 use crate::indices::{self, Lookups};
+use crate::layout::sample_split;
 use crate::oracle::{check_plan, Oracle, OracleError, Spread};
+use crate::timing::{median, spread};
 
 const BACKEND: &str = "cpu";
 const F32: (Kind, Device) = (Kind::Float, Device::Cpu);
@@ -87,33 +89,6 @@ fn sum_bags(weight: &Tensor, indices: &Tensor, offsets: &Tensor) -> Result<Tenso
 
 fn ms_since(start: Instant) -> f64 {
     start.elapsed().as_secs_f64() * 1e3
-}
-
-/// Which samples each device owns for the data-parallel part, as
-/// `(first, count)`: `batch` split as evenly as possible, the first
-/// `batch % devices` devices taking one more.
-pub fn sample_split(batch: u64, devices: usize) -> Vec<(u64, u64)> {
-    let d = devices as u64;
-    let mut first = 0;
-    (0..d)
-        .map(|e| {
-            let count = batch / d + u64::from(e < batch % d);
-            let s = (first, count);
-            first += count;
-            s
-        })
-        .collect()
-}
-
-/// Elements of pooled output device `d` sends device `e` in the forward
-/// all-to-all (and gathers back from it in the backward one):
-/// `sent[d][e] = samples of e × Σ dims on d`.
-pub fn exchange_elements(batch: u64, dim_sums: &[u64]) -> Vec<Vec<u64>> {
-    let split = sample_split(batch, dim_sums.len());
-    dim_sums
-        .iter()
-        .map(|&dims| split.iter().map(|&(_, n)| n * dims).collect())
-        .collect()
 }
 
 /// The `cpu` oracle. Holds the weight arena between measurements.
@@ -255,33 +230,6 @@ fn weight_shape(tables: &[Table], group: &[usize], max_rows: u64) -> (i64, i64) 
     (rows, dim)
 }
 
-fn median(xs: &[f64]) -> f64 {
-    quantile(xs, 0.5)
-}
-
-/// The `q` quantile, interpolated linearly between order statistics.
-fn quantile(xs: &[f64], q: f64) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return 0.0;
-    }
-    let pos = q * (v.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
-}
-
-fn spread(costs: &[f64]) -> Spread {
-    Spread {
-        median_ms: median(costs),
-        p25_ms: quantile(costs, 0.25),
-        p75_ms: quantile(costs, 0.75),
-        min_ms: costs.iter().copied().fold(f64::INFINITY, f64::min),
-        max_ms: costs.iter().copied().fold(0.0, f64::max),
-        repeats: costs.len(),
-    }
-}
-
 /// One round's timings per device, in ms.
 #[derive(Debug, Clone)]
 struct RoundTimes {
@@ -365,7 +313,7 @@ impl DeviceWork {
             weight,
             indices: Tensor::f_from_slice(&fused.indices)?,
             offsets: Tensor::f_from_slice(&fused.offsets)?,
-            bags: Tensor::f_from_slice(&bag_of_each_lookup(&fused))?,
+            bags: Tensor::f_from_slice(&fused.bag_ids())?,
             grad: Tensor::f_zeros([group.len() as i64 * cfg.batch as i64, dim], F32)?,
         })
     }
@@ -388,15 +336,6 @@ impl DeviceWork {
             .f_index_add_(0, &unique, &row_grad.f_mul_scalar(-LEARNING_RATE)?)?;
         Ok(())
     }
-}
-
-/// `offset2bag`: the bag each lookup belongs to.
-fn bag_of_each_lookup(l: &Lookups) -> Vec<i64> {
-    let mut bags = Vec::with_capacity(l.len());
-    for (b, n) in l.bag_lengths().into_iter().enumerate() {
-        bags.resize(bags.len() + n, b as i64);
-    }
-    bags
 }
 
 /// The buffers of the all-to-all: what each device holds for its own samples.
@@ -547,6 +486,7 @@ impl Iteration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::exchange_elements;
     use common::NUM_BINS;
 
     fn table(name: &str, rows: u64, dim: u32, pooling: f64) -> Table {
@@ -583,34 +523,6 @@ mod tests {
             devices,
             assignment,
         }
-    }
-
-    #[test]
-    fn quantiles_interpolate_between_order_statistics() {
-        let xs = [4.0, 1.0, 3.0, 2.0, 100.0];
-        assert_eq!(median(&xs), 3.0);
-        assert_eq!(quantile(&xs, 0.25), 2.0);
-        assert_eq!(quantile(&xs, 0.75), 4.0);
-        assert_eq!(median(&[1.0, 2.0]), 1.5);
-        let s = spread(&xs);
-        assert_eq!((s.min_ms, s.max_ms, s.repeats), (1.0, 100.0, 5));
-        assert_eq!(s.relative_iqr(), 2.0 / 3.0);
-    }
-
-    #[test]
-    fn samples_split_evenly_and_completely() {
-        assert_eq!(sample_split(10, 3), vec![(0, 4), (4, 3), (7, 3)]);
-        assert_eq!(sample_split(8, 4), vec![(0, 2), (2, 2), (4, 2), (6, 2)]);
-        assert_eq!(sample_split(2, 3), vec![(0, 1), (1, 1), (2, 0)]);
-    }
-
-    #[test]
-    fn exchange_volume_is_peer_samples_times_local_dims() {
-        let sent = exchange_elements(10, &[16 + 64, 0, 32]);
-        assert_eq!(
-            sent,
-            vec![vec![320, 240, 240], vec![0, 0, 0], vec![128, 96, 96]]
-        );
     }
 
     #[test]
@@ -703,7 +615,7 @@ mod tests {
     /// Checks, against references written element by element: the fused
     /// forward (each bag sums the rows it looks up), both exchanges (every
     /// cell lands where its sample and table say, padding stays zero, the
-    /// element counts match [`exchange_elements`]) and the backward (each row
+    /// element counts match [`crate::layout::exchange_elements`]) and the backward (each row
     /// moves by −lr × the summed output gradients of the bags that looked it up).
     #[test]
     fn fused_pass_and_exchanges_match_naive_references() {

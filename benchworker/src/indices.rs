@@ -68,6 +68,15 @@ impl Lookups {
             .map(|(&s, e)| (e - s) as usize)
             .collect()
     }
+
+    /// `offset2bag`: the bag each lookup belongs to.
+    pub fn bag_ids(&self) -> Vec<i64> {
+        let mut bags = Vec::with_capacity(self.len());
+        for (b, n) in self.bag_lengths().into_iter().enumerate() {
+            bags.resize(bags.len() + n, b as i64);
+        }
+        bags
+    }
 }
 
 /// A stable seed for one table's lookups: FNV-1a of the name mixed with the

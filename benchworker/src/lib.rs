@@ -8,6 +8,12 @@
 //!   all-to-all; each property it must have is documented and tested there.
 //! - [`cpu`]: real fused `embedding_bag` forward and backward with libtorch on
 //!   the CPU, one call per device, with real all-to-all memory movement.
+//! - `cuda` (feature `cuda`): real fused lookups on GPUs with NCCL all-to-all.
+//! - [`layout`]: where a plan's data lives on its devices and what the
+//!   all-to-all moves; plain arithmetic, tested without a GPU.
+//! - [`fused`]: one device's fused forward, backward and optimizer step with
+//!   libtorch on any device, the compute of the `cuda` backend.
+//! - [`timing`]: from timed repeats to a measurement and its spread.
 //! - [`indices`]: synthetic lookups that follow a table's pooling factor and
 //!   reuse bins, shared by the real backends.
 //! - [`serve`]: the benchworker's loop: measure the learner's jobs, as a
@@ -16,9 +22,14 @@
 
 pub mod cli;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod fused;
 pub mod indices;
+pub mod layout;
 pub mod oracle;
 pub mod serve;
 pub mod sim;
+pub mod timing;
 
 pub use oracle::{build, Backend, Oracle, OracleError, Spread};

@@ -128,6 +128,61 @@ impl CpuConfig {
     }
 }
 
+/// The `cuda` oracle's settings (benchworker built with `--features cuda`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CudaConfig {
+    /// Samples per iteration, split evenly over the plan's devices for the
+    /// data-parallel part (dlrm_datasets: 65536).
+    pub batch: u64,
+    /// Rows of each table are capped at this (0: no cap, the table's own rows).
+    pub max_rows: u64,
+    /// Unmeasured iterations, then measured ones (DreamShard: 5 and 10).
+    pub warmup: usize,
+    pub repeats: usize,
+    /// Overwrite a buffer larger than the L2 cache before each repeat, so a
+    /// repeat does not start with the previous one's rows in cache.
+    pub flush_l2: bool,
+    /// Size of that buffer, MiB (H100's L2 is 50 MiB).
+    pub flush_mib: u64,
+    /// GPUs this benchworker drives, as CUDA ordinals (empty: all visible).
+    /// Plan device `d` runs on `gpus[d]`.
+    pub gpus: Vec<usize>,
+    /// Learning rate of the optimizer step in the backward.
+    pub learning_rate: f64,
+    pub seed: u64,
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        CudaConfig {
+            batch: 65536,
+            max_rows: 0,
+            warmup: 5,
+            repeats: 10,
+            flush_l2: true,
+            flush_mib: 128,
+            gpus: Vec::new(),
+            learning_rate: 0.01,
+            seed: 0,
+        }
+    }
+}
+
+impl CudaConfig {
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        positive("cuda.batch", self.batch as f64)?;
+        positive("cuda.repeats", self.repeats as f64)?;
+        positive("cuda.flush_mib", self.flush_mib as f64)?;
+        positive("cuda.learning_rate", self.learning_rate)?;
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(g) = self.gpus.iter().find(|&&g| !seen.insert(g)) {
+            return Err(format!("cuda.gpus names GPU {g} twice"));
+        }
+        Ok(())
+    }
+}
+
 /// One default suite: `name` = `dlrm-<tables>x<devices>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -529,6 +584,7 @@ pub struct Config {
     pub memory: MemoryModel,
     pub sim: SimConfig,
     pub cpu: CpuConfig,
+    pub cuda: CudaConfig,
     pub generate: PoolGenConfig,
     pub data: DataConfig,
     pub eval: EvalConfig,
@@ -566,6 +622,7 @@ impl Config {
         self.cluster.validate()?;
         self.sim.validate()?;
         self.cpu.validate()?;
+        self.cuda.validate()?;
         self.generate.validate()?;
         self.data.validate()?;
         self.model.validate()?;

@@ -124,7 +124,9 @@ impl FusedDevice {
             Optimizer::Sgd => State::Sgd,
             Optimizer::RowwiseAdagrad => State::RowwiseAdagrad(f32_zeros(&[rows])?),
             Optimizer::Adagrad => State::Adagrad(f32_zeros(&[rows, widest])?),
-            Optimizer::Adam => State::Adam(f32_zeros(&[rows, widest])?, f32_zeros(&[rows, widest])?),
+            Optimizer::Adam => {
+                State::Adam(f32_zeros(&[rows, widest])?, f32_zeros(&[rows, widest])?)
+            }
         };
         let upload = |v: &[i64]| Tensor::f_from_slice(v)?.f_to_device(dev);
         Ok(FusedDevice {
@@ -188,7 +190,11 @@ impl FusedDevice {
                     .f_index_select(0, unique)?
                     .f_add(&g.f_square()?.f_mean_dim(1, false, Kind::Float)?)?;
                 let _ = acc.f_index_copy_(0, unique, &a)?;
-                let scale = a.f_sqrt()?.f_add_scalar(EPS)?.f_reciprocal()?.f_mul_scalar(lr)?;
+                let scale = a
+                    .f_sqrt()?
+                    .f_add_scalar(EPS)?
+                    .f_reciprocal()?
+                    .f_mul_scalar(lr)?;
                 g.f_mul(&scale.f_unsqueeze(1)?)?
             }
             State::Adagrad(acc) => {
@@ -207,7 +213,8 @@ impl FusedDevice {
                     .f_add(&g.f_square()?.f_mul_scalar(1.0 - BETA2)?)?;
                 let _ = m.f_index_copy_(0, unique, &m_u)?;
                 let _ = v.f_index_copy_(0, unique, &v_u)?;
-                m_u.f_div(&v_u.f_sqrt()?.f_add_scalar(EPS)?)?.f_mul_scalar(lr)?
+                m_u.f_div(&v_u.f_sqrt()?.f_add_scalar(EPS)?)?
+                    .f_mul_scalar(lr)?
             }
         };
         let kind = self.weight.kind();
@@ -241,7 +248,10 @@ mod tests {
 
     /// Three tables of different dims fused on one device, their lookups,
     /// and weights whose every entry differs.
-    fn setup(precision: Precision, optimizer: Optimizer) -> (DeviceLayout, Vec<Lookups>, FusedDevice) {
+    fn setup(
+        precision: Precision,
+        optimizer: Optimizer,
+    ) -> (DeviceLayout, Vec<Lookups>, FusedDevice) {
         let tables = vec![
             table("a", 40, 8, 3.0),
             table("b", 25, 4, 1.5),
@@ -310,7 +320,11 @@ mod tests {
             assert_eq!(out.size(), vec![BATCH as i64, layout.dim_sum as i64]);
             assert_eq!(out.kind(), Kind::Float);
             let want = naive_forward(&layout, &lookups, &values(fused.weight()));
-            let tol = if precision == Precision::Fp16 { 2e-2 } else { 1e-4 };
+            let tol = if precision == Precision::Fp16 {
+                2e-2
+            } else {
+                1e-4
+            };
             assert!(close(&values(&out), &want, tol), "{precision:?}");
         }
     }
@@ -356,7 +370,11 @@ mod tests {
 
     #[test]
     fn adaptive_optimizers_change_only_the_rows_looked_up() {
-        for optimizer in [Optimizer::RowwiseAdagrad, Optimizer::Adagrad, Optimizer::Adam] {
+        for optimizer in [
+            Optimizer::RowwiseAdagrad,
+            Optimizer::Adagrad,
+            Optimizer::Adam,
+        ] {
             let (layout, lookups, mut fused) = setup(Precision::Fp32, optimizer);
             let before = values(fused.weight());
             let grad = output_grad(&layout);

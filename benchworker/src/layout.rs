@@ -162,13 +162,8 @@ impl PlanLayout {
     /// device's `[c_e, S_0] ‖ [c_e, S_1] ‖ …` buffer. Transfers of no
     /// elements are left out (NCCL needs both sides to agree, and they do).
     pub fn forward_transfers(&self) -> Vec<Transfer> {
-        let before: Vec<u64> = prefix_sums(
-            &self
-                .devices
-                .iter()
-                .map(|d| d.dim_sum)
-                .collect::<Vec<_>>(),
-        );
+        let before: Vec<u64> =
+            prefix_sums(&self.devices.iter().map(|d| d.dim_sum).collect::<Vec<_>>());
         let mut out = Vec::new();
         for (d, dev) in self.devices.iter().enumerate() {
             for (e, &(first, count)) in self.split.iter().enumerate() {
@@ -205,9 +200,11 @@ impl PlanLayout {
     /// after the forward all-to-all: `(device, offset)` in that device's
     /// exchanged buffer. The reference the exchange is tested against.
     pub fn exchanged_position(&self, t: usize, b: u64, c: u64) -> Option<(usize, u64)> {
-        let (d, i) = self.devices.iter().enumerate().find_map(|(d, dev)| {
-            dev.tables.iter().position(|&x| x == t).map(|i| (d, i))
-        })?;
+        let (d, i) = self
+            .devices
+            .iter()
+            .enumerate()
+            .find_map(|(d, dev)| dev.tables.iter().position(|&x| x == t).map(|i| (d, i)))?;
         let e = self.split.iter().position(|&(f, n)| b >= f && b < f + n)?;
         let (first, count) = self.split[e];
         let before: u64 = self.devices[..d].iter().map(|x| x.dim_sum).sum();

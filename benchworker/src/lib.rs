@@ -13,6 +13,7 @@
 //!   all-to-all moves; plain arithmetic, tested without a GPU.
 //! - [`fused`]: one device's fused forward, backward and optimizer step with
 //!   libtorch on any device, the compute of the `cuda` backend.
+//! - [`group`]: what the processes of a multi-host `cuda` group exchange.
 //! - [`timing`]: from timed repeats to a measurement and its spread.
 //! - [`indices`]: synthetic lookups that follow a table's pooling factor and
 //!   reuse bins, shared by the real backends.
@@ -25,6 +26,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fused;
+pub mod group;
 pub mod indices;
 pub mod layout;
 pub mod oracle;

@@ -115,19 +115,55 @@ pub enum Backend {
     Sim,
     /// Real fused embedding_bag with libtorch on this machine's CPU.
     Cpu,
+    /// Real fused lookups on this host's GPUs with NCCL all-to-all (a
+    /// benchworker built with `--features cuda`; docs/gpu.md).
+    Cuda,
 }
+
+/// Whether this build has the `cuda` backend.
+pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
 
 /// Builds the oracle for `backend` from the configuration.
 pub fn build(backend: Backend, cfg: &Config) -> Result<Box<dyn Oracle>, OracleError> {
     Ok(match backend {
         Backend::Sim => Box::new(crate::sim::SimOracle::new(cfg.sim.clone(), cfg.memory)),
         Backend::Cpu => Box::new(crate::cpu::CpuOracle::new(cfg.cpu.clone(), cfg.memory)?),
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => Box::new(crate::cuda::CudaOracle::new(cfg.cuda.clone(), cfg.memory)?),
+        #[cfg(not(feature = "cuda"))]
+        Backend::Cuda => return Err(not_built()),
     })
+}
+
+/// The error of asking a build without the `cuda` feature for that backend.
+pub fn not_built() -> OracleError {
+    OracleError::Backend {
+        backend: "cuda",
+        message: "this binary was built without the `cuda` feature; build the benchworker \
+                  with `cargo build --release -p embshard-benchworker --features cuda` \
+                  (docs/gpu.md)"
+            .into(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cuda_backend_without_a_gpu_is_an_error_not_a_panic() {
+        // Without the feature: a message on how to build it; with it, on a
+        // host without a GPU or NCCL: a message naming what is missing.
+        let e = build(Backend::Cuda, &Config::default()).err();
+        if CUDA_BUILT && tch::Cuda::is_available() {
+            return; // a GPU host: the backend may well open
+        }
+        let message = e.expect("no GPU here").to_string();
+        assert!(message.starts_with("cuda backend: "), "{message}");
+        if !CUDA_BUILT {
+            assert!(message.contains("--features cuda"), "{message}");
+        }
+    }
 
     #[test]
     fn check_plan_rejects_mismatches() {

@@ -535,6 +535,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let batch = match args.backend {
         benchworker::Backend::Sim => cfg.sim.batch,
         benchworker::Backend::Cpu => cfg.cpu.batch,
+        benchworker::Backend::Cuda => cfg.cuda.batch,
     };
     for suite in &suites {
         let bar = progress(suite.tasks.len() as u64, &suite.path.display().to_string());

@@ -1,0 +1,787 @@
+//! `cuda`: real fused embedding lookups on GPUs, with the pooled outputs and
+//! their gradients exchanged by NCCL all-to-all (DESIGN §6). Built with the
+//! `cuda` feature; see docs/gpu.md for running it.
+//!
+//! One iteration of a plan on `D` GPUs, each a [`FusedDevice`] (one fused
+//! `embedding_bag` over its tables for the whole batch, fp16 or fp32 weights
+//! as `memory.precision` says, the `memory.optimizer` update in the
+//! backward):
+//!
+//! | phase      | what runs on device `d`, timed by CUDA events on its stream |
+//! |------------|--------------------------------------------------------------|
+//! | `fwd`      | the fused lookup, packed to `[B, S_d]` fp32                  |
+//! | `fwd_comm` | grouped `ncclSend`/`ncclRecv`: each peer gets its `B/D` samples of `d`'s tables ([`PlanLayout::forward_transfers`]); includes waiting for slower peers, as a real iteration does |
+//! | `bwd_comm` | the reverse exchange of the output gradients                 |
+//! | `bwd`      | sort, per-row gradient reduction, optimizer step on the rows looked up |
+//!
+//! `cuda.warmup` unmeasured iterations, then each phase's median over
+//! `cuda.repeats` (DreamShard: 5 and 10), with an optional L2 flush before
+//! each. The lookups come from [`crate::indices`], the generator the `cpu`
+//! backend uses, so both measure the same traffic; they are drawn on the
+//! host once per table (kept between measurements), uploaded once per
+//! measurement, and stay on the device: the timed work never touches the
+//! host.
+//!
+//! Work is launched on each device's default stream, which libtorch uses
+//! too; NCCL runs on the same streams, so kernels, exchanges and events are
+//! ordered without extra synchronisation.
+//!
+//! Communicators: in one process, `ncclCommInitAll` over the first `D`
+//! configured GPUs (one communicator set per plan size, kept). Across hosts
+//! ([`CudaOracle::multi_host`]), every process calls `ncclCommInitRank` for
+//! each of its GPUs with the unique id rank 0 created and the learner handed
+//! out; NCCL ranks are the plan's device numbers, rank after rank
+//! ([`Ranks`]). Rank 0 broadcasts each job to the others ([`crate::group`])
+//! and all-gathers their phases.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::config::CudaConfig;
+use common::{Measurement, MemoryModel, Plan, Table};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+use cudarc::nccl::result as nccl;
+use cudarc::nccl::sys as nccl_sys;
+use tch::{Device, Kind, Tensor};
+
+use crate::fused::{FusedDevice, FusedSpec};
+use crate::group;
+use crate::indices::{self, Lookups};
+use crate::layout::{PlanLayout, Ranks, Transfer};
+use crate::oracle::{check_plan, Oracle, OracleError, Spread};
+use crate::timing::{self, Phases};
+
+const BACKEND: &str = "cuda";
+/// Value of the output gradients (it does not matter; a normal float).
+const GRAD_VALUE: f64 = 1e-3;
+/// Lookups kept on the host between measurements before the cache is
+/// emptied (about 8 bytes each, with their offsets).
+const LOOKUP_CACHE: usize = 1 << 29;
+/// How often a wait on the GPU checks NCCL for a failed peer.
+const POLL: Duration = Duration::from_micros(200);
+
+fn err(message: impl Into<String>) -> OracleError {
+    OracleError::Backend {
+        backend: BACKEND,
+        message: message.into(),
+    }
+}
+
+fn tch_err(e: tch::TchError) -> OracleError {
+    err(e.to_string())
+}
+
+fn nccl_err(what: &str) -> impl Fn(nccl::NcclError) -> OracleError + '_ {
+    move |e| err(format!("NCCL {what}: {e:?}"))
+}
+
+fn driver_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> OracleError + '_ {
+    move |e| err(format!("CUDA {what}: {e:?}"))
+}
+
+/// NCCL communicators, one per local GPU; destroyed with the value.
+struct Comms(Vec<nccl_sys::ncclComm_t>);
+
+// SAFETY: a communicator may be used from any thread as long as it is used
+// from one at a time, which `&mut CudaOracle` guarantees.
+unsafe impl Send for Comms {}
+
+impl Drop for Comms {
+    fn drop(&mut self) {
+        for &c in &self.0 {
+            // SAFETY: each communicator was initialised once and is
+            // destroyed once, here.
+            let _ = unsafe { nccl::comm_destroy(c) };
+        }
+    }
+}
+
+impl Comms {
+    /// Fails if NCCL reported an asynchronous error on any communicator (a
+    /// peer that died, a network failure); the communicators are aborted.
+    fn check(&mut self) -> Result<(), OracleError> {
+        for &c in &self.0 {
+            let mut state = nccl_sys::ncclResult_t::ncclSuccess;
+            // SAFETY: `c` is a live communicator and `state` a valid out-pointer.
+            let r = unsafe { nccl_sys::ncclCommGetAsyncError(c, &mut state) };
+            if r != nccl_sys::ncclResult_t::ncclSuccess
+                || !matches!(
+                    state,
+                    nccl_sys::ncclResult_t::ncclSuccess | nccl_sys::ncclResult_t::ncclInProgress
+                )
+            {
+                for &c in &self.0 {
+                    // SAFETY: aborting a live communicator; it is not used again.
+                    let _ = unsafe { nccl::comm_abort(c) };
+                }
+                self.0.clear();
+                return Err(err(format!("NCCL failed: {state:?} (a peer is gone?)")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How the GPUs of a measurement are connected.
+enum Topology {
+    /// All GPUs in this process; communicators per plan size.
+    Local { comms: HashMap<usize, Comms> },
+    /// This process is rank `rank` of a multi-host group.
+    Group {
+        rank: usize,
+        ranks: Ranks,
+        comms: Comms,
+    },
+}
+
+/// One local GPU.
+struct Gpu {
+    ordinal: usize,
+    stream: Arc<CudaStream>,
+    /// Overwritten before each repeat when `cuda.flush_l2` is on.
+    flush: Option<Tensor>,
+}
+
+/// The `cuda` oracle.
+pub struct CudaOracle {
+    cfg: CudaConfig,
+    mem: MemoryModel,
+    gpus: Vec<Gpu>,
+    topology: Topology,
+    lookups: HashMap<String, Arc<Lookups>>,
+    cached_lookups: usize,
+    last_spread: Option<Spread>,
+}
+
+/// Checks that the driver, libtorch's CUDA and NCCL are all there, and
+/// returns the GPUs to use.
+fn open_gpus(cfg: &CudaConfig) -> Result<Vec<Gpu>, OracleError> {
+    cfg.validate().map_err(err)?;
+    // SAFETY: probing for the libraries only loads them.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(err(
+            "no CUDA driver (libcuda.so) on this host: the cuda backend needs NVIDIA GPUs",
+        ));
+    }
+    if !tch::Cuda::is_available() {
+        return Err(err(
+            "libtorch sees no CUDA device (is the torch wheel a CUDA build, and are GPUs visible? \
+             check CUDA_VISIBLE_DEVICES)",
+        ));
+    }
+    // SAFETY: as above.
+    if !unsafe { nccl_sys::is_culib_present() } {
+        return Err(err(
+            "NCCL (libnccl.so) not found: put the folder holding libnccl.so on LD_LIBRARY_PATH \
+             (see docs/gpu.md)",
+        ));
+    }
+    let visible = tch::Cuda::device_count() as usize;
+    let ordinals: Vec<usize> = if cfg.gpus.is_empty() {
+        (0..visible).collect()
+    } else {
+        cfg.gpus.clone()
+    };
+    if let Some(g) = ordinals.iter().find(|&&g| g >= visible) {
+        return Err(err(format!(
+            "cuda.gpus names GPU {g}, but {visible} are visible"
+        )));
+    }
+    ordinals
+        .into_iter()
+        .map(|ordinal| {
+            let ctx = CudaContext::new(ordinal).map_err(driver_err("context"))?;
+            let flush = if cfg.flush_l2 {
+                let n = (cfg.flush_mib << 20) as i64 / 4;
+                Some(Tensor::f_zeros([n], (Kind::Float, Device::Cuda(ordinal))).map_err(tch_err)?)
+            } else {
+                None
+            };
+            Ok(Gpu {
+                ordinal,
+                stream: ctx.default_stream(),
+                flush,
+            })
+        })
+        .collect()
+}
+
+/// The stream as NCCL's type.
+fn raw(stream: &CudaStream) -> nccl_sys::cudaStream_t {
+    stream.cu_stream() as nccl_sys::cudaStream_t
+}
+
+/// `tensor`'s storage from element `offset` (fp32).
+fn at(tensor: &Tensor, offset: u64) -> *mut c_void {
+    // SAFETY of the caller: the offset lies within the tensor.
+    (tensor.data_ptr() as *mut u8).wrapping_add(offset as usize * 4) as *mut c_void
+}
+
+impl CudaOracle {
+    /// All GPUs in this process (`cuda.gpus`, or every visible one).
+    pub fn new(cfg: CudaConfig, mem: MemoryModel) -> Result<Self, OracleError> {
+        let gpus = open_gpus(&cfg)?;
+        Ok(CudaOracle {
+            cfg,
+            mem,
+            gpus,
+            topology: Topology::Local {
+                comms: HashMap::new(),
+            },
+            lookups: HashMap::new(),
+            cached_lookups: 0,
+            last_spread: None,
+        })
+    }
+
+    /// A new NCCL unique id, made by the group's rank 0 for the learner to
+    /// hand to the others.
+    pub fn unique_id() -> Result<Vec<u8>, OracleError> {
+        // SAFETY: probing for the library only loads it.
+        if !unsafe { nccl_sys::is_culib_present() } {
+            return Err(err("NCCL (libnccl.so) not found (see docs/gpu.md)"));
+        }
+        let id = nccl::get_uniqueid().map_err(nccl_err("unique id"))?;
+        Ok(id.internal.iter().map(|&c| c as u8).collect())
+    }
+
+    /// Rank `rank` of a multi-host group: `devices[r]` GPUs on rank `r`,
+    /// this process's being `cuda.gpus` (or every visible one). Blocks until
+    /// every rank has joined.
+    pub fn multi_host(
+        cfg: CudaConfig,
+        mem: MemoryModel,
+        rank: usize,
+        devices: Vec<usize>,
+        unique_id: &[u8],
+    ) -> Result<Self, OracleError> {
+        let gpus = open_gpus(&cfg)?;
+        let ranks = Ranks { devices };
+        if ranks.devices.get(rank) != Some(&gpus.len()) {
+            return Err(err(format!(
+                "rank {rank} of a group with GPUs {:?} drives {} GPUs",
+                ranks.devices,
+                gpus.len()
+            )));
+        }
+        let mut id = nccl_sys::ncclUniqueId { internal: [0; 128] };
+        if unique_id.len() != id.internal.len() {
+            return Err(err(format!(
+                "an NCCL unique id of {} bytes (expected {})",
+                unique_id.len(),
+                id.internal.len()
+            )));
+        }
+        for (dst, &src) in id.internal.iter_mut().zip(unique_id) {
+            *dst = src as _;
+        }
+        let world = ranks.total() as i32;
+        let mut comms = Vec::with_capacity(gpus.len());
+        nccl::group_start().map_err(nccl_err("group start"))?;
+        for (local, gpu) in gpus.iter().enumerate() {
+            let mut comm = std::ptr::null_mut();
+            let global = ranks.local(rank).start + local;
+            // SAFETY: `comm` is a valid out-pointer; the id came from
+            // `ncclGetUniqueId` on rank 0. Inside a group, NCCL needs the
+            // device current, which CudaContext binds.
+            CudaContext::new(gpu.ordinal)
+                .and_then(|c| c.bind_to_thread())
+                .map_err(driver_err("context"))?;
+            unsafe { nccl::comm_init_rank(&mut comm, world, id, global as i32) }
+                .map_err(nccl_err("init rank"))?;
+            comms.push(comm);
+        }
+        nccl::group_end().map_err(nccl_err("group end"))?;
+        Ok(CudaOracle {
+            cfg,
+            mem,
+            gpus,
+            topology: Topology::Group {
+                rank,
+                ranks,
+                comms: Comms(comms),
+            },
+            lookups: HashMap::new(),
+            cached_lookups: 0,
+            last_spread: None,
+        })
+    }
+
+    /// The lookups of `table`, drawn once and kept.
+    fn lookups_of(&mut self, table: &Table) -> Arc<Lookups> {
+        // The name alone could collide across pools.
+        let key = format!(
+            "{}/{}/{}",
+            table.name,
+            table.rows,
+            table.pooling_factor.to_bits()
+        );
+        if let Some(l) = self.lookups.get(&key) {
+            return l.clone();
+        }
+        let cap = if self.cfg.max_rows == 0 {
+            u64::MAX
+        } else {
+            self.cfg.max_rows
+        };
+        let l = Arc::new(indices::for_table(
+            self.cfg.seed,
+            table,
+            self.cfg.batch as usize,
+            cap,
+        ));
+        if self.cached_lookups + l.len() > LOOKUP_CACHE {
+            self.lookups.clear();
+            self.cached_lookups = 0;
+        }
+        self.cached_lookups += l.len();
+        self.lookups.insert(key, l.clone());
+        l
+    }
+
+    /// Plan devices this process drives, as (plan device, local GPU).
+    fn local_devices(&self, devices: usize) -> Vec<(usize, usize)> {
+        match &self.topology {
+            Topology::Local { .. } => (0..devices).map(|d| (d, d)).collect(),
+            Topology::Group { rank, ranks, .. } => ranks
+                .local(*rank)
+                .enumerate()
+                .filter(|&(_, d)| d < devices)
+                .map(|(local, d)| (d, local))
+                .collect(),
+        }
+    }
+
+    /// The communicators for a plan on `devices` devices, by local GPU.
+    fn comms(&mut self, devices: usize) -> Result<&mut Comms, OracleError> {
+        let gpus: Vec<i32> = self.gpus.iter().map(|g| g.ordinal as i32).collect();
+        match &mut self.topology {
+            Topology::Group { comms, ranks, .. } => {
+                if devices > ranks.total() {
+                    return Err(err(format!(
+                        "the plan needs {devices} GPUs; the group has {}",
+                        ranks.total()
+                    )));
+                }
+                Ok(comms)
+            }
+            Topology::Local { comms } => {
+                if devices > gpus.len() {
+                    return Err(err(format!(
+                        "the plan needs {devices} GPUs; this benchworker drives {} (cuda.gpus)",
+                        gpus.len()
+                    )));
+                }
+                if let std::collections::hash_map::Entry::Vacant(v) = comms.entry(devices) {
+                    let mut raw = vec![std::ptr::null_mut(); devices];
+                    // SAFETY: `raw` has room for `devices` communicators and
+                    // the list names `devices` distinct visible GPUs.
+                    unsafe { nccl::comm_init_all(raw.as_mut_ptr(), devices as i32, gpus.as_ptr()) }
+                        .map_err(nccl_err("init all"))?;
+                    v.insert(Comms(raw));
+                }
+                Ok(comms.get_mut(&devices).expect("inserted above"))
+            }
+        }
+    }
+
+    /// Runs the iterations of one plan on this process's devices and
+    /// returns each repeat's phases of those devices (local order).
+    fn run(&mut self, tables: &[Table], plan: &Plan) -> Result<Vec<Vec<Phases>>, OracleError> {
+        let layout = PlanLayout::new(tables, plan, self.cfg.batch, self.cfg.max_rows);
+        let local = self.local_devices(plan.devices);
+        let (precision, optimizer) = (self.mem.precision, self.mem.optimizer);
+        let learning_rate = self.cfg.learning_rate;
+        let spec = move |ordinal| FusedSpec {
+            device: Device::Cuda(ordinal),
+            precision,
+            optimizer,
+            learning_rate,
+        };
+        // Per local device: its fused work and its exchange buffers.
+        let mut work = Vec::with_capacity(local.len());
+        for &(d, g) in &local {
+            let dev = &layout.devices[d];
+            let lookups: Vec<Arc<Lookups>> = dev
+                .tables
+                .iter()
+                .map(|&t| self.lookups_of(&tables[t]))
+                .collect();
+            let refs: Vec<&Lookups> = lookups.iter().map(|l| l.as_ref()).collect();
+            let ordinal = self.gpus[g].ordinal;
+            let on = (Kind::Float, Device::Cuda(ordinal));
+            let fused = if dev.is_empty() {
+                None
+            } else {
+                Some(
+                    FusedDevice::build(dev, &refs, self.cfg.batch, spec(ordinal))
+                        .map_err(tch_err)?,
+                )
+            };
+            let n = layout.exchanged_len(d) as i64;
+            work.push(DeviceBuffers {
+                fused,
+                recv: Tensor::f_zeros([n.max(1)], on).map_err(tch_err)?,
+                grad_out: Tensor::f_full([n.max(1)], GRAD_VALUE, on).map_err(tch_err)?,
+                grad_in: Tensor::f_zeros([(layout.output_len(d) as i64).max(1)], on)
+                    .map_err(tch_err)?,
+            });
+        }
+        let fwd = layout.forward_transfers();
+        let bwd = layout.backward_transfers();
+        let total = self.cfg.warmup + self.cfg.repeats;
+        let mut rounds = Vec::with_capacity(self.cfg.repeats);
+        for i in 0..total {
+            let p = self.round(&local, &layout, &mut work, &fwd, &bwd)?;
+            if i >= self.cfg.warmup {
+                rounds.push(p);
+            }
+        }
+        Ok(rounds)
+    }
+
+    /// One iteration on the local devices; the phases of each.
+    fn round(
+        &mut self,
+        local: &[(usize, usize)],
+        layout: &PlanLayout,
+        work: &mut [DeviceBuffers],
+        fwd: &[Transfer],
+        bwd: &[Transfer],
+    ) -> Result<Vec<Phases>, OracleError> {
+        for &(_, g) in local {
+            if let Some(f) = &mut self.gpus[g].flush {
+                let _ = f.f_fill_(1.0).map_err(tch_err)?;
+            }
+        }
+        let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let mut events: Vec<[CudaEvent; 5]> = Vec::with_capacity(local.len());
+        for &(_, g) in local {
+            let s = &self.gpus[g].stream;
+            let mk = || s.context().new_event(timing).map_err(driver_err("event"));
+            events.push([mk()?, mk()?, mk()?, mk()?, mk()?]);
+        }
+        let record = |gpus: &[Gpu], events: &[[CudaEvent; 5]], k: usize| {
+            for (i, &(_, g)) in local.iter().enumerate() {
+                events[i][k]
+                    .record(&gpus[g].stream)
+                    .map_err(driver_err("event record"))?;
+            }
+            Ok::<_, OracleError>(())
+        };
+        record(&self.gpus, &events, 0)?;
+        let mut outputs: Vec<Option<Tensor>> = Vec::with_capacity(local.len());
+        for w in work.iter() {
+            outputs.push(match &w.fused {
+                Some(f) => Some(f.forward().map_err(tch_err)?),
+                None => None,
+            });
+        }
+        record(&self.gpus, &events, 1)?;
+        let plan_devices = layout.devices.len();
+        let streams: Vec<nccl_sys::cudaStream_t> = local
+            .iter()
+            .map(|&(_, g)| raw(&self.gpus[g].stream))
+            .collect();
+        let slot = |d: usize| local.iter().position(|&(pd, _)| pd == d);
+        {
+            let comms = self.comms(plan_devices)?;
+            let outputs = &outputs;
+            exchange(
+                comms,
+                &streams,
+                fwd,
+                &slot,
+                |i| outputs[i].as_ref(),
+                |i| Some(&work[i].recv),
+            )?;
+        }
+        record(&self.gpus, &events, 2)?;
+        {
+            let comms = self.comms(plan_devices)?;
+            exchange(
+                comms,
+                &streams,
+                bwd,
+                &slot,
+                |i| Some(&work[i].grad_out),
+                |i| Some(&work[i].grad_in),
+            )?;
+        }
+        record(&self.gpus, &events, 3)?;
+        for w in work.iter_mut() {
+            if let Some(f) = &mut w.fused {
+                f.backward(&w.grad_in).map_err(tch_err)?;
+            }
+        }
+        record(&self.gpus, &events, 4)?;
+        // Wait for the last event of every device, watching NCCL for a dead peer.
+        for ev in &events {
+            while !ev[4].try_is_complete().map_err(driver_err("event query"))? {
+                self.comms(plan_devices)?.check()?;
+                std::thread::sleep(POLL);
+            }
+        }
+        drop(outputs);
+        let ms = |a: &CudaEvent, b: &CudaEvent| {
+            a.elapsed_ms(b)
+                .map(f64::from)
+                .map_err(driver_err("elapsed time"))
+        };
+        events
+            .iter()
+            .map(|e| {
+                Ok(Phases {
+                    fwd: ms(&e[0], &e[1])?,
+                    fwd_comm: ms(&e[1], &e[2])?,
+                    bwd_comm: ms(&e[2], &e[3])?,
+                    bwd: ms(&e[3], &e[4])?,
+                })
+            })
+            .collect()
+    }
+
+    /// Rank 0: broadcast a job (or, with `None`, the stop signal) to the
+    /// group.
+    fn broadcast_job(&mut self, job: Option<&[u8]>) -> Result<(), OracleError> {
+        let header = group::header(job.map_or(0, |j| j.len()));
+        self.broadcast(Some(&header))?;
+        if let Some(j) = job {
+            self.broadcast(Some(j))?;
+        }
+        Ok(())
+    }
+
+    /// A broadcast from plan device 0 over the group, as the leader: every
+    /// rank receives `bytes`.
+    fn broadcast(&mut self, bytes: Option<&[u8]>) -> Result<Vec<u8>, OracleError> {
+        self.broadcast_len(bytes, bytes.map_or(group::HEADER_BYTES, |b| b.len()))
+    }
+
+    /// A broadcast of `len` bytes from plan device 0: the leader passes the
+    /// bytes, the others `None` and get them back.
+    fn broadcast_len(&mut self, bytes: Option<&[u8]>, len: usize) -> Result<Vec<u8>, OracleError> {
+        let Topology::Group { comms, .. } = &mut self.topology else {
+            return Err(err("a broadcast outside a multi-host group"));
+        };
+        let mut buffers = Vec::with_capacity(self.gpus.len());
+        for gpu in &self.gpus {
+            let on = Device::Cuda(gpu.ordinal);
+            let t = match bytes {
+                Some(b) => Tensor::f_from_slice(b).and_then(|t| t.f_to_device(on)),
+                None => Tensor::f_zeros([len as i64], (Kind::Uint8, on)),
+            }
+            .map_err(tch_err)?;
+            buffers.push(t);
+        }
+        nccl::group_start().map_err(nccl_err("group start"))?;
+        for ((gpu, buf), &comm) in self.gpus.iter().zip(&buffers).zip(&comms.0) {
+            let p = buf.data_ptr();
+            // SAFETY: `buf` holds `len` bytes on the communicator's device
+            // and outlives the wait below.
+            unsafe {
+                nccl::broadcast(
+                    p,
+                    p,
+                    len,
+                    nccl_sys::ncclDataType_t::ncclUint8,
+                    0,
+                    comm,
+                    raw(&gpu.stream),
+                )
+            }
+            .map_err(nccl_err("broadcast"))?;
+        }
+        nccl::group_end().map_err(nccl_err("group end"))?;
+        self.wait_streams()?;
+        Vec::<u8>::try_from(&buffers[0].to_device(Device::Cpu)).map_err(tch_err)
+    }
+
+    /// Waits until every local stream is idle, watching NCCL for failures.
+    fn wait_streams(&mut self) -> Result<(), OracleError> {
+        let mut done = Vec::with_capacity(self.gpus.len());
+        for gpu in &self.gpus {
+            done.push(gpu.stream.record_event(None).map_err(driver_err("event"))?);
+        }
+        for e in &done {
+            while !e.try_is_complete().map_err(driver_err("event query"))? {
+                if let Topology::Group { comms, .. } = &mut self.topology {
+                    comms.check()?;
+                }
+                std::thread::sleep(POLL);
+            }
+        }
+        Ok(())
+    }
+
+    /// All-gathers every device's phases (`repeats × 4` f64 each) in a
+    /// group; returns the leader's copy.
+    fn gather(&mut self, mine: &[Vec<Phases>]) -> Result<Vec<f64>, OracleError> {
+        let Topology::Group { comms, ranks, .. } = &mut self.topology else {
+            return Err(err("a gather outside a multi-host group"));
+        };
+        let per_device = self.cfg.repeats * 4;
+        let world = ranks.total();
+        let mut sends = Vec::with_capacity(self.gpus.len());
+        let mut recvs = Vec::with_capacity(self.gpus.len());
+        for (local, gpu) in self.gpus.iter().enumerate() {
+            let on = Device::Cuda(gpu.ordinal);
+            let phases: Vec<Phases> = mine
+                .iter()
+                .map(|round| round.get(local).copied().unwrap_or_default())
+                .collect();
+            let mut flat = group::flatten_phases(&phases);
+            flat.resize(per_device, 0.0);
+            sends.push(
+                Tensor::f_from_slice(&flat)
+                    .and_then(|t| t.f_to_device(on))
+                    .map_err(tch_err)?,
+            );
+            recvs.push(
+                Tensor::f_zeros([(world * per_device) as i64], (Kind::Double, on))
+                    .map_err(tch_err)?,
+            );
+        }
+        nccl::group_start().map_err(nccl_err("group start"))?;
+        for (((gpu, s), r), &comm) in self.gpus.iter().zip(&sends).zip(&recvs).zip(&comms.0) {
+            // SAFETY: `s` holds `per_device` and `r` `world × per_device`
+            // doubles on the communicator's device; both outlive the wait.
+            unsafe {
+                nccl::all_gather(
+                    s.data_ptr(),
+                    r.data_ptr(),
+                    per_device,
+                    nccl_sys::ncclDataType_t::ncclFloat64,
+                    comm,
+                    raw(&gpu.stream),
+                )
+            }
+            .map_err(nccl_err("all-gather"))?;
+        }
+        nccl::group_end().map_err(nccl_err("group end"))?;
+        self.wait_streams()?;
+        Vec::<f64>::try_from(&recvs[0].to_device(Device::Cpu)).map_err(tch_err)
+    }
+
+    /// Ranks other than 0: measure the jobs rank 0 broadcasts until it says
+    /// stop, `stop` is set, or NCCL fails.
+    pub fn follow(&mut self, stop: &AtomicBool) -> Result<u64, OracleError> {
+        let mut jobs = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let header = self.broadcast_len(None, group::HEADER_BYTES)?;
+            let Some(len) = group::payload_len(&header).map_err(err)? else {
+                return Ok(jobs);
+            };
+            let job = group::decode_job(&self.broadcast_len(None, len)?).map_err(err)?;
+            let rounds = self.run(&job.tables, &job.plan)?;
+            self.gather(&rounds)?;
+            jobs += 1;
+        }
+        Ok(jobs)
+    }
+
+    /// Rank 0: tells the other ranks to stop following.
+    pub fn release_group(&mut self) -> Result<(), OracleError> {
+        if matches!(self.topology, Topology::Group { rank: 0, .. }) {
+            self.broadcast_job(None)?;
+        }
+        Ok(())
+    }
+}
+
+/// One grouped NCCL exchange: every transfer with a local end, as
+/// send/recv on the local device's communicator.
+fn exchange<'t>(
+    comms: &mut Comms,
+    streams: &[nccl_sys::cudaStream_t],
+    transfers: &[Transfer],
+    slot: &dyn Fn(usize) -> Option<usize>,
+    send_buf: impl Fn(usize) -> Option<&'t Tensor>,
+    recv_buf: impl Fn(usize) -> Option<&'t Tensor>,
+) -> Result<(), OracleError> {
+    nccl::group_start().map_err(nccl_err("group start"))?;
+    for t in transfers {
+        if let Some(i) = slot(t.from) {
+            let buf = send_buf(i).ok_or_else(|| err("a send from a device with no output"))?;
+            // SAFETY: the transfer lies within the sender's buffer (its
+            // arithmetic is tested in `layout`), which outlives the round.
+            unsafe {
+                nccl::send(
+                    at(buf, t.send_offset),
+                    t.count as usize,
+                    nccl_sys::ncclDataType_t::ncclFloat32,
+                    t.to as i32,
+                    comms.0[i],
+                    streams[i],
+                )
+            }
+            .map_err(nccl_err("send"))?;
+        }
+        if let Some(i) = slot(t.to) {
+            let buf = recv_buf(i).ok_or_else(|| err("a receive into a missing buffer"))?;
+            // SAFETY: as above, within the receiver's buffer.
+            unsafe {
+                nccl::recv(
+                    at(buf, t.recv_offset),
+                    t.count as usize,
+                    nccl_sys::ncclDataType_t::ncclFloat32,
+                    t.from as i32,
+                    comms.0[i],
+                    streams[i],
+                )
+            }
+            .map_err(nccl_err("recv"))?;
+        }
+    }
+    nccl::group_end().map_err(nccl_err("group end"))?;
+    Ok(())
+}
+
+/// A local device's buffers for one plan.
+struct DeviceBuffers {
+    fused: Option<FusedDevice>,
+    /// Forward all-to-all: this device's samples of every table.
+    recv: Tensor,
+    /// Backward all-to-all: the gradients of those, sent back.
+    grad_out: Tensor,
+    /// This device's tables' output gradients, `[B, S_d]`.
+    grad_in: Tensor,
+}
+
+impl Oracle for CudaOracle {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn measure(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, OracleError> {
+        check_plan(tables, plan)?;
+        self.last_spread = None;
+        let leader = matches!(self.topology, Topology::Group { rank: 0, .. });
+        let rounds = if leader {
+            self.broadcast_job(Some(&group::encode_job(tables, plan)))?;
+            let mine = self.run(tables, plan)?;
+            let world = match &self.topology {
+                Topology::Group { ranks, .. } => ranks.total(),
+                Topology::Local { .. } => plan.devices,
+            };
+            let gathered = self.gather(&mine)?;
+            group::gathered_rounds(&gathered, world, self.cfg.repeats, plan.devices).map_err(err)?
+        } else {
+            if matches!(self.topology, Topology::Group { .. }) {
+                return Err(err("only rank 0 of a group takes jobs"));
+            }
+            self.run(tables, plan)?
+        };
+        let (m, s) = timing::assemble(&rounds).ok_or_else(|| err("no timed repeat"))?;
+        self.last_spread = Some(s);
+        Ok(m)
+    }
+
+    fn spread(&self) -> Option<Spread> {
+        self.last_spread
+    }
+}

@@ -65,6 +65,18 @@ pub struct ServeArgs {
     /// Give up when no learner answers for this many seconds.
     #[arg(long, default_value_t = 600.0)]
     pub wait_s: f64,
+    /// Join a multi-host group of this name (cuda only): the benchworkers
+    /// of several hosts measure plans on all their GPUs together, NCCL
+    /// across hosts. Rank 0 takes the learner's jobs; see docs/gpu.md.
+    #[arg(long, requires_all = ["rank", "group_gpus"])]
+    pub group: Option<String>,
+    /// This process's rank in the group (0 on exactly one host).
+    #[arg(long, requires = "group")]
+    pub rank: Option<usize>,
+    /// GPUs of each rank, comma-separated, the same on every rank (e.g.
+    /// 8,8 for two hosts of 8): plan devices are numbered rank after rank.
+    #[arg(long, value_delimiter = ',', requires = "group")]
+    pub group_gpus: Option<Vec<usize>>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -131,6 +143,12 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         token,
         backend: args.backend,
         wait: std::time::Duration::from_secs_f64(args.wait_s),
+        group: match (args.group, args.rank, args.group_gpus) {
+            (Some(name), Some(rank), Some(gpus)) => {
+                Some(crate::serve::GroupSpec { name, rank, gpus })
+            }
+            _ => None,
+        },
     };
     let r = crate::serve::serve(&zmq::Context::new(), &opts, &stop)?;
     writeln!(

@@ -101,6 +101,15 @@ impl Drop for Comms {
 }
 
 impl Comms {
+    /// Aborts every communicator (pending operations fail); none is used again.
+    fn abort(&mut self) {
+        for &c in &self.0 {
+            // SAFETY: aborting a live communicator, once.
+            let _ = unsafe { nccl::comm_abort(c) };
+        }
+        self.0.clear();
+    }
+
     /// Fails if NCCL reported an asynchronous error on any communicator (a
     /// peer that died, a network failure); the communicators are aborted.
     fn check(&mut self) -> Result<(), OracleError> {
@@ -114,11 +123,7 @@ impl Comms {
                     nccl_sys::ncclResult_t::ncclSuccess | nccl_sys::ncclResult_t::ncclInProgress
                 )
             {
-                for &c in &self.0 {
-                    // SAFETY: aborting a live communicator; it is not used again.
-                    let _ = unsafe { nccl::comm_abort(c) };
-                }
-                self.0.clear();
+                self.abort();
                 return Err(err(format!("NCCL failed: {state:?} (a peer is gone?)")));
             }
         }
@@ -549,22 +554,27 @@ impl CudaOracle {
     /// group.
     fn broadcast_job(&mut self, job: Option<&[u8]>) -> Result<(), OracleError> {
         let header = group::header(job.map_or(0, |j| j.len()));
-        self.broadcast(Some(&header))?;
+        self.broadcast(&header)?;
         if let Some(j) = job {
-            self.broadcast(Some(j))?;
+            self.broadcast(j)?;
         }
         Ok(())
     }
 
     /// A broadcast from plan device 0 over the group, as the leader: every
     /// rank receives `bytes`.
-    fn broadcast(&mut self, bytes: Option<&[u8]>) -> Result<Vec<u8>, OracleError> {
-        self.broadcast_len(bytes, bytes.map_or(group::HEADER_BYTES, |b| b.len()))
+    fn broadcast(&mut self, bytes: &[u8]) -> Result<Vec<u8>, OracleError> {
+        self.broadcast_len(Some(bytes), bytes.len(), None)
     }
 
     /// A broadcast of `len` bytes from plan device 0: the leader passes the
     /// bytes, the others `None` and get them back.
-    fn broadcast_len(&mut self, bytes: Option<&[u8]>, len: usize) -> Result<Vec<u8>, OracleError> {
+    fn broadcast_len(
+        &mut self,
+        bytes: Option<&[u8]>,
+        len: usize,
+        stop: Option<&AtomicBool>,
+    ) -> Result<Vec<u8>, OracleError> {
         let Topology::Group { comms, .. } = &mut self.topology else {
             return Err(err("a broadcast outside a multi-host group"));
         };
@@ -597,12 +607,13 @@ impl CudaOracle {
             .map_err(nccl_err("broadcast"))?;
         }
         nccl::group_end().map_err(nccl_err("group end"))?;
-        self.wait_streams()?;
+        self.wait_streams(stop)?;
         Vec::<u8>::try_from(&buffers[0].to_device(Device::Cpu)).map_err(tch_err)
     }
 
-    /// Waits until every local stream is idle, watching NCCL for failures.
-    fn wait_streams(&mut self) -> Result<(), OracleError> {
+    /// Waits until every local stream is idle, watching NCCL for failures
+    /// and `stop` (which aborts the communicators).
+    fn wait_streams(&mut self, stop: Option<&AtomicBool>) -> Result<(), OracleError> {
         let mut done = Vec::with_capacity(self.gpus.len());
         for gpu in &self.gpus {
             done.push(gpu.stream.record_event(None).map_err(driver_err("event"))?);
@@ -610,6 +621,10 @@ impl CudaOracle {
         for e in &done {
             while !e.try_is_complete().map_err(driver_err("event query"))? {
                 if let Topology::Group { comms, .. } = &mut self.topology {
+                    if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+                        comms.abort();
+                        return Err(err("stopped while waiting for the group"));
+                    }
                     comms.check()?;
                 }
                 std::thread::sleep(POLL);
@@ -663,7 +678,7 @@ impl CudaOracle {
             .map_err(nccl_err("all-gather"))?;
         }
         nccl::group_end().map_err(nccl_err("group end"))?;
-        self.wait_streams()?;
+        self.wait_streams(None)?;
         Vec::<f64>::try_from(&recvs[0].to_device(Device::Cpu)).map_err(tch_err)
     }
 
@@ -672,11 +687,12 @@ impl CudaOracle {
     pub fn follow(&mut self, stop: &AtomicBool) -> Result<u64, OracleError> {
         let mut jobs = 0;
         while !stop.load(Ordering::Relaxed) {
-            let header = self.broadcast_len(None, group::HEADER_BYTES)?;
+            // Idle until rank 0 has a job: only here may a stop interrupt.
+            let header = self.broadcast_len(None, group::HEADER_BYTES, Some(stop))?;
             let Some(len) = group::payload_len(&header).map_err(err)? else {
                 return Ok(jobs);
             };
-            let job = group::decode_job(&self.broadcast_len(None, len)?).map_err(err)?;
+            let job = group::decode_job(&self.broadcast_len(None, len, None)?).map_err(err)?;
             let rounds = self.run(&job.tables, &job.plan)?;
             self.gather(&rounds)?;
             jobs += 1;

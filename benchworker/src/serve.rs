@@ -21,6 +21,41 @@ pub struct ServeOptions {
     pub backend: Backend,
     /// How long to keep saying hello before giving up.
     pub wait: Duration,
+    /// Its place in a multi-host `cuda` group, if it is in one.
+    pub group: Option<GroupSpec>,
+}
+
+/// A benchworker's place in a multi-host group: rank 0 takes the learner's
+/// jobs and measures them together with the other ranks over NCCL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSpec {
+    pub name: String,
+    pub rank: usize,
+    /// GPUs of each rank, rank after rank; the plan's devices are numbered
+    /// in that order.
+    pub gpus: Vec<usize>,
+}
+
+impl GroupSpec {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.name.is_empty() {
+            return Err("the group needs a name".into());
+        }
+        if self.gpus.is_empty() || self.gpus.contains(&0) {
+            return Err(format!(
+                "GPUs per rank {:?}: every rank needs at least one",
+                self.gpus
+            ));
+        }
+        if self.rank >= self.gpus.len() {
+            return Err(format!(
+                "rank {} of a group of {} ranks",
+                self.rank,
+                self.gpus.len()
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What a benchworker did, when it stops.
@@ -59,19 +94,68 @@ pub fn serve(
     stop: &AtomicBool,
 ) -> anyhow::Result<ServeReport> {
     let mut report = ServeReport::default();
+    if let Some(g) = &opts.group {
+        g.validate().map_err(|e| anyhow::anyhow!("--group: {e}"))?;
+        anyhow::ensure!(
+            opts.backend == Backend::Cuda,
+            "--group: multi-host groups measure with the cuda backend"
+        );
+    }
+    let role = match &opts.group {
+        Some(g) if g.rank > 0 => Role::GroupMember,
+        _ => Role::Benchworker,
+    };
     report.rejoined = sessions(
         ctx,
         &opts.endpoint,
-        Role::Benchworker,
+        role,
         &opts.token,
         opts.wait,
         stop,
-        |link, welcome| {
-            let mut oracle = build(opts.backend, &welcome.config)?;
-            session(link, welcome, oracle.as_mut(), &mut report, stop)
+        |link, welcome| match &opts.group {
+            None => {
+                let mut oracle = build(opts.backend, &welcome.config)?;
+                session(link, welcome, oracle.as_mut(), &mut report, stop)
+            }
+            Some(group) => group_session(link, welcome, group, &mut report, stop),
         },
     )?;
     Ok(report)
+}
+
+/// Runs `work` in a thread of its own while this one keeps the learner's
+/// link alive: heartbeats go on, acks are counted, and a shutdown is noted
+/// (returned beside the work's result) for after the work.
+fn heartbeating<T: Send>(
+    link: &mut Link,
+    heartbeat: Duration,
+    report: &mut ServeReport,
+    work: impl FnOnce() -> T + Send,
+) -> anyhow::Result<(T, bool)> {
+    let mut shutdown = false;
+    std::thread::scope(|s| {
+        let (done, result) = std::sync::mpsc::channel();
+        s.spawn(move || {
+            let _ = done.send(work());
+        });
+        loop {
+            match result.recv_timeout(Duration::from_millis(50)) {
+                Ok(r) => return Ok((r, shutdown)),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    anyhow::bail!("the benchworker's work panicked")
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            link.heartbeat(heartbeat)?;
+            while let Some((_, m)) = link.recv(0)? {
+                match m {
+                    Message::Shutdown => shutdown = true,
+                    Message::Ack { .. } => report.acked += 1,
+                    _ => {}
+                }
+            }
+        }
+    })
 }
 
 /// One stay with a learner: measure its jobs one at a time, in a thread
@@ -105,34 +189,17 @@ fn session(
             } => {
                 let result = match job_plan(&welcome.tasks, task, &assignment) {
                     Err(e) => Err(e),
-                    Ok((t, plan)) => std::thread::scope(|s| {
-                        let (done, result) = std::sync::mpsc::channel();
+                    Ok((t, plan)) => {
                         let o = &mut *oracle;
-                        s.spawn(move || {
-                            let _ = done.send(
+                        let (result, shutdown) =
+                            heartbeating(link, heartbeat, report, move || {
                                 o.measure(&t.tables, &plan)
-                                    .map_err(|e| format!("{}: {e}", t.name)),
-                            );
-                        });
-                        // Heartbeats while measuring; a shutdown waits for the job.
-                        loop {
-                            match result.recv_timeout(Duration::from_millis(50)) {
-                                Ok(r) => return Ok(r),
-                                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                                    anyhow::bail!("the oracle panicked measuring job {job}")
-                                }
-                                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                            }
-                            link.heartbeat(heartbeat)?;
-                            while let Some((_, m)) = link.recv(0)? {
-                                match m {
-                                    Message::Shutdown => stopping = true,
-                                    Message::Ack { .. } => report.acked += 1,
-                                    _ => {}
-                                }
-                            }
-                        }
-                    })?,
+                                    .map_err(|e| format!("{}: {e}", t.name))
+                            })?;
+                        // A shutdown waits for the job.
+                        stopping |= shutdown;
+                        result
+                    }
                 };
                 let reply = match result {
                     Ok(measurement) => {
@@ -159,4 +226,131 @@ fn session(
             _ => {}
         }
     }
+}
+
+/// A stay with the learner as part of a multi-host group.
+///
+/// Rank 0 makes the group's NCCL unique id, posts it to the learner, joins
+/// the group (waiting for every rank) and then serves jobs like any
+/// benchworker, measuring each together with the other ranks; when its stay
+/// ends it releases them. A rank > 0 asks the learner for the id, joins,
+/// and follows rank 0's jobs until released; then it says hello again, so a
+/// group re-forms by itself after a learner or rank-0 restart.
+#[cfg(feature = "cuda")]
+fn group_session(
+    link: &mut Link,
+    welcome: &Welcome,
+    group: &GroupSpec,
+    report: &mut ServeReport,
+    stop: &AtomicBool,
+) -> anyhow::Result<End> {
+    use crate::cuda::CudaOracle;
+
+    let cfg = &welcome.config;
+    let heartbeat = Duration::from_secs_f64(cfg.cluster.heartbeat_s);
+    let timeout = Duration::from_secs_f64(cfg.cluster.peer_timeout_s);
+    let ranks: Vec<u32> = group.gpus.iter().map(|&g| g as u32).collect();
+    let join = |id: &[u8]| {
+        CudaOracle::multi_host(
+            cfg.cuda.clone(),
+            cfg.memory,
+            group.rank,
+            group.gpus.clone(),
+            id,
+        )
+    };
+    if group.rank == 0 {
+        let unique_id = CudaOracle::unique_id()?;
+        link.send(
+            0,
+            &Message::NcclId {
+                group: group.name.clone(),
+                ranks,
+                unique_id: unique_id.clone(),
+            },
+        )?;
+        tracing::info!(
+            "group {}: waiting for {} ranks",
+            group.name,
+            group.gpus.len()
+        );
+        let (oracle, shutdown) = heartbeating(link, heartbeat, report, || join(&unique_id))?;
+        let mut oracle = oracle?;
+        if shutdown {
+            oracle.release_group()?;
+            return Ok(End::Stop);
+        }
+        tracing::info!("group {}: formed", group.name);
+        let end = session(link, welcome, &mut oracle, report, stop);
+        if let Err(e) = oracle.release_group() {
+            tracing::warn!("group {}: releasing the other ranks: {e}", group.name);
+        }
+        return end;
+    }
+    link.send(
+        0,
+        &Message::NcclJoin {
+            group: group.name.clone(),
+        },
+    )?;
+    let unique_id = loop {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(End::Stop);
+        }
+        if link.silence() > timeout {
+            return Ok(End::LostLearner);
+        }
+        link.heartbeat(heartbeat)?;
+        match link.recv(100)? {
+            Some((
+                _,
+                Message::NcclId {
+                    group: name,
+                    ranks: theirs,
+                    unique_id,
+                },
+            )) if name == group.name => {
+                anyhow::ensure!(
+                    theirs == ranks,
+                    "group {name}: rank 0 says GPUs per rank {theirs:?}, this rank {ranks:?}"
+                );
+                break unique_id;
+            }
+            Some((_, Message::Shutdown)) => return Ok(End::Stop),
+            Some((_, Message::Refused { reason, retry })) => {
+                anyhow::ensure!(retry, "the learner dropped this group member: {reason}");
+                return Ok(End::LostLearner);
+            }
+            _ => {}
+        }
+    };
+    let (oracle, shutdown) = heartbeating(link, heartbeat, report, || join(&unique_id))?;
+    let mut oracle = oracle?;
+    tracing::info!("group {}: rank {} joined", group.name, group.rank);
+    let (followed, shutdown_later) = heartbeating(link, heartbeat, report, || oracle.follow(stop))?;
+    match followed {
+        Ok(jobs) => {
+            report.measured += jobs;
+            tracing::info!("group {}: released after {jobs} jobs", group.name)
+        }
+        Err(e) => tracing::warn!("group {}: {e}", group.name),
+    }
+    Ok(
+        if shutdown || shutdown_later || stop.load(Ordering::Relaxed) {
+            End::Stop
+        } else {
+            End::LostLearner
+        },
+    )
+}
+
+#[cfg(not(feature = "cuda"))]
+fn group_session(
+    _link: &mut Link,
+    _welcome: &Welcome,
+    _group: &GroupSpec,
+    _report: &mut ServeReport,
+    _stop: &AtomicBool,
+) -> anyhow::Result<End> {
+    Err(crate::oracle::not_built().into())
 }

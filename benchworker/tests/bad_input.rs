@@ -75,3 +75,58 @@ fn bad_placements_fail_with_what_is_wrong() {
     let (ok, _) = measure(dir.path(), &csv, PLAN);
     assert!(ok, "a valid placement is measured");
 }
+
+/// `benchworker serve` with these arguments and a token in the environment.
+fn serve(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_benchworker"))
+        .args(["serve", "--learner", "tcp://127.0.0.1:9", "--wait-s", "1"])
+        .args(args)
+        .env("EMBSHARD_TOKEN", "t")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_group_arguments_fail_with_what_is_wrong() {
+    let (ok, err) = serve(&["--group", "g"]);
+    assert!(!ok && err.contains("--rank"), "{err}");
+    let (ok, err) = serve(&[
+        "--backend",
+        "sim",
+        "--group",
+        "g",
+        "--rank",
+        "0",
+        "--group-gpus",
+        "1",
+    ]);
+    assert!(!ok && err.contains("cuda backend"), "{err}");
+    let args = [
+        "--backend",
+        "cuda",
+        "--group",
+        "g",
+        "--rank",
+        "2",
+        "--group-gpus",
+        "1,1",
+    ];
+    let (ok, err) = serve(&args);
+    assert!(!ok && err.contains("rank 2 of a group of 2 ranks"), "{err}");
+    let args = [
+        "--backend",
+        "cuda",
+        "--group",
+        "g",
+        "--rank",
+        "0",
+        "--group-gpus",
+        "4,0",
+    ];
+    let (ok, err) = serve(&args);
+    assert!(!ok && err.contains("at least one"), "{err}");
+}

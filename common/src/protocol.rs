@@ -20,7 +20,7 @@ use crate::{Measurement, Task};
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"EMBS";
 /// Bumped on any incompatible change of the messages below.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// The largest frame a peer accepts (weights of the default networks are
 /// about 200 KiB; a welcome carries the training tasks).
 pub const MAX_FRAME_BYTES: usize = 64 << 20;
@@ -35,6 +35,10 @@ fn bincode_config() -> impl bincode::config::Config {
 pub enum Role {
     Actor,
     Benchworker,
+    /// A rank other than 0 of a multi-host `cuda` benchworker group: it
+    /// takes no jobs from the learner, only the group's NCCL unique id
+    /// (rank 0 is a [`Role::Benchworker`] and measures for the group).
+    GroupMember,
 }
 
 /// Every message's envelope besides the prefix.
@@ -130,6 +134,17 @@ pub enum Message {
     Heartbeat,
     /// Stop now.
     Shutdown,
+    /// Rank 0 of a multi-host benchworker group posts its NCCL unique id;
+    /// the learner hands it to the group's other ranks. `ranks[r]`: GPUs
+    /// of rank `r`.
+    NcclId {
+        group: String,
+        ranks: Vec<u32>,
+        unique_id: Vec<u8>,
+    },
+    /// A group member asks for its group's unique id (answered with
+    /// [`Message::NcclId`] as soon as rank 0 has posted one).
+    NcclJoin { group: String },
 }
 
 /// Message kinds as they appear in the frame prefix.
@@ -148,6 +163,8 @@ pub enum Kind {
     Heartbeat = 10,
     Shutdown = 11,
     Ack = 12,
+    NcclId = 13,
+    NcclJoin = 14,
 }
 
 impl Message {
@@ -165,6 +182,8 @@ impl Message {
             Message::Heartbeat => Kind::Heartbeat,
             Message::Shutdown => Kind::Shutdown,
             Message::Ack { .. } => Kind::Ack,
+            Message::NcclId { .. } => Kind::NcclId,
+            Message::NcclJoin { .. } => Kind::NcclJoin,
         }
     }
 }
@@ -343,6 +362,14 @@ mod tests {
             Message::Heartbeat,
             Message::Shutdown,
             Message::Ack { job: 11 },
+            Message::NcclId {
+                group: "rack-a".into(),
+                ranks: vec![8, 8],
+                unique_id: (0..128).collect(),
+            },
+            Message::NcclJoin {
+                group: "rack-a".into(),
+            },
         ]
     }
 
@@ -350,7 +377,7 @@ mod tests {
     fn every_kind_round_trips() {
         let all = every_kind();
         let kinds: std::collections::BTreeSet<Kind> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 12, "one message of each kind");
+        assert_eq!(kinds.len(), 14, "one message of each kind");
         for m in all {
             let frame = encode(&header(), &m);
             assert_eq!(frame[6], m.kind() as u8);
@@ -429,7 +456,7 @@ mod tests {
         /// Valid frames with random bytes flipped never panic either, and
         /// an untouched prefix with a flipped body is still checked.
         #[test]
-        fn corrupted_frames_never_panic(which in 0usize..12, flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
+        fn corrupted_frames_never_panic(which in 0usize..14, flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
             let mut frame = encode(&header(), &every_kind()[which]);
             for (at, byte) in flips {
                 let n = frame.len();

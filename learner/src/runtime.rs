@@ -53,7 +53,20 @@ struct Peer {
     credits: u64,
     /// The newest weights' version this actor was sent.
     version_sent: u64,
+    /// The multi-host group whose NCCL unique id this group member waits for.
+    awaits_group: Option<String>,
 }
+
+/// A multi-host benchworker group's unique id, as its rank 0 posted it.
+struct GroupId {
+    /// Rank 0's peer key: the id dies with it.
+    leader: Vec<u8>,
+    ranks: Vec<u32>,
+    unique_id: Vec<u8>,
+}
+
+/// Bytes of an NCCL unique id.
+const NCCL_ID_BYTES: usize = 128;
 
 /// A measurement job out on a benchworker.
 struct Job {
@@ -93,6 +106,8 @@ pub struct RuntimeReport {
     pub lags: Vec<u64>,
     /// Weight messages sent to actors.
     pub weights_sent: u64,
+    /// NCCL unique ids handed to members of multi-host benchworker groups.
+    pub group_ids_sent: u64,
 }
 
 impl RuntimeReport {
@@ -127,6 +142,8 @@ pub struct Learner<'t, 'a> {
     /// older unrolls were acted on a superseded cost network.
     round_version: Option<u64>,
     weights_cache: Option<(u64, Rc<Message>)>,
+    /// Multi-host benchworker groups by name.
+    groups: HashMap<String, GroupId>,
     last_heartbeat: Instant,
     pub report: RuntimeReport,
 }
@@ -148,6 +165,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             queue: VecDeque::new(),
             round_version: None,
             weights_cache: None,
+            groups: HashMap::new(),
             last_heartbeat: Instant::now(),
             report: RuntimeReport::default(),
         })
@@ -182,6 +200,8 @@ impl<'t, 'a> Learner<'t, 'a> {
     fn forget(&mut self, who: &[u8]) {
         if let Some(peer) = self.peers.remove(who) {
             tracing::warn!("{:?} {} is gone", peer.role, peer.id);
+            // A group's unique id is only good while its rank 0 lives.
+            self.groups.retain(|_, g| g.leader != who);
             if let Some(job) = peer.job.and_then(|j| self.jobs.remove(&j)) {
                 self.report.requeued_jobs += 1;
                 self.requeue.push_back(job.pick);
@@ -264,6 +284,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                     last_seen: Instant::now(),
                     credits: 0,
                     version_sent: 0,
+                    awaits_group: None,
                 },
             );
             let welcome = Message::Welcome {
@@ -348,11 +369,73 @@ impl<'t, 'a> Learner<'t, 'a> {
                     self.job_failed(j.pick, error)?;
                 }
             }
+            (
+                Role::Benchworker,
+                Message::NcclId {
+                    group,
+                    ranks,
+                    unique_id,
+                },
+            ) => {
+                if unique_id.len() != NCCL_ID_BYTES || ranks.is_empty() || ranks.contains(&0) {
+                    self.report.unexpected += 1;
+                    tracing::warn!(
+                        "group {group}: malformed NCCL id ({} bytes, ranks {ranks:?}) dropped",
+                        unique_id.len()
+                    );
+                    return Ok(());
+                }
+                tracing::info!(
+                    "group {group}: rank 0 posted its NCCL id (GPUs per rank {ranks:?})"
+                );
+                self.groups.insert(
+                    group.clone(),
+                    GroupId {
+                        leader: from,
+                        ranks,
+                        unique_id,
+                    },
+                );
+                let waiting: Vec<Vec<u8>> = self
+                    .peers
+                    .iter()
+                    .filter(|(_, p)| p.awaits_group.as_deref() == Some(group.as_str()))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for member in waiting {
+                    self.hand_group_id(&member, &group);
+                }
+            }
+            (Role::GroupMember, Message::NcclJoin { group }) => {
+                if self.groups.contains_key(&group) {
+                    self.hand_group_id(&from, &group);
+                } else if let Some(p) = self.peers.get_mut(&from) {
+                    tracing::info!("group {group}: rank waits for rank 0's NCCL id");
+                    p.awaits_group = Some(group);
+                }
+            }
             (_, Message::Heartbeat) => {}
             (_, Message::Shutdown) => self.forget(&from),
             _ => self.report.unexpected += 1,
         }
         Ok(())
+    }
+
+    /// Sends a group member its group's NCCL unique id.
+    fn hand_group_id(&mut self, to: &[u8], group: &str) {
+        let Some(g) = self.groups.get(group) else {
+            return;
+        };
+        let message = Message::NcclId {
+            group: group.to_string(),
+            ranks: g.ranks.clone(),
+            unique_id: g.unique_id.clone(),
+        };
+        if let Some(p) = self.peers.get_mut(to) {
+            p.awaits_group = None;
+        }
+        self.report.group_ids_sent += 1;
+        self.send(to, &message);
     }
 
     fn job_failed(&mut self, pick: Pick, error: String) -> anyhow::Result<()> {
@@ -694,6 +777,7 @@ pub fn train_cluster(
                     token: run.token.clone(),
                     backend: run.backend,
                     wait,
+                    group: None,
                 };
                 let (ctx, stop) = (&ctx, &threads_stop);
                 s.spawn(move || benchworker::serve::serve(ctx, &opts, stop))
@@ -749,6 +833,7 @@ mod tests {
                     token: "right".into(),
                     backend: benchworker::Backend::Sim,
                     wait: Duration::from_secs(30),
+                    group: None,
                 };
                 benchworker::serve::serve(&ctx, &opts, &stop)
             });
@@ -798,5 +883,153 @@ mod tests {
         assert_eq!(report.unexpected, 1);
         assert_eq!(trainer.counters.iteration, 2, "training went on");
         assert_eq!(trainer.counters.policy_updates, 10);
+    }
+
+    /// What a fake group peer saw.
+    #[derive(Debug, Default)]
+    struct Seen {
+        id: Option<(Vec<u32>, Vec<u8>)>,
+        jobs: usize,
+    }
+
+    /// Rank 0 of a multi-host group posts its NCCL id; members that asked
+    /// before or after get exactly that id, and never a job; a malformed id
+    /// is refused. Rank 0 itself measures (with `sim`) like any benchworker.
+    #[test]
+    fn group_members_get_rank_zeros_nccl_id_and_no_jobs() {
+        use std::sync::mpsc::channel;
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = crate::train::tests::small_config(dir.path());
+        cfg.train.iterations = 1000; // stopped below
+        crate::data::generate(&cfg, dir.path()).unwrap();
+        let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
+        let mut trainer = Trainer::new(&cfg, &suite.tasks);
+        let ctx = zmq::Context::new();
+        let endpoint = "inproc://group";
+        let hub = Hub::bind(&ctx, endpoint).unwrap();
+        let stop = AtomicBool::new(false);
+        let id: Vec<u8> = (0..128u8).rev().collect();
+        let wait = Duration::from_secs(30);
+        let beat = Duration::from_millis(200);
+        let (got_id, ids) = channel::<()>();
+        // A member: join, then take messages until told to shut down.
+        let member = |joined: std::sync::mpsc::Sender<()>, got_id: std::sync::mpsc::Sender<()>| {
+            let mut link = Link::connect(&ctx, endpoint).unwrap();
+            link.register(Role::GroupMember, "t", wait, &stop)
+                .unwrap()
+                .unwrap();
+            link.send(0, &Message::NcclJoin { group: "g".into() })
+                .unwrap();
+            let _ = joined.send(());
+            let mut seen = Seen::default();
+            loop {
+                link.heartbeat(beat).unwrap();
+                match link.recv(50).unwrap().map(|(_, m)| m) {
+                    Some(Message::NcclId {
+                        group,
+                        ranks,
+                        unique_id,
+                    }) => {
+                        assert_eq!(group, "g");
+                        assert!(seen.id.is_none(), "the id came twice");
+                        seen.id = Some((ranks, unique_id));
+                        let _ = got_id.send(());
+                    }
+                    Some(Message::MeasureJob { .. }) => seen.jobs += 1,
+                    Some(Message::Shutdown) => return seen,
+                    _ => {}
+                }
+            }
+        };
+        let (report, early, late, leader) = std::thread::scope(|s| {
+            let (early_joined, early_in) = channel();
+            let (posted, posted_rx) = channel();
+            let (measured_tx, measured_rx) = channel::<()>();
+            let got = got_id.clone();
+            let early = s.spawn(move || member(early_joined, got));
+            let (ctx, stop, id) = (&ctx, &stop, &id);
+            let leader = s.spawn(move || {
+                let mut link = Link::connect(ctx, endpoint).unwrap();
+                let welcome = link
+                    .register(Role::Benchworker, "t", wait, stop)
+                    .unwrap()
+                    .unwrap();
+                early_in.recv().unwrap(); // the early member asked first
+                let bad = Message::NcclId {
+                    group: "g".into(),
+                    ranks: vec![1, 1],
+                    unique_id: vec![1; 64],
+                };
+                link.send(0, &bad).unwrap();
+                let post = Message::NcclId {
+                    group: "g".into(),
+                    ranks: vec![2, 1],
+                    unique_id: id.to_vec(),
+                };
+                link.send(0, &post).unwrap();
+                posted.send(()).unwrap();
+                let mut oracle =
+                    benchworker::build(benchworker::Backend::Sim, &welcome.config).unwrap();
+                let mut measured = 0usize;
+                loop {
+                    link.heartbeat(beat).unwrap();
+                    match link.recv(50).unwrap().map(|(_, m)| m) {
+                        Some(Message::MeasureJob {
+                            job,
+                            task,
+                            assignment,
+                        }) => {
+                            let t = &welcome.tasks[task as usize];
+                            let plan = common::Plan {
+                                devices: t.devices,
+                                assignment: assignment.iter().map(|&d| d as usize).collect(),
+                            };
+                            let measurement = oracle.measure(&t.tables, &plan).unwrap();
+                            link.send(0, &Message::Measurement { job, measurement })
+                                .unwrap();
+                            measured += 1;
+                            let _ = measured_tx.send(());
+                        }
+                        Some(Message::Shutdown) => return measured,
+                        _ => {}
+                    }
+                }
+            });
+            let got = got_id.clone();
+            let late = s.spawn(move || {
+                posted_rx.recv().unwrap(); // joins after rank 0 posted
+                member(channel().0, got)
+            });
+            // Stop once both members hold the id and rank 0 has measured.
+            let stopper = s.spawn(move || {
+                for _ in 0..2 {
+                    ids.recv_timeout(wait).expect("a member got no id");
+                }
+                for _ in 0..3 {
+                    measured_rx
+                        .recv_timeout(wait)
+                        .expect("rank 0 measured nothing");
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+            let mut learner = Learner::new(&mut trainer, hub, "t".into()).unwrap();
+            learner.run(&mut Hooks::none(), &stop).unwrap();
+            learner.shutdown(false);
+            stopper.join().unwrap();
+            (
+                learner.report.clone(),
+                early.join().unwrap(),
+                late.join().unwrap(),
+                leader.join().unwrap(),
+            )
+        });
+        let want = Some((vec![2, 1], id.clone()));
+        assert_eq!(early.id, want, "the member that asked first");
+        assert_eq!(late.id, want, "the member that asked after the post");
+        assert_eq!((early.jobs, late.jobs), (0, 0), "members take no jobs");
+        assert!(leader >= 3, "rank 0 measured {leader} plans");
+        assert!(!trainer.buffer.is_empty() && trainer.buffer.len() <= leader);
+        assert_eq!(report.group_ids_sent, 2);
+        assert_eq!(report.unexpected, 1, "the malformed id");
     }
 }

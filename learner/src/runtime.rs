@@ -1013,7 +1013,7 @@ mod tests {
                 stop.store(true, Ordering::Relaxed);
             });
             let mut learner = Learner::new(&mut trainer, hub, "t".into()).unwrap();
-            learner.run(&mut Hooks::none(), &stop).unwrap();
+            learner.run(&mut Hooks::none(), stop).unwrap();
             learner.shutdown(false);
             stopper.join().unwrap();
             (

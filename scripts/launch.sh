@@ -14,11 +14,13 @@
 #   --resume DIR         continue the run in DIR (same as --run-dir DIR)
 #   --actors N           actor processes (default: 2)
 #   --benchworkers N     benchworker processes (default: 1)
-#   --backend sim|cpu    what benchworkers measure with (default: sim, or
-#                        what the resumed run used)
+#   --backend sim|cpu|cuda
+#                        what benchworkers measure with (default: sim, or
+#                        what the resumed run used); cuda builds the binaries
+#                        with the cuda backend and needs GPUs (docs/gpu.md)
 #   --search-budget N    measurements per task for `search` in the final
 #                        evaluation (default: the config's eval.search_budget
-#                        on sim, 20 on cpu)
+#                        on sim, 20 on cpu and cuda)
 #   --port P             the learner's TCP port (default: any free port on
 #                        loopback; 5555 with --hostfile or --slurm)
 #   --hostfile FILE      start actors and benchworkers over ssh on the hosts
@@ -131,7 +133,13 @@ BACKEND=${BACKEND:-sim}
 case "$BACKEND" in
   sim) ;;
   cpu) BUDGET=${BUDGET:-20} ;;
-  *) die "--backend must be sim or cpu, not '$BACKEND'" ;;
+  cuda)
+    BUDGET=${BUDGET:-20}
+    if [ "${EMBSHARD_CUDA:-0}" = 0 ]; then
+      echo "launch: building the binaries with the cuda backend" >&2
+      (cd "$EMBSHARD_ROOT" && cargo build --release --workspace --quiet "${CUDA_FEATURES[@]}")
+    fi ;;
+  *) die "--backend must be sim, cpu or cuda, not '$BACKEND'" ;;
 esac
 GENERATED=$("$BIN/learner" generate --config "$CONFIG")
 SUITES=()

@@ -3,7 +3,8 @@
 #   1. a project-local Python venv (.venv) holding torch==2.13.0, the libtorch
 #      that tch 0.26 links against (LIBTORCH_USE_PYTORCH=1);
 #   2. the release build of every binary (target/release/{learner,actor,benchworker}),
-#      which find libtorch through an rpath set at build time.
+#      which find libtorch through an rpath set at build time. EMBSHARD_CUDA=1
+#      builds the learner and benchworker with the `cuda` backend (docs/gpu.md).
 # The other scripts source this file; running it alone is fine too.
 set -euo pipefail
 
@@ -43,5 +44,10 @@ fi
 export LIBTORCH_USE_PYTORCH=1
 export PATH="$VENV/bin:$PATH"
 
-echo "setup: building the release binaries" >&2
-(cd "$EMBSHARD_ROOT" && cargo build --release --workspace --quiet)
+# The cargo features of the binaries: the cuda backend only when asked for.
+CUDA_FEATURES=(--features embshard-benchworker/cuda,embshard-learner/cuda)
+FEATURES=()
+[ "${EMBSHARD_CUDA:-0}" = 0 ] || FEATURES=("${CUDA_FEATURES[@]}")
+
+echo "setup: building the release binaries${FEATURES[*]:+ (with the cuda backend)}" >&2
+(cd "$EMBSHARD_ROOT" && cargo build --release --workspace --quiet "${FEATURES[@]}")

@@ -5,4 +5,11 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$EMBSHARD_ROOT"
+# The cuda backend is built and its library tests run (no GPU needed: they
+# check its arithmetic and its errors), so it never rots; then the plain
+# binaries are linked again for the process tests (unless asked for cuda).
+echo "test: building and testing the cuda feature" >&2
+cargo build --release --workspace --quiet "${CUDA_FEATURES[@]}"
+cargo test --release --quiet -p embshard-benchworker --lib --features cuda
+cargo build --release --workspace --quiet "${FEATURES[@]}"
 cargo test --release --workspace "$@"

@@ -776,6 +776,11 @@ impl Oracle for CudaOracle {
     fn measure(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, OracleError> {
         check_plan(tables, plan)?;
         self.last_spread = None;
+        if !self.healthy() {
+            return Err(err(
+                "the group's NCCL communicators failed; it must re-form",
+            ));
+        }
         let leader = matches!(self.topology, Topology::Group { rank: 0, .. });
         let rounds = if leader {
             self.broadcast_job(Some(&group::encode_job(tables, plan)))?;
@@ -799,5 +804,12 @@ impl Oracle for CudaOracle {
 
     fn spread(&self) -> Option<Spread> {
         self.last_spread
+    }
+
+    fn healthy(&self) -> bool {
+        match &self.topology {
+            Topology::Group { comms, .. } => !comms.0.is_empty(),
+            Topology::Local { .. } => true,
+        }
     }
 }

@@ -38,6 +38,12 @@ pub trait Oracle: Send {
     fn spread(&self) -> Option<Spread> {
         None
     }
+
+    /// False once the backend cannot measure any more (a multi-host group
+    /// whose communicators failed): the benchworker then starts afresh.
+    fn healthy(&self) -> bool {
+        true
+    }
 }
 
 /// How much the iteration cost varied over the repeats of one measurement.

@@ -216,6 +216,10 @@ fn session(
                 if stopping {
                     return Ok(End::Stop);
                 }
+                if !oracle.healthy() {
+                    tracing::warn!("the oracle cannot measure any more; starting afresh");
+                    return Ok(End::LostLearner);
+                }
             }
             Message::Ack { .. } => report.acked += 1,
             Message::Shutdown => return Ok(End::Stop),
@@ -325,7 +329,19 @@ fn group_session(
         }
     };
     let (oracle, shutdown) = heartbeating(link, heartbeat, report, || join(&unique_id))?;
-    let mut oracle = oracle?;
+    let mut oracle = match oracle {
+        Ok(o) => o,
+        Err(e) => {
+            // A stale id (rank 0 restarted since): ask again.
+            tracing::warn!("group {}: joining failed: {e}", group.name);
+            std::thread::sleep(heartbeat);
+            return Ok(if shutdown {
+                End::Stop
+            } else {
+                End::LostLearner
+            });
+        }
+    };
     tracing::info!("group {}: rank {} joined", group.name, group.rank);
     let (followed, shutdown_later) = heartbeating(link, heartbeat, report, || oracle.follow(stop))?;
     match followed {

@@ -39,6 +39,19 @@ pub enum Command {
     /// Example:
     ///   benchworker bench --backend sim --tables 200 --devices 8 --plans 20000
     Bench(BenchArgs),
+    /// Fusion sweep: one fused call over k tables against k single-table
+    /// calls, on one device.
+    ///
+    /// For each size in --sizes, --mixes random mixes of that many tables
+    /// of a generated pool (the config's [generate], seeded) are measured
+    /// fused and one table at a time; the table shows Σ single / fused for
+    /// the forward and the backward (the fusion speedup). On `cuda` this is
+    /// one GPU; give a config with a smaller [cuda] max_rows if the mixes do
+    /// not fit its memory. A benchmark, not a test.
+    ///
+    /// Example:
+    ///   benchworker fusion --backend cuda --sizes 1,4,16,64 --mixes 3
+    Fusion(FusionArgs),
     /// Serve a training learner: measure the plans it sends, one at a time.
     ///
     /// Connects to the learner, says hello with the cluster token (from
@@ -97,6 +110,26 @@ pub struct BenchArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct FusionArgs {
+    #[arg(long, value_enum, default_value = "sim")]
+    pub backend: Backend,
+    /// Tables per mix, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
+    pub sizes: Vec<usize>,
+    /// Random mixes per size.
+    #[arg(long, default_value_t = 3)]
+    pub mixes: usize,
+    /// Configuration TOML; defaults when omitted.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// One JSON object per mix instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct MeasureArgs {
     /// Which oracle measures: `sim` (a model of a GPU), `cpu` (real lookups on this CPU).
     #[arg(long, value_enum, default_value = "sim")]
@@ -122,6 +155,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     match cli.command {
         Command::Measure(args) => measure(args, out),
         Command::Bench(args) => bench(args, out),
+        Command::Fusion(args) => fusion(args, out),
         Command::Serve(args) => serve(args, out),
     }
 }
@@ -199,6 +233,68 @@ fn bench(args: BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         1e6 * secs / args.plans as f64,
         total / args.plans as f64
     )?;
+    Ok(())
+}
+
+fn fusion(args: FusionArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    anyhow::ensure!(args.mixes > 0, "--mixes must be at least 1");
+    anyhow::ensure!(
+        !args.sizes.is_empty() && !args.sizes.contains(&0),
+        "--sizes: every size must be at least 1"
+    );
+    let cfg = Config::load(args.config.as_deref())?;
+    let pool = common::generate::generate_pool(&cfg.generate, args.seed)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let mut oracle = build(args.backend, &cfg)?;
+    let bar = indicatif::ProgressBar::new((args.sizes.len() * args.mixes) as u64);
+    if args.json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let rows = crate::sweep::fusion_sweep(
+        oracle.as_mut(),
+        &pool,
+        &args.sizes,
+        args.mixes,
+        args.seed,
+        || bar.inc(1),
+    )?;
+    bar.finish_and_clear();
+    if args.json {
+        for r in &rows {
+            serde_json::to_writer(&mut *out, r)?;
+            writeln!(out)?;
+        }
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{} backend, one device: fused call over k tables vs k single-table calls \
+         (mean over {} mixes)",
+        oracle.name(),
+        args.mixes
+    )?;
+    writeln!(
+        out,
+        "{:>6} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8}",
+        "tables", "fused fwd", "Σ single", "speedup", "fused bwd", "Σ single", "speedup"
+    )?;
+    for &k in &args.sizes {
+        let of_k: Vec<_> = rows.iter().filter(|r| r.tables == k).collect();
+        let mean = |f: &dyn Fn(&crate::sweep::FusionRow) -> f64| {
+            of_k.iter().map(|r| f(r)).sum::<f64>() / of_k.len() as f64
+        };
+        writeln!(
+            out,
+            "{:>6} {:>9.3} ms {:>9.3} ms {:>7.2}× {:>9.3} ms {:>9.3} ms {:>7.2}×",
+            k,
+            mean(&|r| r.fused_fwd_ms),
+            mean(&|r| r.single_fwd_ms),
+            mean(&|r| r.fwd_speedup()),
+            mean(&|r| r.fused_bwd_ms),
+            mean(&|r| r.single_bwd_ms),
+            mean(&|r| r.bwd_speedup()),
+        )?;
+    }
     Ok(())
 }
 

@@ -14,12 +14,14 @@
 //! - [`fused`]: one device's fused forward, backward and optimizer step with
 //!   libtorch on any device, the compute of the `cuda` backend.
 //! - [`group`]: what the processes of a multi-host `cuda` group exchange.
+//! - [`sweep`]: the fusion sweep (fused call vs single-table calls).
 //! - [`timing`]: from timed repeats to a measurement and its spread.
 //! - [`indices`]: synthetic lookups that follow a table's pooling factor and
 //!   reuse bins, shared by the real backends.
 //! - [`serve`]: the benchworker's loop: measure the learner's jobs, as a
 //!   thread or a process.
-//! - [`cli`]: the `benchworker` command line (`measure`).
+//! - [`cli`]: the `benchworker` command line (`measure`, `serve`, `bench`,
+//!   `fusion`).
 
 pub mod cli;
 pub mod cpu;
@@ -32,6 +34,7 @@ pub mod layout;
 pub mod oracle;
 pub mod serve;
 pub mod sim;
+pub mod sweep;
 pub mod timing;
 
 pub use oracle::{build, Backend, Oracle, OracleError, Spread};

@@ -32,6 +32,5 @@ done
 # 2. The fusion sweep, same mixes (same seed) on both backends.
 for backend in sim cuda; do
   "$BIN/benchworker" fusion --backend "$backend" --sizes 1,2,4,8,16,32 --mixes 3 | tee "$OUT/fusion-$backend.txt"
-  "$BIN/benchworker" fusion --backend "$backend" --sizes 1,2,4,8,16,32 --mixes 3 --json >"$OUT/fusion-$backend.jsonl"
 done
 echo "gpu-check: figures in $OUT" >&2

@@ -692,12 +692,30 @@ impl CudaOracle {
             let Some(len) = group::payload_len(&header).map_err(err)? else {
                 return Ok(jobs);
             };
-            let job = group::decode_job(&self.broadcast_len(None, len, None)?).map_err(err)?;
-            let rounds = self.run(&job.tables, &job.plan)?;
-            self.gather(&rounds)?;
+            self.group_step(|o| {
+                let job = group::decode_job(&o.broadcast_len(None, len, None)?).map_err(err)?;
+                let rounds = o.run(&job.tables, &job.plan)?;
+                o.gather(&rounds)
+            })?;
             jobs += 1;
         }
         Ok(jobs)
+    }
+
+    /// One job of a group. A rank that fails midway no longer takes part in
+    /// the collectives the others wait in, so on any error the
+    /// communicators are aborted and the group must re-form.
+    fn group_step<T>(
+        &mut self,
+        step: impl FnOnce(&mut Self) -> Result<T, OracleError>,
+    ) -> Result<T, OracleError> {
+        let result = step(self);
+        if result.is_err() {
+            if let Topology::Group { comms, .. } = &mut self.topology {
+                comms.abort();
+            }
+        }
+        result
     }
 
     /// Rank 0: tells the other ranks to stop following.
@@ -783,14 +801,16 @@ impl Oracle for CudaOracle {
         }
         let leader = matches!(self.topology, Topology::Group { rank: 0, .. });
         let rounds = if leader {
-            self.broadcast_job(Some(&group::encode_job(tables, plan)))?;
-            let mine = self.run(tables, plan)?;
-            let world = match &self.topology {
-                Topology::Group { ranks, .. } => ranks.total(),
-                Topology::Local { .. } => plan.devices,
-            };
-            let gathered = self.gather(&mine)?;
-            group::gathered_rounds(&gathered, world, self.cfg.repeats, plan.devices).map_err(err)?
+            self.group_step(|o| {
+                o.broadcast_job(Some(&group::encode_job(tables, plan)))?;
+                let mine = o.run(tables, plan)?;
+                let world = match &o.topology {
+                    Topology::Group { ranks, .. } => ranks.total(),
+                    Topology::Local { .. } => plan.devices,
+                };
+                let gathered = o.gather(&mine)?;
+                group::gathered_rounds(&gathered, world, o.cfg.repeats, plan.devices).map_err(err)
+            })?
         } else {
             if matches!(self.topology, Topology::Group { .. }) {
                 return Err(err("only rank 0 of a group takes jobs"));

@@ -487,20 +487,9 @@ impl Iteration {
 mod tests {
     use super::*;
     use crate::layout::exchange_elements;
-    use common::NUM_BINS;
 
     fn table(name: &str, rows: u64, dim: u32, pooling: f64) -> Table {
-        let mut bins = [0.0; NUM_BINS];
-        bins[0] = 0.6;
-        bins[2] = 0.3;
-        bins[5] = 0.1;
-        Table {
-            name: name.into(),
-            rows,
-            dim,
-            pooling_factor: pooling,
-            bins,
-        }
+        crate::test_table(name, rows, dim, pooling, &[(0, 0.6), (2, 0.3), (5, 0.1)])
     }
 
     fn cfg(batch: u64) -> CpuConfig {

@@ -229,19 +229,10 @@ impl FusedDevice {
 mod tests {
     use super::*;
     use crate::layout::PlanLayout;
-    use common::{Plan, Table, NUM_BINS};
+    use common::{Plan, Table};
 
     fn table(name: &str, rows: u64, dim: u32, pooling: f64) -> Table {
-        let mut bins = [0.0; NUM_BINS];
-        bins[0] = 0.5;
-        bins[3] = 0.5;
-        Table {
-            name: name.into(),
-            rows,
-            dim,
-            pooling_factor: pooling,
-            bins,
-        }
+        crate::test_table(name, rows, dim, pooling, &[(0, 0.5), (3, 0.5)])
     }
 
     const BATCH: u64 = 16;

@@ -230,17 +230,7 @@ mod tests {
     use super::*;
 
     fn table(name: &str, rows: u64, pooling: f64, bins: &[(usize, f64)]) -> Table {
-        let mut b = [0.0; NUM_BINS];
-        for &(k, v) in bins {
-            b[k] = v;
-        }
-        Table {
-            name: name.into(),
-            rows,
-            dim: 16,
-            pooling_factor: pooling,
-            bins: b,
-        }
+        crate::test_table(name, rows, 16, pooling, bins)
     }
 
     #[test]

@@ -262,19 +262,10 @@ impl Ranks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::NUM_BINS;
     use proptest::prelude::*;
 
     fn table(name: &str, rows: u64, dim: u32) -> Table {
-        let mut bins = [0.0; NUM_BINS];
-        bins[0] = 1.0;
-        Table {
-            name: name.into(),
-            rows,
-            dim,
-            pooling_factor: 2.0,
-            bins,
-        }
+        crate::test_table(name, rows, dim, 2.0, &[(0, 1.0)])
     }
 
     fn tables(dims: &[u32]) -> Vec<Table> {

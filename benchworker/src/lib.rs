@@ -38,3 +38,25 @@ pub mod sweep;
 pub mod timing;
 
 pub use oracle::{build, Backend, Oracle, OracleError, Spread};
+
+/// A table for the tests: `bins` as `(bin, share)` pairs.
+#[cfg(test)]
+pub(crate) fn test_table(
+    name: &str,
+    rows: u64,
+    dim: u32,
+    pooling: f64,
+    bins: &[(usize, f64)],
+) -> common::Table {
+    let mut b = [0.0; common::NUM_BINS];
+    for &(k, v) in bins {
+        b[k] = v;
+    }
+    common::Table {
+        name: name.into(),
+        rows,
+        dim,
+        pooling_factor: pooling,
+        bins: b,
+    }
+}

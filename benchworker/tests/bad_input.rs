@@ -92,41 +92,23 @@ fn serve(args: &[&str]) -> (bool, String) {
 
 #[test]
 fn bad_group_arguments_fail_with_what_is_wrong() {
-    let (ok, err) = serve(&["--group", "g"]);
-    assert!(!ok && err.contains("--rank"), "{err}");
-    let (ok, err) = serve(&[
-        "--backend",
-        "sim",
-        "--group",
-        "g",
-        "--rank",
-        "0",
-        "--group-gpus",
-        "1",
-    ]);
-    assert!(!ok && err.contains("cuda backend"), "{err}");
-    let args = [
-        "--backend",
-        "cuda",
-        "--group",
-        "g",
-        "--rank",
-        "2",
-        "--group-gpus",
-        "1,1",
+    let cases: [(&str, &str); 4] = [
+        ("--group g", "--rank"),
+        (
+            "--backend sim --group g --rank 0 --group-gpus 1",
+            "cuda backend",
+        ),
+        (
+            "--backend cuda --group g --rank 2 --group-gpus 1,1",
+            "rank 2 of a group of 2 ranks",
+        ),
+        (
+            "--backend cuda --group g --rank 0 --group-gpus 4,0",
+            "at least one",
+        ),
     ];
-    let (ok, err) = serve(&args);
-    assert!(!ok && err.contains("rank 2 of a group of 2 ranks"), "{err}");
-    let args = [
-        "--backend",
-        "cuda",
-        "--group",
-        "g",
-        "--rank",
-        "0",
-        "--group-gpus",
-        "4,0",
-    ];
-    let (ok, err) = serve(&args);
-    assert!(!ok && err.contains("at least one"), "{err}");
+    for (args, want) in cases {
+        let (ok, err) = serve(&args.split(' ').collect::<Vec<_>>());
+        assert!(!ok && err.contains(want), "{args}: {err}");
+    }
 }

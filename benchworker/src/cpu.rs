@@ -43,6 +43,7 @@ use common::config::CpuConfig;
 use common::{DeviceCost, Measurement, MemoryModel, Plan, Precision, Table};
 use tch::{Device, Kind, TchError, Tensor};
 
+use crate::fused::sum_bags;
 use crate::indices::{self, Lookups};
 use crate::layout::sample_split;
 use crate::oracle::{check_plan, Oracle, OracleError, Spread};
@@ -50,8 +51,6 @@ use crate::timing::{median, spread};
 
 const BACKEND: &str = "cpu";
 const F32: (Kind, Device) = (Kind::Float, Device::Cpu);
-/// `embedding_bag`'s mode for sum pooling.
-const MODE_SUM: i64 = 0;
 /// Initial weights and output gradients: normal floats (denormals would slow
 /// the CPU down and measure the wrong thing); their values do not matter.
 const WEIGHT_INIT: f64 = 0.01;
@@ -69,22 +68,6 @@ fn backend_error(e: TchError) -> OracleError {
         backend: BACKEND,
         message: e.to_string(),
     }
-}
-
-/// `embedding_bag` in sum mode: row `b` of the result sums the rows of
-/// `weight` that `indices[offsets[b]..offsets[b + 1]]` name.
-fn sum_bags(weight: &Tensor, indices: &Tensor, offsets: &Tensor) -> Result<Tensor, TchError> {
-    let (out, _, _, _) = Tensor::f_embedding_bag(
-        weight,
-        indices,
-        offsets,
-        false,
-        MODE_SUM,
-        false,
-        None::<Tensor>,
-        false,
-    )?;
-    Ok(out)
 }
 
 fn ms_since(start: Instant) -> f64 {

@@ -30,7 +30,8 @@ const EPS: f64 = 1e-8;
 const BETA1: f64 = 0.9;
 const BETA2: f64 = 0.999;
 
-/// `embedding_bag` in sum mode.
+/// `embedding_bag` in sum mode: row `b` of the result sums the rows of
+/// `weight` that `indices[offsets[b]..offsets[b + 1]]` name.
 pub fn sum_bags(weight: &Tensor, indices: &Tensor, offsets: &Tensor) -> Result<Tensor, TchError> {
     let (out, _, _, _) = Tensor::f_embedding_bag(
         weight,

@@ -135,6 +135,9 @@ case "$BACKEND" in
   cpu) BUDGET=${BUDGET:-20} ;;
   cuda)
     BUDGET=${BUDGET:-20}
+    # One cuda benchworker drives every GPU of its host (docs/gpu.md).
+    [ -n "$HOSTFILE" ] || [ "$SLURM" = 1 ] || [ "$BENCHES" = 1 ] ||
+      die "--backend cuda on one host: one benchworker drives all its GPUs; give --benchworkers 1"
     if [ "${EMBSHARD_CUDA:-0}" = 0 ]; then
       echo "launch: building the binaries with the cuda backend" >&2
       (cd "$EMBSHARD_ROOT" && cargo build --release --workspace --quiet "${CUDA_FEATURES[@]}")

@@ -8,8 +8,12 @@ cd "$EMBSHARD_ROOT"
 # The cuda backend is built and its library tests run (no GPU needed: they
 # check its arithmetic and its errors), so it never rots; then the plain
 # binaries are linked again for the process tests (unless asked for cuda).
-echo "test: building and testing the cuda feature" >&2
-cargo build --release --workspace --quiet "${CUDA_FEATURES[@]}"
-cargo test --release --quiet -p embshard-benchworker --lib --features cuda
-cargo build --release --workspace --quiet "${FEATURES[@]}"
+if compgen -G "$VENV/lib/python3*/site-packages/torch/lib/libtorch_cuda.so" >/dev/null; then
+  echo "test: building and testing the cuda feature" >&2
+  cargo build --release --workspace --quiet "${CUDA_FEATURES[@]}"
+  cargo test --release --quiet -p embshard-benchworker --lib --features cuda
+  cargo build --release --workspace --quiet "${FEATURES[@]}"
+else
+  echo "test: this torch has no CUDA library: the cuda feature is not built" >&2
+fi
 cargo test --release --workspace "$@"

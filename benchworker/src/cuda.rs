@@ -76,7 +76,34 @@ fn tch_err(e: tch::TchError) -> OracleError {
 }
 
 fn nccl_err(what: &str) -> impl Fn(nccl::NcclError) -> OracleError + '_ {
-    move |e| err(format!("NCCL {what}: {e:?}"))
+    move |e| err(format!("NCCL {what}: {:?}", e.0))
+}
+
+/// An open NCCL group (`ncclGroupStart`); closed on drop, so an error
+/// between start and end never leaves the thread's group open.
+struct NcclGroup {
+    open: bool,
+}
+
+impl NcclGroup {
+    fn start() -> Result<Self, OracleError> {
+        nccl::group_start().map_err(nccl_err("group start"))?;
+        Ok(NcclGroup { open: true })
+    }
+
+    /// `ncclGroupEnd`: issues the operations queued since the start.
+    fn end(mut self) -> Result<(), OracleError> {
+        self.open = false;
+        nccl::group_end().map_err(nccl_err("group end")).map(drop)
+    }
+}
+
+impl Drop for NcclGroup {
+    fn drop(&mut self) {
+        if self.open {
+            let _ = nccl::group_end();
+        }
+    }
 }
 
 fn driver_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> OracleError + '_ {
@@ -91,7 +118,19 @@ struct Comms(Vec<nccl_sys::ncclComm_t>);
 unsafe impl Send for Comms {}
 
 impl Drop for Comms {
+    /// Communicators of one process finalise together (in one group), then
+    /// are destroyed: finalising them one by one can wait on each other.
     fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        if let Ok(group) = NcclGroup::start() {
+            for &c in &self.0 {
+                // SAFETY: each communicator is live and finalised once, here.
+                let _ = unsafe { nccl::comm_finalize(c) };
+            }
+            let _ = group.end();
+        }
         for &c in &self.0 {
             // SAFETY: each communicator was initialised once and is
             // destroyed once, here.
@@ -286,7 +325,7 @@ impl CudaOracle {
         }
         let world = ranks.total() as i32;
         let mut comms = Vec::with_capacity(gpus.len());
-        nccl::group_start().map_err(nccl_err("group start"))?;
+        let group = NcclGroup::start()?;
         for (local, gpu) in gpus.iter().enumerate() {
             let mut comm = std::ptr::null_mut();
             let global = ranks.local(rank).start + local;
@@ -300,7 +339,7 @@ impl CudaOracle {
                 .map_err(nccl_err("init rank"))?;
             comms.push(comm);
         }
-        nccl::group_end().map_err(nccl_err("group end"))?;
+        group.end()?;
         Ok(CudaOracle {
             cfg,
             mem,
@@ -381,6 +420,8 @@ impl CudaOracle {
                         gpus.len()
                     )));
                 }
+                // Communicators aborted after a failure are made anew.
+                comms.retain(|_, c| !c.0.is_empty());
                 if let std::collections::hash_map::Entry::Vacant(v) = comms.entry(devices) {
                     let mut raw = vec![std::ptr::null_mut(); devices];
                     // SAFETY: `raw` has room for `devices` communicators and
@@ -397,6 +438,9 @@ impl CudaOracle {
     /// Runs the iterations of one plan on this process's devices and
     /// returns each repeat's phases of those devices (local order).
     fn run(&mut self, tables: &[Table], plan: &Plan) -> Result<Vec<Vec<Phases>>, OracleError> {
+        // Checks the plan's size against the GPUs, and makes the
+        // communicators before anything is timed.
+        self.comms(plan.devices)?;
         let layout = PlanLayout::new(tables, plan, self.cfg.batch, self.cfg.max_rows);
         let local = self.local_devices(plan.devices);
         let (precision, optimizer) = (self.mem.precision, self.mem.optimizer);
@@ -478,15 +522,22 @@ impl CudaOracle {
             }
             Ok::<_, OracleError>(())
         };
-        record(&self.gpus, &events, 0)?;
+        // Each device's events go right around its own work, so launching
+        // another device's work is never timed.
         let mut outputs: Vec<Option<Tensor>> = Vec::with_capacity(local.len());
-        for w in work.iter() {
+        for (i, w) in work.iter().enumerate() {
+            let stream = &self.gpus[local[i].1].stream;
+            events[i][0]
+                .record(stream)
+                .map_err(driver_err("event record"))?;
             outputs.push(match &w.fused {
                 Some(f) => Some(f.forward().map_err(tch_err)?),
                 None => None,
             });
+            events[i][1]
+                .record(stream)
+                .map_err(driver_err("event record"))?;
         }
-        record(&self.gpus, &events, 1)?;
         let plan_devices = layout.devices.len();
         let streams: Vec<nccl_sys::cudaStream_t> = local
             .iter()
@@ -494,36 +545,47 @@ impl CudaOracle {
             .collect();
         let slot = |d: usize| local.iter().position(|&(pd, _)| pd == d);
         {
-            let comms = self.comms(plan_devices)?;
             let outputs = &outputs;
-            exchange(
+            let comms = self.comms(plan_devices)?;
+            let sent = exchange(
                 comms,
                 &streams,
                 fwd,
                 &slot,
                 |i| outputs[i].as_ref(),
                 |i| Some(&work[i].recv),
-            )?;
+            );
+            if sent.is_err() {
+                comms.abort();
+            }
+            sent?;
         }
         record(&self.gpus, &events, 2)?;
         {
             let comms = self.comms(plan_devices)?;
-            exchange(
+            let sent = exchange(
                 comms,
                 &streams,
                 bwd,
                 &slot,
                 |i| Some(&work[i].grad_out),
                 |i| Some(&work[i].grad_in),
-            )?;
+            );
+            if sent.is_err() {
+                comms.abort();
+            }
+            sent?;
         }
         record(&self.gpus, &events, 3)?;
-        for w in work.iter_mut() {
+        for (i, w) in work.iter_mut().enumerate() {
             if let Some(f) = &mut w.fused {
                 f.backward(&w.grad_in).map_err(tch_err)?;
             }
+            let stream = &self.gpus[local[i].1].stream;
+            events[i][4]
+                .record(stream)
+                .map_err(driver_err("event record"))?;
         }
-        record(&self.gpus, &events, 4)?;
         // Wait for the last event of every device, watching NCCL for a dead peer.
         for ev in &events {
             while !ev[4].try_is_complete().map_err(driver_err("event query"))? {
@@ -588,7 +650,7 @@ impl CudaOracle {
             .map_err(tch_err)?;
             buffers.push(t);
         }
-        nccl::group_start().map_err(nccl_err("group start"))?;
+        let group = NcclGroup::start()?;
         for ((gpu, buf), &comm) in self.gpus.iter().zip(&buffers).zip(&comms.0) {
             let p = buf.data_ptr();
             // SAFETY: `buf` holds `len` bytes on the communicator's device
@@ -606,7 +668,7 @@ impl CudaOracle {
             }
             .map_err(nccl_err("broadcast"))?;
         }
-        nccl::group_end().map_err(nccl_err("group end"))?;
+        group.end()?;
         self.wait_streams(stop)?;
         Vec::<u8>::try_from(&buffers[0].to_device(Device::Cpu)).map_err(tch_err)
     }
@@ -661,7 +723,7 @@ impl CudaOracle {
                     .map_err(tch_err)?,
             );
         }
-        nccl::group_start().map_err(nccl_err("group start"))?;
+        let group = NcclGroup::start()?;
         for (((gpu, s), r), &comm) in self.gpus.iter().zip(&sends).zip(&recvs).zip(&comms.0) {
             // SAFETY: `s` holds `per_device` and `r` `world × per_device`
             // doubles on the communicator's device; both outlive the wait.
@@ -677,7 +739,7 @@ impl CudaOracle {
             }
             .map_err(nccl_err("all-gather"))?;
         }
-        nccl::group_end().map_err(nccl_err("group end"))?;
+        group.end()?;
         self.wait_streams(None)?;
         Vec::<f64>::try_from(&recvs[0].to_device(Device::Cpu)).map_err(tch_err)
     }
@@ -737,7 +799,7 @@ fn exchange<'t>(
     send_buf: impl Fn(usize) -> Option<&'t Tensor>,
     recv_buf: impl Fn(usize) -> Option<&'t Tensor>,
 ) -> Result<(), OracleError> {
-    nccl::group_start().map_err(nccl_err("group start"))?;
+    let group = NcclGroup::start()?;
     for t in transfers {
         if let Some(i) = slot(t.from) {
             let buf = send_buf(i).ok_or_else(|| err("a send from a device with no output"))?;
@@ -771,8 +833,7 @@ fn exchange<'t>(
             .map_err(nccl_err("recv"))?;
         }
     }
-    nccl::group_end().map_err(nccl_err("group end"))?;
-    Ok(())
+    group.end()
 }
 
 /// A local device's buffers for one plan.

@@ -81,6 +81,12 @@ pub struct FusedDevice {
     offsets: Tensor,
     /// Bag of each lookup, `[lookups]`.
     bags: Tensor,
+    /// The rows looked up, each once, ascending, and where each one's
+    /// segment starts among the sorted lookups: the lookups are the same
+    /// every iteration, so these are found once, and the backward needs no
+    /// answer from the device before it can launch its work.
+    unique: Tensor,
+    starts: Tensor,
     /// [`DeviceLayout::packed_columns`], `[S]`.
     columns: Tensor,
 }
@@ -130,6 +136,10 @@ impl FusedDevice {
             }
         };
         let upload = |v: &[i64]| Tensor::f_from_slice(v)?.f_to_device(dev);
+        let indices = upload(&fused.indices)?;
+        let (sorted, _) = indices.f_sort(0, false)?;
+        let (unique, _, counts) = sorted.f_unique_consecutive(false, true, None)?;
+        let starts = counts.f_cumsum(0, Kind::Int64)?.f_sub(&counts)?;
         Ok(FusedDevice {
             tables: layout.tables.len(),
             batch: batch as i64,
@@ -138,9 +148,11 @@ impl FusedDevice {
             learning_rate: spec.learning_rate,
             weight: Tensor::f_full([rows, widest], WEIGHT_INIT, (weight_kind, dev))?,
             state,
-            indices: upload(&fused.indices)?,
+            indices,
             offsets: upload(&fused.offsets)?,
             bags: upload(&fused.bag_ids())?,
+            unique,
+            starts,
             columns: upload(&layout.packed_columns())?,
         })
     }
@@ -162,22 +174,24 @@ impl FusedDevice {
             .f_to_kind(Kind::Float)
     }
 
-    /// Applies the output gradient `[B, S]` (fp32): segment-reduce per unique
-    /// row, then the optimizer step on those rows.
+    /// Applies the output gradient `[B, S]` (fp32): sort the lookups by
+    /// row, sum each unique row's segment of gradients, then the optimizer
+    /// step on those rows. The sort runs every iteration, as FBGEMM's does;
+    /// its result is the same each time, so the segments found at build
+    /// time apply.
     pub fn backward(&mut self, grad: &Tensor) -> Result<(), TchError> {
         let (t, b, w) = (self.tables as i64, self.batch, self.widest);
-        let padded = Tensor::f_zeros([b, t * w], (Kind::Float, self.weight.device()))?;
-        let padded = padded.f_index_copy(1, &self.columns, &grad.f_view([b, self.dim_sum])?)?;
+        let mut padded = Tensor::f_zeros([b, t * w], (Kind::Float, self.weight.device()))?;
+        let _ = padded.f_index_copy_(1, &self.columns, &grad.f_view([b, self.dim_sum])?)?;
         let per_bag = padded
             .f_view([b, t, w])?
             .f_permute([1, 0, 2])?
             .f_contiguous()?
             .f_view([t * b, w])?;
-        let (rows, order) = self.indices.f_sort(0, false)?;
+        let (_, order) = self.indices.f_sort(0, false)?;
         let bags = self.bags.f_index_select(0, &order)?;
-        let (unique, _, counts) = rows.f_unique_consecutive(false, true, None)?;
-        let starts = counts.f_cumsum(0, Kind::Int64)?.f_sub(&counts)?;
-        let g = sum_bags(&per_bag, &bags, &starts)?;
+        let g = sum_bags(&per_bag, &bags, &self.starts)?;
+        let unique = self.unique.shallow_clone();
         self.update(&unique, &g)
     }
 

@@ -4,11 +4,12 @@
 //! heartbeat while idle. The same loop runs as a thread beside the learner
 //! (`inproc://`) and as `benchworker serve` (`tcp://`).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::link::{sessions, End, Link, Welcome};
-use common::protocol::{Message, Role};
+use common::protocol::{Header, Message, Role};
 use common::{Plan, Task};
 
 use crate::oracle::{build, Backend, Oracle};
@@ -115,7 +116,14 @@ pub fn serve(
         |link, welcome| match &opts.group {
             None => {
                 let mut oracle = build(opts.backend, &welcome.config)?;
-                session(link, welcome, oracle.as_mut(), &mut report, stop)
+                session(
+                    link,
+                    welcome,
+                    oracle.as_mut(),
+                    &mut report,
+                    stop,
+                    Vec::new(),
+                )
             }
             Some(group) => group_session(link, welcome, group, &mut report, stop),
         },
@@ -123,16 +131,28 @@ pub fn serve(
     Ok(report)
 }
 
+/// What the learner said while a [`heartbeating`] piece of work ran.
+#[derive(Default)]
+struct Heard {
+    /// A shutdown, to be honoured after the work.
+    shutdown: bool,
+    /// Jobs that arrived meanwhile, to be measured after it.
+    jobs: Vec<(Header, Message)>,
+}
+
 /// Runs `work` in a thread of its own while this one keeps the learner's
-/// link alive: heartbeats go on, acks are counted, and a shutdown is noted
-/// (returned beside the work's result) for after the work.
+/// link alive: heartbeats go on, acks are counted, shutdowns and jobs kept
+/// for after the work. Past `deadline` (with what it is for) the process
+/// exits with an error: work stuck in a call that cannot be interrupted
+/// (joining a group whose ranks never come) would hold it forever.
 fn heartbeating<T: Send>(
     link: &mut Link,
     heartbeat: Duration,
     report: &mut ServeReport,
+    deadline: Option<(Instant, &str)>,
     work: impl FnOnce() -> T + Send,
-) -> anyhow::Result<(T, bool)> {
-    let mut shutdown = false;
+) -> anyhow::Result<(T, Heard)> {
+    let mut heard = Heard::default();
     std::thread::scope(|s| {
         let (done, result) = std::sync::mpsc::channel();
         s.spawn(move || {
@@ -140,17 +160,24 @@ fn heartbeating<T: Send>(
         });
         loop {
             match result.recv_timeout(Duration::from_millis(50)) {
-                Ok(r) => return Ok((r, shutdown)),
+                Ok(r) => return Ok((r, heard)),
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                     anyhow::bail!("the benchworker's work panicked")
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             }
+            if let Some((at, what)) = deadline {
+                if Instant::now() > at {
+                    tracing::error!("{what}: timed out; exiting");
+                    std::process::exit(1);
+                }
+            }
             link.heartbeat(heartbeat)?;
-            while let Some((_, m)) = link.recv(0)? {
+            while let Some((header, m)) = link.recv(0)? {
                 match m {
-                    Message::Shutdown => shutdown = true,
+                    Message::Shutdown => heard.shutdown = true,
                     Message::Ack { .. } => report.acked += 1,
+                    Message::MeasureJob { .. } => heard.jobs.push((header, m)),
                     _ => {}
                 }
             }
@@ -160,15 +187,19 @@ fn heartbeating<T: Send>(
 
 /// One stay with a learner: measure its jobs one at a time, in a thread
 /// of their own so that heartbeats go on during a long measurement.
+/// `pending`: jobs that arrived before the session began (while a group
+/// formed), measured first.
 fn session(
     link: &mut Link,
     welcome: &Welcome,
     oracle: &mut dyn Oracle,
     report: &mut ServeReport,
     stop: &AtomicBool,
+    pending: Vec<(Header, Message)>,
 ) -> anyhow::Result<End> {
     let heartbeat = Duration::from_secs_f64(welcome.config.cluster.heartbeat_s);
     let timeout = Duration::from_secs_f64(welcome.config.cluster.peer_timeout_s);
+    let mut pending: VecDeque<(Header, Message)> = pending.into();
     let mut stopping = false;
     loop {
         if stop.load(Ordering::Relaxed) {
@@ -178,7 +209,11 @@ fn session(
             return Ok(End::LostLearner);
         }
         link.heartbeat(heartbeat)?;
-        let Some((header, message)) = link.recv(100)? else {
+        let next = match pending.pop_front() {
+            Some(job) => Some(job),
+            None => link.recv(100)?,
+        };
+        let Some((header, message)) = next else {
             continue;
         };
         match message {
@@ -191,13 +226,14 @@ fn session(
                     Err(e) => Err(e),
                     Ok((t, plan)) => {
                         let o = &mut *oracle;
-                        let (result, shutdown) =
-                            heartbeating(link, heartbeat, report, move || {
+                        let (result, heard) =
+                            heartbeating(link, heartbeat, report, None, move || {
                                 o.measure(&t.tables, &plan)
                                     .map_err(|e| format!("{}: {e}", t.name))
                             })?;
                         // A shutdown waits for the job.
-                        stopping |= shutdown;
+                        stopping |= heard.shutdown;
+                        pending.extend(heard.jobs);
                         result
                     }
                 };
@@ -254,6 +290,13 @@ fn group_session(
     let heartbeat = Duration::from_secs_f64(cfg.cluster.heartbeat_s);
     let timeout = Duration::from_secs_f64(cfg.cluster.peer_timeout_s);
     let ranks: Vec<u32> = group.gpus.iter().map(|&g| g as u32).collect();
+    let joining = || {
+        let limit = Duration::from_secs_f64(cfg.cuda.join_timeout_s);
+        (
+            Instant::now() + limit,
+            "joining the NCCL group (cuda.join_timeout_s)",
+        )
+    };
     let join = |id: &[u8]| {
         CudaOracle::multi_host(
             cfg.cuda.clone(),
@@ -278,14 +321,28 @@ fn group_session(
             group.name,
             group.gpus.len()
         );
-        let (oracle, shutdown) = heartbeating(link, heartbeat, report, || join(&unique_id))?;
-        let mut oracle = oracle?;
-        if shutdown {
+        let (oracle, heard) = heartbeating(link, heartbeat, report, Some(joining()), || {
+            join(&unique_id)
+        })?;
+        let mut oracle = match oracle {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!("group {}: forming failed: {e}", group.name);
+                std::thread::sleep(heartbeat);
+                return Ok(if heard.shutdown {
+                    End::Stop
+                } else {
+                    End::LostLearner
+                });
+            }
+        };
+        if heard.shutdown {
             oracle.release_group()?;
             return Ok(End::Stop);
         }
         tracing::info!("group {}: formed", group.name);
-        let end = session(link, welcome, &mut oracle, report, stop);
+        // Jobs the learner sent while the group formed come first.
+        let end = session(link, welcome, &mut oracle, report, stop, heard.jobs);
         if let Err(e) = oracle.release_group() {
             tracing::warn!("group {}: releasing the other ranks: {e}", group.name);
         }
@@ -328,7 +385,10 @@ fn group_session(
             _ => {}
         }
     };
-    let (oracle, shutdown) = heartbeating(link, heartbeat, report, || join(&unique_id))?;
+    let (oracle, heard) = heartbeating(link, heartbeat, report, Some(joining()), || {
+        join(&unique_id)
+    })?;
+    let shutdown = heard.shutdown;
     let mut oracle = match oracle {
         Ok(o) => o,
         Err(e) => {
@@ -343,7 +403,8 @@ fn group_session(
         }
     };
     tracing::info!("group {}: rank {} joined", group.name, group.rank);
-    let (followed, shutdown_later) = heartbeating(link, heartbeat, report, || oracle.follow(stop))?;
+    let (followed, heard) = heartbeating(link, heartbeat, report, None, || oracle.follow(stop))?;
+    let shutdown_later = heard.shutdown;
     match followed {
         Ok(jobs) => {
             report.measured += jobs;

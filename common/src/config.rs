@@ -150,6 +150,9 @@ pub struct CudaConfig {
     pub gpus: Vec<usize>,
     /// Learning rate of the optimizer step in the backward.
     pub learning_rate: f64,
+    /// A multi-host group whose ranks have not all joined by then makes its
+    /// benchworkers exit (NCCL's join cannot be interrupted), seconds.
+    pub join_timeout_s: f64,
     pub seed: u64,
 }
 
@@ -164,6 +167,7 @@ impl Default for CudaConfig {
             flush_mib: 128,
             gpus: Vec::new(),
             learning_rate: 0.01,
+            join_timeout_s: 300.0,
             seed: 0,
         }
     }
@@ -172,7 +176,10 @@ impl Default for CudaConfig {
 impl CudaConfig {
     pub fn validate(&self) -> std::result::Result<(), String> {
         positive("cuda.batch", self.batch as f64)?;
+        // The first iteration makes NCCL's connections: never timed.
+        positive("cuda.warmup", self.warmup as f64)?;
         positive("cuda.repeats", self.repeats as f64)?;
+        positive("cuda.join_timeout_s", self.join_timeout_s)?;
         positive("cuda.flush_mib", self.flush_mib as f64)?;
         positive("cuda.learning_rate", self.learning_rate)?;
         let mut seen = std::collections::BTreeSet::new();

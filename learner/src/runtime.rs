@@ -338,9 +338,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 }
             }
             (Role::Benchworker, Message::Measurement { job, measurement }) => {
-                if let Some(p) = self.peers.get_mut(&from) {
-                    p.job = None;
-                }
+                self.release_job(job);
                 // A job re-queued after its benchworker went quiet may come
                 // back twice: the second result is not counted.
                 let Some(Job { pick, .. }) = self.jobs.remove(&job) else {
@@ -361,9 +359,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 self.send(&from, &Message::Ack { job });
             }
             (Role::Benchworker, Message::JobFailed { job, error }) => {
-                if let Some(p) = self.peers.get_mut(&from) {
-                    p.job = None;
-                }
+                self.release_job(job);
                 if let Some(j) = self.jobs.remove(&job) {
                     tracing::warn!("job {job} failed: {error}");
                     self.job_failed(j.pick, error)?;
@@ -419,6 +415,14 @@ impl<'t, 'a> Learner<'t, 'a> {
             _ => self.report.unexpected += 1,
         }
         Ok(())
+    }
+
+    /// The benchworker holding `job` is free again (a late answer to a job
+    /// that timed out does not free it from the job it holds now).
+    fn release_job(&mut self, job: u64) {
+        if let Some(p) = self.peers.values_mut().find(|p| p.job == Some(job)) {
+            p.job = None;
+        }
     }
 
     /// Sends a group member its group's NCCL unique id.
@@ -588,6 +592,8 @@ impl<'t, 'a> Learner<'t, 'a> {
                 tracing::warn!("job {id} timed out; another benchworker gets it");
                 self.report.requeued_jobs += 1;
                 self.requeue.push_back(j.pick);
+                // Its benchworker may take new work (queued behind the late job).
+                self.release_job(id);
             }
         }
         let all: Vec<Vec<u8>> = self.peers.keys().cloned().collect();

@@ -4,7 +4,7 @@
 //! The same loop runs as a thread beside the learner (`inproc://`) and as
 //! the `actor` process (`tcp://`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use common::link::{sessions, End, Link, Welcome};
@@ -100,13 +100,9 @@ fn session(
     let timeout = Duration::from_secs_f64(cfg.cluster.peer_timeout_s);
     let (mut version, mut credits) = (0u64, 0u64);
     loop {
-        if stop.load(Ordering::Relaxed) {
-            return Ok(End::Stop);
+        if let Some(end) = link.tend(stop, heartbeat, timeout)? {
+            return Ok(end);
         }
-        if link.silence() > timeout {
-            return Ok(End::LostLearner);
-        }
-        link.heartbeat(heartbeat)?;
         // Wait only when there is nothing to roll out.
         let ready = credits > 0 && version > 0;
         let mut wait = if ready { 0 } else { 100 };

@@ -269,17 +269,22 @@ impl CudaOracle {
     /// All GPUs in this process (`cuda.gpus`, or every visible one).
     pub fn new(cfg: CudaConfig, mem: MemoryModel) -> Result<Self, OracleError> {
         let gpus = open_gpus(&cfg)?;
-        Ok(CudaOracle {
+        let topology = Topology::Local {
+            comms: HashMap::new(),
+        };
+        Ok(Self::with(cfg, mem, gpus, topology))
+    }
+
+    fn with(cfg: CudaConfig, mem: MemoryModel, gpus: Vec<Gpu>, topology: Topology) -> Self {
+        CudaOracle {
             cfg,
             mem,
             gpus,
-            topology: Topology::Local {
-                comms: HashMap::new(),
-            },
+            topology,
             lookups: HashMap::new(),
             cached_lookups: 0,
             last_spread: None,
-        })
+        }
     }
 
     /// A new NCCL unique id, made by the group's rank 0 for the learner to
@@ -340,19 +345,12 @@ impl CudaOracle {
             comms.push(comm);
         }
         group.end()?;
-        Ok(CudaOracle {
-            cfg,
-            mem,
-            gpus,
-            topology: Topology::Group {
-                rank,
-                ranks,
-                comms: Comms(comms),
-            },
-            lookups: HashMap::new(),
-            cached_lookups: 0,
-            last_spread: None,
-        })
+        let topology = Topology::Group {
+            rank,
+            ranks,
+            comms: Comms(comms),
+        };
+        Ok(Self::with(cfg, mem, gpus, topology))
     }
 
     /// The lookups of `table`, drawn once and kept.
@@ -482,10 +480,18 @@ impl CudaOracle {
         }
         let fwd = layout.forward_transfers();
         let bwd = layout.backward_transfers();
+        // Five timing events per device, recorded anew each round.
+        let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let mut events: Vec<[CudaEvent; 5]> = Vec::with_capacity(local.len());
+        for &(_, g) in &local {
+            let s = &self.gpus[g].stream;
+            let mk = || s.context().new_event(timing).map_err(driver_err("event"));
+            events.push([mk()?, mk()?, mk()?, mk()?, mk()?]);
+        }
         let total = self.cfg.warmup + self.cfg.repeats;
         let mut rounds = Vec::with_capacity(self.cfg.repeats);
         for i in 0..total {
-            let p = self.round(&local, &layout, &mut work, &fwd, &bwd)?;
+            let p = self.round(&local, &layout, &mut work, &events, &fwd, &bwd)?;
             if i >= self.cfg.warmup {
                 rounds.push(p);
             }
@@ -499,6 +505,7 @@ impl CudaOracle {
         local: &[(usize, usize)],
         layout: &PlanLayout,
         work: &mut [DeviceBuffers],
+        events: &[[CudaEvent; 5]],
         fwd: &[Transfer],
         bwd: &[Transfer],
     ) -> Result<Vec<Phases>, OracleError> {
@@ -507,87 +514,57 @@ impl CudaOracle {
                 let _ = f.f_fill_(1.0).map_err(tch_err)?;
             }
         }
-        let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
-        let mut events: Vec<[CudaEvent; 5]> = Vec::with_capacity(local.len());
-        for &(_, g) in local {
-            let s = &self.gpus[g].stream;
-            let mk = || s.context().new_event(timing).map_err(driver_err("event"));
-            events.push([mk()?, mk()?, mk()?, mk()?, mk()?]);
-        }
-        let record = |gpus: &[Gpu], events: &[[CudaEvent; 5]], k: usize| {
-            for (i, &(_, g)) in local.iter().enumerate() {
-                events[i][k]
-                    .record(&gpus[g].stream)
-                    .map_err(driver_err("event record"))?;
-            }
-            Ok::<_, OracleError>(())
+        let own: Vec<Arc<CudaStream>> = local
+            .iter()
+            .map(|&(_, g)| self.gpus[g].stream.clone())
+            .collect();
+        // Event `k` of local device `i`, on its stream.
+        let mark = |i: usize, k: usize| {
+            events[i][k]
+                .record(&own[i])
+                .map_err(driver_err("event record"))
         };
         // Each device's events go right around its own work, so launching
         // another device's work is never timed.
         let mut outputs: Vec<Option<Tensor>> = Vec::with_capacity(local.len());
         for (i, w) in work.iter().enumerate() {
-            let stream = &self.gpus[local[i].1].stream;
-            events[i][0]
-                .record(stream)
-                .map_err(driver_err("event record"))?;
+            mark(i, 0)?;
             outputs.push(match &w.fused {
                 Some(f) => Some(f.forward().map_err(tch_err)?),
                 None => None,
             });
-            events[i][1]
-                .record(stream)
-                .map_err(driver_err("event record"))?;
+            mark(i, 1)?;
         }
-        let plan_devices = layout.devices.len();
-        let streams: Vec<nccl_sys::cudaStream_t> = local
-            .iter()
-            .map(|&(_, g)| raw(&self.gpus[g].stream))
-            .collect();
+        let streams: Vec<nccl_sys::cudaStream_t> = own.iter().map(|s| raw(s)).collect();
         let slot = |d: usize| local.iter().position(|&(pd, _)| pd == d);
-        {
-            let outputs = &outputs;
-            let comms = self.comms(plan_devices)?;
-            let sent = exchange(
-                comms,
-                &streams,
-                fwd,
-                &slot,
-                |i| outputs[i].as_ref(),
-                |i| Some(&work[i].recv),
-            );
-            if sent.is_err() {
-                comms.abort();
-            }
-            sent?;
-        }
-        record(&self.gpus, &events, 2)?;
-        {
-            let comms = self.comms(plan_devices)?;
-            let sent = exchange(
-                comms,
-                &streams,
-                bwd,
-                &slot,
-                |i| Some(&work[i].grad_out),
-                |i| Some(&work[i].grad_in),
-            );
-            if sent.is_err() {
-                comms.abort();
-            }
-            sent?;
-        }
-        record(&self.gpus, &events, 3)?;
+        let plan_devices = layout.devices.len();
+        let outs = &outputs;
+        exchange(
+            self.comms(plan_devices)?,
+            &streams,
+            fwd,
+            &slot,
+            |i| outs[i].as_ref(),
+            |i| Some(&work[i].recv),
+        )?;
+        (0..local.len()).try_for_each(|i| mark(i, 2))?;
+        exchange(
+            self.comms(plan_devices)?,
+            &streams,
+            bwd,
+            &slot,
+            |i| Some(&work[i].grad_out),
+            |i| Some(&work[i].grad_in),
+        )?;
+        (0..local.len()).try_for_each(|i| mark(i, 3))?;
         for (i, w) in work.iter_mut().enumerate() {
             if let Some(f) = &mut w.fused {
                 f.backward(&w.grad_in).map_err(tch_err)?;
             }
-            let stream = &self.gpus[local[i].1].stream;
-            events[i][4]
-                .record(stream)
-                .map_err(driver_err("event record"))?;
+            mark(i, 4)?;
         }
         // Wait for the last event of every device, watching NCCL for a dead peer.
-        for ev in &events {
+        for ev in events {
             while !ev[4].try_is_complete().map_err(driver_err("event query"))? {
                 self.comms(plan_devices)?.check()?;
                 std::thread::sleep(POLL);
@@ -616,17 +593,11 @@ impl CudaOracle {
     /// group.
     fn broadcast_job(&mut self, job: Option<&[u8]>) -> Result<(), OracleError> {
         let header = group::header(job.map_or(0, |j| j.len()));
-        self.broadcast(&header)?;
+        self.broadcast_len(Some(&header), header.len(), None)?;
         if let Some(j) = job {
-            self.broadcast(j)?;
+            self.broadcast_len(Some(j), j.len(), None)?;
         }
         Ok(())
-    }
-
-    /// A broadcast from plan device 0 over the group, as the leader: every
-    /// rank receives `bytes`.
-    fn broadcast(&mut self, bytes: &[u8]) -> Result<Vec<u8>, OracleError> {
-        self.broadcast_len(Some(bytes), bytes.len(), None)
     }
 
     /// A broadcast of `len` bytes from plan device 0: the leader passes the
@@ -790,8 +761,24 @@ impl CudaOracle {
 }
 
 /// One grouped NCCL exchange: every transfer with a local end, as
-/// send/recv on the local device's communicator.
+/// send/recv on the local device's communicator. On failure the
+/// communicators are aborted: the peers no longer agree on what comes next.
 fn exchange<'t>(
+    comms: &mut Comms,
+    streams: &[nccl_sys::cudaStream_t],
+    transfers: &[Transfer],
+    slot: &dyn Fn(usize) -> Option<usize>,
+    send_buf: impl Fn(usize) -> Option<&'t Tensor>,
+    recv_buf: impl Fn(usize) -> Option<&'t Tensor>,
+) -> Result<(), OracleError> {
+    let sent = issue(comms, streams, transfers, slot, send_buf, recv_buf);
+    if sent.is_err() {
+        comms.abort();
+    }
+    sent
+}
+
+fn issue<'t>(
     comms: &mut Comms,
     streams: &[nccl_sys::cudaStream_t],
     transfers: &[Transfer],

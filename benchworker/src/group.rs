@@ -110,14 +110,7 @@ mod tests {
 
     #[test]
     fn a_job_survives_the_broadcast_encoding() {
-        let tables = common::generate::generate_pool(
-            &common::generate::PoolGenConfig {
-                tables: 3,
-                ..Default::default()
-            },
-            5,
-        )
-        .unwrap();
+        let tables = crate::test_pool(3, 5);
         let plan = Plan {
             devices: 2,
             assignment: vec![1, 0, 1],

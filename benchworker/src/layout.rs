@@ -195,25 +195,6 @@ impl PlanLayout {
             })
             .collect()
     }
-
-    /// Where task table `t`'s output for global sample `b`, column `c`, lies
-    /// after the forward all-to-all: `(device, offset)` in that device's
-    /// exchanged buffer. The reference the exchange is tested against.
-    pub fn exchanged_position(&self, t: usize, b: u64, c: u64) -> Option<(usize, u64)> {
-        let (d, i) = self
-            .devices
-            .iter()
-            .enumerate()
-            .find_map(|(d, dev)| dev.tables.iter().position(|&x| x == t).map(|i| (d, i)))?;
-        let e = self.split.iter().position(|&(f, n)| b >= f && b < f + n)?;
-        let (first, count) = self.split[e];
-        let before: u64 = self.devices[..d].iter().map(|x| x.dim_sum).sum();
-        let dev = &self.devices[d];
-        Some((
-            e,
-            count * before + (b - first) * dev.dim_sum + dev.first_col[i] + c,
-        ))
-    }
 }
 
 fn prefix_sums(xs: &[u64]) -> Vec<u64> {
@@ -244,18 +225,6 @@ impl Ranks {
     pub fn local(&self, r: usize) -> std::ops::Range<usize> {
         let first: usize = self.devices[..r].iter().sum();
         first..first + self.devices[r]
-    }
-
-    /// The rank that drives plan device `d`, and the device's local index.
-    pub fn owner(&self, d: usize) -> Option<(usize, usize)> {
-        let mut first = 0;
-        for (r, &n) in self.devices.iter().enumerate() {
-            if d < first + n {
-                return Some((r, d - first));
-            }
-            first += n;
-        }
-        None
     }
 }
 
@@ -327,6 +296,25 @@ mod tests {
         );
     }
 
+    /// Where task table `t`'s output for global sample `b`, column `c`, lies
+    /// after the forward all-to-all: `(device, offset)` in that device's
+    /// exchanged buffer: the reference the exchange is tested against.
+    fn exchanged_position(l: &PlanLayout, t: usize, b: u64, c: u64) -> Option<(usize, u64)> {
+        let (d, i) = l
+            .devices
+            .iter()
+            .enumerate()
+            .find_map(|(d, dev)| dev.tables.iter().position(|&x| x == t).map(|i| (d, i)))?;
+        let e = l.split.iter().position(|&(f, n)| b >= f && b < f + n)?;
+        let (first, count) = l.split[e];
+        let before: u64 = l.devices[..d].iter().map(|x| x.dim_sum).sum();
+        let dev = &l.devices[d];
+        Some((
+            e,
+            count * before + (b - first) * dev.dim_sum + dev.first_col[i] + c,
+        ))
+    }
+
     /// Runs an exchange on plain buffers, as NCCL would on device memory.
     fn run(transfers: &[Transfer], send: &[Vec<f64>], recv: &mut [Vec<f64>]) {
         for t in transfers {
@@ -374,7 +362,7 @@ mod tests {
         for (tab, tt) in t.iter().enumerate() {
             for b in 0..batch {
                 for c in 0..u64::from(tt.dim) {
-                    let (e, off) = l.exchanged_position(tab, b, c).unwrap();
+                    let (e, off) = exchanged_position(&l, tab, b, c).unwrap();
                     assert_eq!(recv[e][off as usize], value(tab, b, c));
                 }
             }
@@ -427,9 +415,5 @@ mod tests {
         };
         assert_eq!(r.total(), 6);
         assert_eq!(r.local(1), 2..5);
-        assert_eq!(r.owner(0), Some((0, 0)));
-        assert_eq!(r.owner(4), Some((1, 2)));
-        assert_eq!(r.owner(5), Some((2, 0)));
-        assert_eq!(r.owner(6), None);
     }
 }

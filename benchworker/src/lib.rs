@@ -39,6 +39,16 @@ pub mod timing;
 
 pub use oracle::{build, Backend, Oracle, OracleError, Spread};
 
+/// `tables` tables of the default generator's pool, for the tests.
+#[cfg(test)]
+pub(crate) fn test_pool(tables: usize, seed: u64) -> Vec<common::Table> {
+    let cfg = common::generate::PoolGenConfig {
+        tables,
+        ..Default::default()
+    };
+    common::generate::generate_pool(&cfg, seed).expect("the default generator works")
+}
+
 /// A table for the tests: `bins` as `(bin, share)` pairs.
 #[cfg(test)]
 pub(crate) fn test_table(

@@ -173,14 +173,7 @@ mod tests {
 
     #[test]
     fn check_plan_rejects_mismatches() {
-        let t = common::generate::generate_pool(
-            &common::generate::PoolGenConfig {
-                tables: 2,
-                ..Default::default()
-            },
-            0,
-        )
-        .unwrap();
+        let t = crate::test_pool(2, 0);
         let plan = |devices, assignment| Plan {
             devices,
             assignment,

@@ -5,7 +5,7 @@
 //! (`inproc://`) and as `benchworker serve` (`tcp://`).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use common::link::{sessions, End, Link, Welcome};
@@ -202,13 +202,9 @@ fn session(
     let mut pending: VecDeque<(Header, Message)> = pending.into();
     let mut stopping = false;
     loop {
-        if stop.load(Ordering::Relaxed) {
-            return Ok(End::Stop);
+        if let Some(end) = link.tend(stop, heartbeat, timeout)? {
+            return Ok(end);
         }
-        if link.silence() > timeout {
-            return Ok(End::LostLearner);
-        }
-        link.heartbeat(heartbeat)?;
         let next = match pending.pop_front() {
             Some(job) => Some(job),
             None => link.recv(100)?,
@@ -355,13 +351,9 @@ fn group_session(
         },
     )?;
     let unique_id = loop {
-        if stop.load(Ordering::Relaxed) {
-            return Ok(End::Stop);
+        if let Some(end) = link.tend(stop, heartbeat, timeout)? {
+            return Ok(end);
         }
-        if link.silence() > timeout {
-            return Ok(End::LostLearner);
-        }
-        link.heartbeat(heartbeat)?;
         match link.recv(100)? {
             Some((
                 _,
@@ -413,7 +405,7 @@ fn group_session(
         Err(e) => tracing::warn!("group {}: {e}", group.name),
     }
     Ok(
-        if shutdown || shutdown_later || stop.load(Ordering::Relaxed) {
+        if shutdown || shutdown_later || stop.load(std::sync::atomic::Ordering::Relaxed) {
             End::Stop
         } else {
             End::LostLearner

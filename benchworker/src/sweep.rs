@@ -98,14 +98,7 @@ mod tests {
     /// it saves the floors of the calls it merges.
     #[test]
     fn sim_fusion_is_free_for_one_table_and_a_speedup_for_many() {
-        let pool = common::generate::generate_pool(
-            &common::generate::PoolGenConfig {
-                tables: 60,
-                ..Default::default()
-            },
-            1,
-        )
-        .unwrap();
+        let pool = crate::test_pool(60, 1);
         let mut oracle = crate::sim::SimOracle::new(SimConfig::default(), MemoryModel::default());
         let mut told = 0;
         let rows = fusion_sweep(&mut oracle, &pool, &[1, 4, 32], 2, 0, || told += 1).unwrap();

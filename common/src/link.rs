@@ -103,6 +103,25 @@ impl Link {
         Ok(())
     }
 
+    /// One turn of a peer's loop: the end of the stay if `stop` is set or
+    /// the learner has been silent for `timeout`, otherwise a heartbeat if
+    /// one is due and `None`.
+    pub fn tend(
+        &mut self,
+        stop: &AtomicBool,
+        heartbeat: Duration,
+        timeout: Duration,
+    ) -> anyhow::Result<Option<End>> {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(Some(End::Stop));
+        }
+        if self.silence() > timeout {
+            return Ok(Some(End::LostLearner));
+        }
+        self.heartbeat(heartbeat)?;
+        Ok(None)
+    }
+
     /// Says hello (again every two seconds) until the learner welcomes this
     /// peer. `None`: `stop` was set or the learner said `Shutdown` first.
     /// A refusal for good (a wrong token) or no welcome within `wait` is an

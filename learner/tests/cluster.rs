@@ -48,23 +48,29 @@ impl Proc {
         self.child.wait().unwrap();
     }
 
-    /// Waits for a clean exit; returns stdout.
-    fn finish(&mut self, within: Duration) -> String {
+    /// Waits (polling) for the process to exit, at most `within`.
+    fn exited(&mut self, within: Duration) -> std::process::ExitStatus {
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                let err = std::fs::read_to_string(&self.err).unwrap_or_default();
-                assert!(status.success(), "{}: {status}\n{err}", self.err.display());
-                assert!(!err.contains("panicked"), "{err}");
-                return std::fs::read_to_string(&self.out).unwrap();
+                return status;
             }
             assert!(
                 start.elapsed() < within,
-                "{} did not finish within {within:?}",
+                "{} did not exit within {within:?}",
                 self.out.display()
             );
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Waits for a clean exit; returns stdout.
+    fn finish(&mut self, within: Duration) -> String {
+        let status = self.exited(within);
+        let err = std::fs::read_to_string(&self.err).unwrap_or_default();
+        assert!(status.success(), "{}: {status}\n{err}", self.err.display());
+        assert!(!err.contains("panicked"), "{err}");
+        std::fs::read_to_string(&self.out).unwrap()
     }
 }
 
@@ -222,17 +228,7 @@ fn a_killed_actor_is_replaced_and_strangers_are_refused() {
     let wrong = d.join("wrong-token");
     std::fs::write(&wrong, "not the token\n").unwrap();
     let mut stranger = actor(d, "stranger", &ep, &wrong);
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = stranger.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the stranger was not refused"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = stranger.exited(Duration::from_secs(30));
     let err = std::fs::read_to_string(&stranger.err).unwrap();
     assert!(
         !status.success() && err.contains("wrong cluster token"),

@@ -520,27 +520,6 @@ mod tests {
         assert_eq!(o.spread(), Some(s));
     }
 
-    /// Wall-clock times: a benchmark more than a test, so it runs on demand
-    /// (`cargo test --release -p embshard-benchworker -- --ignored`) on a
-    /// quiet machine; `benchworker measure --backend cpu` reports the same.
-    #[test]
-    #[ignore = "asserts wall-clock timings; run on a quiet machine"]
-    fn many_more_lookups_cost_more_forward_time() {
-        // 50× the lookups; a light call sits near libtorch's fixed cost.
-        let light = table("light", 4000, 128, 4.0);
-        let heavy = table("heavy", 4000, 128, 200.0);
-        // More repeats: the median then shrugs off a preempted round.
-        let c = CpuConfig {
-            repeats: 7,
-            ..cfg(512)
-        };
-        let mut o = CpuOracle::new(c, MemoryModel::default()).unwrap();
-        let p = plan(1, vec![0]);
-        let fl = o.measure(&[light], &p).unwrap().devices[0].fwd_ms;
-        let fh = o.measure(&[heavy], &p).unwrap().devices[0].fwd_ms;
-        assert!(fh > 3.0 * fl, "heavy {fh} ms, light {fl} ms");
-    }
-
     #[test]
     fn an_empty_device_computes_nothing_but_waits_for_the_exchange() {
         let tables = vec![table("a", 2000, 32, 6.0), table("b", 2000, 32, 6.0)];

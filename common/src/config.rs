@@ -305,6 +305,11 @@ pub struct ModelConfig {
     /// table moves, each the one that lowers the predicted cost most
     /// (hill climbing on the cost network; 0: none).
     pub plan_moves: usize,
+    /// Then `plan` runs the `search` reference's iterated local search
+    /// (moves and swaps off the slowest device, perturbations when stuck)
+    /// with the cost network in place of the oracle, for this many predicted
+    /// plans (0: none). A seeded search: the same task gets the same plan.
+    pub plan_search: usize,
 }
 
 /// How the cost network's table MLP sees a table's work: its lookups
@@ -376,6 +381,7 @@ impl Default for ModelConfig {
             plan_heuristics: true,
             plan_temperature: 1.0,
             plan_moves: 10,
+            plan_search: 2000,
         }
     }
 }
@@ -500,6 +506,10 @@ pub struct TrainConfig {
     /// them shows the cost network its errors where the policy exploits
     /// them (DAgger-like); the rest explore.
     pub measure_greedy_share: f64,
+    /// Whether those greedy picks are what `plan` returns (the greedy
+    /// episode, then the heuristics' plans, moves and the search on the
+    /// cost network: `model.plan_*`) rather than the bare greedy episode.
+    pub measure_planned: bool,
     pub cost_steps: usize,
     pub cost_batch: usize,
     pub cost_lr: f64,
@@ -533,6 +543,7 @@ impl Default for TrainConfig {
             iterations: 20,
             measure_per_iteration: 10,
             measure_greedy_share: 0.5,
+            measure_planned: false,
             cost_steps: 1000,
             cost_batch: 64,
             cost_lr: 1e-3,

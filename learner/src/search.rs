@@ -9,9 +9,13 @@
 //! a few random moves. Every proposal is one oracle measurement; the budget
 //! counts them.
 
+use actor::nets::DeviceHeads;
 use benchworker::{Oracle, OracleError};
-use common::{Measurement, MemoryModel, Plan, Table};
-use rand::Rng;
+use common::{DeviceCost, Measurement, MemoryModel, Plan, Table};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+use tch::{Kind, Tensor};
 
 /// What a search found.
 #[derive(Debug, Clone)]
@@ -150,6 +154,99 @@ pub fn search(
     })
 }
 
+/// The cost network as an oracle, for [`search`] at `plan` time: each
+/// device's (fwd, bwd, comm) from its summed table representations through
+/// [`DeviceHeads`], composed as the measurement is (`fwd_comm` includes the
+/// wait for the slowest forward), so the iteration cost is the network's
+/// `max_d fwd + max_d (bwd + 2·comm)`.
+///
+/// A search proposal changes one or two devices of the plan it starts from,
+/// so the costs of devices are cached by their set of tables (a sum of
+/// random 64-bit keys per table): only the changed devices are re-costed.
+pub struct CostNetOracle {
+    /// `[tables × width]` table representations of the task.
+    reps: Vec<f32>,
+    heads: DeviceHeads,
+    keys: Vec<u64>,
+    cache: HashMap<u64, [f32; 3]>,
+}
+
+/// Entries after which the cache starts over (a few MB).
+const CACHE_LIMIT: usize = 1 << 16;
+
+impl CostNetOracle {
+    /// `reps`: the cost network's `[tables, width]` table representations of
+    /// the task the plans will be of.
+    pub fn new(heads: DeviceHeads, reps: &Tensor, seed: u64) -> CostNetOracle {
+        let reps = Vec::<f32>::try_from(reps.to_kind(Kind::Float).view([-1])).unwrap_or_default();
+        let tables = reps.len() / heads.width().max(1);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        CostNetOracle {
+            keys: (0..tables).map(|_| rng.gen()).collect(),
+            reps,
+            heads,
+            cache: HashMap::new(),
+        }
+    }
+
+    fn device(&mut self, key: u64, plan: &Plan, d: usize) -> [f32; 3] {
+        if let Some(c) = self.cache.get(&key) {
+            return *c;
+        }
+        let w = self.heads.width();
+        let mut repr = vec![0.0f32; w];
+        for (t, _) in plan.assignment.iter().enumerate().filter(|(_, &a)| a == d) {
+            for (r, x) in repr.iter_mut().zip(&self.reps[t * w..(t + 1) * w]) {
+                *r += x;
+            }
+        }
+        let c = self.heads.costs(&repr);
+        if self.cache.len() >= CACHE_LIMIT {
+            self.cache.clear();
+        }
+        self.cache.insert(key, c);
+        c
+    }
+}
+
+impl Oracle for CostNetOracle {
+    fn name(&self) -> &'static str {
+        "cost_net"
+    }
+
+    fn measure(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, OracleError> {
+        benchworker::oracle::check_plan(tables, plan)?;
+        if tables.len() != self.keys.len() {
+            return Err(OracleError::Backend {
+                backend: "cost_net",
+                message: format!(
+                    "prepared for a task of {} tables, asked about {}",
+                    self.keys.len(),
+                    tables.len()
+                ),
+            });
+        }
+        let mut keys = vec![0u64; plan.devices];
+        for (t, &d) in plan.assignment.iter().enumerate() {
+            keys[d] = keys[d].wrapping_add(self.keys[t]);
+        }
+        let costs: Vec<[f32; 3]> = (0..plan.devices)
+            .map(|d| self.device(keys[d], plan, d))
+            .collect();
+        let slowest = costs.iter().map(|c| c[0] as f64).fold(f64::MIN, f64::max);
+        let devices: Vec<DeviceCost> = costs
+            .iter()
+            .map(|c| {
+                let (fwd, bwd, comm) = (c[0] as f64, c[1] as f64, c[2] as f64);
+                DeviceCost::new(fwd, bwd, slowest - fwd + comm, comm)
+            })
+            .collect();
+        // The network's figure as it is, even below zero (an untrained one).
+        let cost_ms = devices.iter().map(|d| d.total_ms).fold(f64::MIN, f64::max);
+        Ok(Measurement { cost_ms, devices })
+    }
+}
+
 fn slowest(m: &Measurement) -> usize {
     m.devices
         .iter()
@@ -167,6 +264,63 @@ mod tests {
     use common::generate::{generate_pool, PoolGenConfig};
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn the_cost_network_oracle_predicts_what_the_cost_network_does() {
+        use actor::nets::{CostNet, PlacedTables, PlanBatch};
+        use common::config::ModelConfig;
+        let tables = generate_pool(
+            &PoolGenConfig {
+                tables: 24,
+                ..Default::default()
+            },
+            5,
+        )
+        .unwrap();
+        tch::manual_seed(1);
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let net = CostNet::new(&vs.root(), &ModelConfig::default());
+        let features: Vec<_> = tables.iter().map(common::features::scaled).collect();
+        let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&features)));
+        let mut oracle = CostNetOracle::new(net.device_heads(), &reps, 0);
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let plans: Vec<Plan> = (0..6)
+            .map(|_| Plan {
+                devices: 3,
+                assignment: (0..tables.len()).map(|_| rng.gen_range(0..3)).collect(),
+            })
+            .collect();
+        // Twice over, so that the second pass comes from the cache.
+        for plan in plans.iter().chain(&plans) {
+            let got = oracle.measure(&tables, plan).unwrap();
+            let batch = PlanBatch::new([&PlacedTables {
+                features: features.clone(),
+                assignment: plan.assignment.clone(),
+                devices: 3,
+            }]);
+            let want = tch::no_grad(|| net.forward(&batch));
+            let expected = want.overall.double_value(&[0]);
+            assert!(
+                (got.cost_ms - expected).abs() < 1e-4 * (1.0 + expected.abs()),
+                "{} vs {expected}",
+                got.cost_ms
+            );
+            for (d, dev) in got.devices.iter().enumerate() {
+                let fwd = want.per_device.double_value(&[d as i64, 0]);
+                assert!((dev.fwd_ms - fwd).abs() < 1e-4 * (1.0 + fwd.abs()));
+            }
+        }
+        let fewer = &tables[..10];
+        assert!(oracle
+            .measure(
+                fewer,
+                &Plan {
+                    devices: 3,
+                    assignment: vec![0; 10]
+                }
+            )
+            .is_err());
+    }
 
     #[test]
     fn search_improves_a_poor_start_within_budget_and_memory() {

@@ -416,12 +416,13 @@ impl Model {
                 }
             }
         }
-        let moves = if c.overall_cost == common::config::OverallCost::Composed {
-            c.plan_moves
+        // Moves and search need per-device costs composed into the overall.
+        let (moves, searched) = if c.overall_cost == common::config::OverallCost::Composed {
+            (c.plan_moves, c.plan_search)
         } else {
-            0
+            (0, 0)
         };
-        if candidates.len() == 1 && moves == 0 {
+        if candidates.len() == 1 && moves == 0 && searched == 0 {
             let (assignment, infeasible) = candidates.swap_remove(0);
             return (
                 Plan {
@@ -460,6 +461,26 @@ impl Model {
         let (mut assignment, infeasible) = candidates.swap_remove(best);
         if !infeasible && moves > 0 {
             assignment = self.improve(&mdp, &reps, assignment, moves);
+        }
+        if !infeasible && searched > 1 {
+            let start = Plan {
+                devices: task.devices,
+                assignment,
+            };
+            let mut net = crate::search::CostNetOracle::new(self.cost.device_heads(), &reps, 0);
+            let mut rng = ChaCha8Rng::seed_from_u64(0);
+            assignment = match crate::search::search(
+                &mut net,
+                &task.tables,
+                &start,
+                task.cap_bytes(),
+                mem,
+                searched,
+                &mut rng,
+            ) {
+                Ok(out) => out.plan.assignment,
+                Err(_) => start.assignment,
+            };
         }
         (
             Plan {
@@ -682,6 +703,15 @@ impl<'a> Trainer<'a> {
     /// that `model.plan_*` selects instead did not help: see the commit.)
     pub fn pick_plan(&mut self, greedy: bool) -> Pick {
         let k = self.rng.gen_range(0..self.tasks.len());
+        if greedy && self.cfg.train.measure_planned {
+            let (plan, _) = self.model.plan(&self.tasks[k], &self.cfg.memory);
+            let predicted_ms = self.model.estimate(&self.tasks[k].tables, &plan).1;
+            return Pick {
+                task: k,
+                plan,
+                predicted_ms,
+            };
+        }
         let mode = if greedy { Mode::Greedy } else { Mode::Sample };
         let u = rollout(&self.model.policy, &self.model.cost, &self.mdps[k], 1, mode);
         Pick {
@@ -999,7 +1029,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn plan_selection_and_moves_never_predict_worse_than_greedy() {
+    fn plan_selection_moves_and_search_never_predict_worse_than_greedy() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = small_config(dir.path());
         crate::data::generate(&cfg, dir.path()).unwrap();
@@ -1009,25 +1039,32 @@ pub(crate) mod tests {
         for task in &suite.tasks[..4] {
             model.plan_cfg.plan_samples = 1;
             model.plan_cfg.plan_moves = 0;
+            model.plan_cfg.plan_search = 0;
             model.plan_cfg.plan_heuristics = false;
             let (greedy, _) = model.plan(task, &cfg.memory);
             model.plan_cfg.plan_samples = 8;
             model.plan_cfg.plan_moves = 20;
             model.plan_cfg.plan_heuristics = true;
-            let (chosen, infeasible) = model.plan(task, &cfg.memory);
+            let (moved, _) = model.plan(task, &cfg.memory);
+            model.plan_cfg.plan_search = 300;
+            let (searched, infeasible) = model.plan(task, &cfg.memory);
             assert!(!infeasible);
-            assert_eq!(chosen, model.plan(task, &cfg.memory).0, "reproducible");
-            let fits = task.tables.iter().zip(&chosen.assignment).fold(
-                vec![0u64; task.devices],
-                |mut used, (t, &d)| {
-                    used[d] += cfg.memory.table_bytes(t);
-                    used
-                },
-            );
-            assert!(fits.iter().all(|&u| u <= task.cap_bytes()));
+            assert_eq!(searched, model.plan(task, &cfg.memory).0, "reproducible");
+            for plan in [&moved, &searched] {
+                let used = task.tables.iter().zip(&plan.assignment).fold(
+                    vec![0u64; task.devices],
+                    |mut used, (t, &d)| {
+                        used[d] += cfg.memory.table_bytes(t);
+                        used
+                    },
+                );
+                assert!(used.iter().all(|&u| u <= task.cap_bytes()));
+            }
             let g = model.estimate(&task.tables, &greedy).1;
-            let c = model.estimate(&task.tables, &chosen).1;
-            assert!(c <= g + 1e-4, "chosen {c} ms vs greedy {g} ms");
+            let m = model.estimate(&task.tables, &moved).1;
+            let s = model.estimate(&task.tables, &searched).1;
+            assert!(m <= g + 1e-4, "moved {m} ms vs greedy {g} ms");
+            assert!(s <= m + 1e-4, "searched {s} ms vs moved {m} ms");
         }
     }
 

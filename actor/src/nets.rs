@@ -256,23 +256,22 @@ impl CostNet {
     /// of single devices (see [`DeviceHeads`]).
     pub fn device_heads(&self) -> DeviceHeads {
         let _guard = tch::no_grad_guard();
-        let flat = |t: &Tensor| {
-            Vec::<f32>::try_from(t.to_kind(Kind::Float).view([-1])).unwrap_or_default()
-        };
         let heads = [&self.fwd, &self.bwd, &self.comm];
+        let cat = |f: &dyn Fn(&Head) -> Tensor| {
+            let parts: Vec<Tensor> = heads.iter().map(|h| f(h).view([-1])).collect();
+            Vec::<f32>::try_from(Tensor::cat(&parts, 0).to_kind(Kind::Float)).unwrap_or_default()
+        };
+        let bias = |l: &nn::Linear| match &l.bs {
+            Some(b) => b.shallow_clone(),
+            None => Tensor::zeros([l.ws.size()[0]], (Kind::Float, l.ws.device())),
+        };
         DeviceHeads {
             width: self.fwd.l1.ws.size()[1] as usize,
             hidden: self.fwd.l1.ws.size()[0] as usize,
-            w1: heads.iter().map(|h| flat(&h.l1.ws)).collect(),
-            b1: heads
-                .iter()
-                .map(|h| h.l1.bs.as_ref().map(flat).unwrap_or_default())
-                .collect(),
-            w2: heads.iter().map(|h| flat(&h.l2.ws)).collect(),
-            b2: heads
-                .iter()
-                .map(|h| h.l2.bs.as_ref().map(flat).unwrap_or_default())
-                .collect(),
+            w1: cat(&|h| h.l1.ws.shallow_clone()),
+            b1: cat(&|h| bias(&h.l1)),
+            w2: cat(&|h| h.l2.ws.shallow_clone()),
+            b2: cat(&|h| bias(&h.l2)),
         }
     }
 
@@ -294,19 +293,24 @@ impl CostNet {
     }
 }
 
-/// The cost network's per-device heads (fwd, bwd, comm) as plain arrays:
-/// one device costs a few thousand multiply-adds and no libtorch call, so a
-/// search on the cost network can afford thousands of proposals in
-/// milliseconds. Equal to [`CostNet::device_costs`] up to float rounding.
+/// The cost network's per-device heads (fwd, bwd, comm) as plain arrays,
+/// for a search that costs thousands of devices in milliseconds without a
+/// libtorch call. The heads' first layer is linear in the device
+/// representation, which is a sum of table representations: so a table's
+/// [`DeviceHeads::project`]ion can be computed once, and a device's hidden
+/// layer is the sum of its tables' projections (a few hundred additions per
+/// table) before [`DeviceHeads::finish`]. Equal to
+/// [`CostNet::device_costs`] up to float rounding.
 #[derive(Debug, Clone)]
 pub struct DeviceHeads {
     width: usize,
     hidden: usize,
-    /// Per head: `[hidden, width]` row-major, `[hidden]`, `[hidden]`, `[1]`.
-    w1: Vec<Vec<f32>>,
-    b1: Vec<Vec<f32>>,
-    w2: Vec<Vec<f32>>,
-    b2: Vec<Vec<f32>>,
+    /// The three heads' layers, concatenated: `[3·hidden, width]`
+    /// row-major, `[3·hidden]`, `[3·hidden]`, `[3]`.
+    w1: Vec<f32>,
+    b1: Vec<f32>,
+    w2: Vec<f32>,
+    b2: Vec<f32>,
 }
 
 impl DeviceHeads {
@@ -315,21 +319,42 @@ impl DeviceHeads {
         self.width
     }
 
+    /// Length of a projection: the three heads' hidden units.
+    pub fn projected_width(&self) -> usize {
+        3 * self.hidden
+    }
+
+    /// The heads' first layer without its bias: `W1 · repr`.
+    pub fn project(&self, repr: &[f32]) -> Vec<f32> {
+        self.w1
+            .chunks_exact(self.width)
+            .map(|row| dot(row, repr))
+            .collect()
+    }
+
+    /// (fwd, bwd, comm) from a device's summed projections.
+    pub fn finish(&self, projected: &[f32]) -> [f32; 3] {
+        let mut out = [0.0f32; 3];
+        for (k, o) in out.iter_mut().enumerate() {
+            let span = k * self.hidden..(k + 1) * self.hidden;
+            let (p, b, w) = (
+                &projected[span.clone()],
+                &self.b1[span.clone()],
+                &self.w2[span],
+            );
+            let mut lanes = [0.0f32; 8];
+            for (j, ((p, b), w)) in p.iter().zip(b).zip(w).enumerate() {
+                lanes[j % 8] += w * (p + b).max(0.0);
+            }
+            *o = self.b2[k] + lanes.iter().sum::<f32>();
+        }
+        out
+    }
+
     /// (fwd, bwd, comm) of a device whose summed table representation is
     /// `repr` (`width` values).
     pub fn costs(&self, repr: &[f32]) -> [f32; 3] {
-        let mut out = [0.0f32; 3];
-        for (k, o) in out.iter_mut().enumerate() {
-            let (w1, b1, w2) = (&self.w1[k], &self.b1[k], &self.w2[k]);
-            let mut acc = self.b2[k].first().copied().unwrap_or(0.0);
-            for j in 0..self.hidden {
-                let row = &w1[j * self.width..(j + 1) * self.width];
-                let h = b1.get(j).copied().unwrap_or(0.0) + dot(row, repr);
-                acc += w2[j] * h.max(0.0);
-            }
-            *o = acc;
-        }
-        out
+        self.finish(&self.project(repr))
     }
 }
 

@@ -15,6 +15,7 @@ use common::{DeviceCost, Measurement, MemoryModel, Plan, Table};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use tch::{Kind, Tensor};
 
 /// What a search found.
@@ -164,11 +165,32 @@ pub fn search(
 /// so the costs of devices are cached by their set of tables (a sum of
 /// random 64-bit keys per table): only the changed devices are re-costed.
 pub struct CostNetOracle {
-    /// `[tables × width]` table representations of the task.
-    reps: Vec<f32>,
+    /// `[tables × projected width]` table projections (see
+    /// [`DeviceHeads::project`]).
+    projected: Vec<f32>,
     heads: DeviceHeads,
     keys: Vec<u64>,
-    cache: HashMap<u64, [f32; 3]>,
+    cache: HashMap<u64, [f32; 3], BuildHasherDefault<KeyHasher>>,
+}
+
+/// The cache's keys are already random: they hash to themselves.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 /// Entries after which the cache starts over (a few MB).
@@ -179,13 +201,17 @@ impl CostNetOracle {
     /// the task the plans will be of.
     pub fn new(heads: DeviceHeads, reps: &Tensor, seed: u64) -> CostNetOracle {
         let reps = Vec::<f32>::try_from(reps.to_kind(Kind::Float).view([-1])).unwrap_or_default();
-        let tables = reps.len() / heads.width().max(1);
+        let projected: Vec<f32> = reps
+            .chunks_exact(heads.width().max(1))
+            .flat_map(|r| heads.project(r))
+            .collect();
+        let tables = projected.len() / heads.projected_width().max(1);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         CostNetOracle {
             keys: (0..tables).map(|_| rng.gen()).collect(),
-            reps,
+            projected,
             heads,
-            cache: HashMap::new(),
+            cache: HashMap::default(),
         }
     }
 
@@ -193,14 +219,14 @@ impl CostNetOracle {
         if let Some(c) = self.cache.get(&key) {
             return *c;
         }
-        let w = self.heads.width();
-        let mut repr = vec![0.0f32; w];
+        let w = self.heads.projected_width();
+        let mut sum = vec![0.0f32; w];
         for (t, _) in plan.assignment.iter().enumerate().filter(|(_, &a)| a == d) {
-            for (r, x) in repr.iter_mut().zip(&self.reps[t * w..(t + 1) * w]) {
-                *r += x;
+            for (s, x) in sum.iter_mut().zip(&self.projected[t * w..(t + 1) * w]) {
+                *s += x;
             }
         }
-        let c = self.heads.costs(&repr);
+        let c = self.heads.finish(&sum);
         if self.cache.len() >= CACHE_LIMIT {
             self.cache.clear();
         }

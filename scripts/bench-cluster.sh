@@ -21,6 +21,7 @@ sed -e 's/^iterations = .*/iterations = 4/' \
     -e 's/^measure_per_iteration = .*/measure_per_iteration = 5/' \
     -e 's/^cost_steps = .*/cost_steps = 50/' \
     -e 's/^policy_steps = .*/policy_steps = 100/' \
+    -e 's/^extra_suites = .*/extra_suites = []/' \
     configs/default.toml >"$OUT/bench.toml"
 target/release/learner generate --config "$OUT/bench.toml" >/dev/null
 for n in "${COUNTS[@]}"; do

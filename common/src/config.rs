@@ -508,10 +508,6 @@ pub struct TrainConfig {
     /// them shows the cost network its errors where the policy exploits
     /// them (DAgger-like); the rest explore.
     pub measure_greedy_share: f64,
-    /// Whether those greedy picks are what `plan` returns (the greedy
-    /// episode, then the heuristics' plans, moves and the search on the
-    /// cost network: `model.plan_*`) rather than the bare greedy episode.
-    pub measure_planned: bool,
     pub cost_steps: usize,
     pub cost_batch: usize,
     pub cost_lr: f64,
@@ -545,7 +541,6 @@ impl Default for TrainConfig {
             iterations: 20,
             measure_per_iteration: 10,
             measure_greedy_share: 0.5,
-            measure_planned: false,
             cost_steps: 1000,
             cost_batch: 64,
             cost_lr: 1e-3,

@@ -291,18 +291,22 @@ mod tests {
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 
+    fn pool(tables: usize, seed: u64) -> Vec<Table> {
+        generate_pool(
+            &PoolGenConfig {
+                tables,
+                ..Default::default()
+            },
+            seed,
+        )
+        .unwrap()
+    }
+
     #[test]
     fn the_cost_network_oracle_predicts_what_the_cost_network_does() {
         use actor::nets::{CostNet, PlacedTables, PlanBatch};
         use common::config::ModelConfig;
-        let tables = generate_pool(
-            &PoolGenConfig {
-                tables: 24,
-                ..Default::default()
-            },
-            5,
-        )
-        .unwrap();
+        let tables = pool(24, 5);
         tch::manual_seed(1);
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let net = CostNet::new(&vs.root(), &ModelConfig::default());
@@ -350,14 +354,7 @@ mod tests {
 
     #[test]
     fn search_improves_a_poor_start_within_budget_and_memory() {
-        let tables = generate_pool(
-            &PoolGenConfig {
-                tables: 30,
-                ..Default::default()
-            },
-            4,
-        )
-        .unwrap();
+        let tables = pool(30, 4);
         let mem = MemoryModel::default();
         let mut sim = SimOracle::new(SimConfig::default(), mem);
         // Everything on device 0 of 4: a poor start.

@@ -706,20 +706,10 @@ impl<'a> Trainer<'a> {
     }
 
     /// Draws a training task and one plan for it from the current policy,
-    /// to be measured: its greedy plan or a sample; with
-    /// `train.measure_planned`, `plan`'s output instead of the greedy plan
-    /// (off by default: it did not help on the test suites).
+    /// to be measured: its greedy plan or a sample. (Measuring what `plan`
+    /// returns instead, search included, did not help on the test suites.)
     pub fn pick_plan(&mut self, greedy: bool) -> Pick {
         let k = self.rng.gen_range(0..self.tasks.len());
-        if greedy && self.cfg.train.measure_planned {
-            let (plan, _) = self.model.plan(&self.tasks[k], &self.cfg.memory);
-            let predicted_ms = self.model.estimate(&self.tasks[k].tables, &plan).1;
-            return Pick {
-                task: k,
-                plan,
-                predicted_ms,
-            };
-        }
         let mode = if greedy { Mode::Greedy } else { Mode::Sample };
         let u = rollout(&self.model.policy, &self.model.cost, &self.mdps[k], 1, mode);
         Pick {
@@ -1072,13 +1062,7 @@ pub(crate) mod tests {
             assert!(!infeasible);
             assert_eq!(searched, model.plan(task, &cfg.memory).0, "reproducible");
             for plan in [&moved, &searched] {
-                let used = task.tables.iter().zip(&plan.assignment).fold(
-                    vec![0u64; task.devices],
-                    |mut used, (t, &d)| {
-                        used[d] += cfg.memory.table_bytes(t);
-                        used
-                    },
-                );
+                let used = plan.device_bytes(&task.tables, &cfg.memory);
                 assert!(used.iter().all(|&u| u <= task.cap_bytes()));
             }
             let g = model.estimate(&task.tables, &greedy).1;

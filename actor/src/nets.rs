@@ -145,16 +145,28 @@ pub struct CostPrediction {
 
 /// The cost network: a shared table MLP, summed per device; per-device
 /// heads for forward, backward and communication time; an overall head on
-/// the maximum of the device representations.
+/// the maximum of the device representations. With `model.cost_members`
+/// above 1 it is an ensemble of such networks from different initial
+/// weights: a table's representation is the members' representations side
+/// by side (so a device's sum is theirs side by side), each member's heads
+/// read its own part, and the prediction is the members' mean per device.
 #[derive(Debug)]
 pub struct CostNet {
+    members: Vec<Member>,
+    /// Width of one member's table representation.
+    member_width: i64,
+    composition: OverallCost,
+    work: CostWork,
+}
+
+/// One network of the ensemble.
+#[derive(Debug)]
+struct Member {
     table: nn::Sequential,
     fwd: Head,
     bwd: Head,
     comm: Head,
     overall: nn::Sequential,
-    composition: OverallCost,
-    work: CostWork,
 }
 
 /// Extra cost-network inputs derived from the scaled features (see
@@ -172,7 +184,22 @@ pub fn with_work_features(features: &Tensor) -> Tensor {
     Tensor::cat(&[features.shallow_clone(), lookups, width], 1)
 }
 
+impl Member {
+    fn device_costs(&self, device_repr: &Tensor) -> Tensor {
+        Tensor::cat(
+            &[
+                self.fwd.forward(device_repr),
+                self.bwd.forward(device_repr),
+                self.comm.forward(device_repr),
+            ],
+            1,
+        )
+    }
+}
+
 impl CostNet {
+    /// Member 0's variables lie under `p` (as a single network's do), member
+    /// `m`'s under `p / "member{m}"`.
     pub fn new(p: &nn::Path, cfg: &ModelConfig) -> CostNet {
         let (h, o, hh) = (
             cfg.cost_table_hidden,
@@ -185,26 +212,50 @@ impl CostNet {
             } else {
                 WORK_FEATURES
             };
+        let members = (0..cfg.cost_members.max(1))
+            .map(|m| {
+                let p = if m == 0 {
+                    p.clone()
+                } else {
+                    p / format!("member{m}")
+                };
+                Member {
+                    table: mlp(&(&p / "table"), input, h, o).add_fn(|x| x.relu()),
+                    fwd: Head::new(&(&p / "fwd"), o, hh, 1),
+                    bwd: Head::new(&(&p / "bwd"), o, hh, 1),
+                    comm: Head::new(&(&p / "comm"), o, hh, 1),
+                    overall: mlp(&(&p / "overall"), o, hh, 1),
+                }
+            })
+            .collect();
         CostNet {
-            table: mlp(&(p / "table"), input, h, o).add_fn(|x| x.relu()),
-            fwd: Head::new(&(p / "fwd"), o, hh, 1),
-            bwd: Head::new(&(p / "bwd"), o, hh, 1),
-            comm: Head::new(&(p / "comm"), o, hh, 1),
-            overall: mlp(&(p / "overall"), o, hh, 1),
+            members,
+            member_width: o,
             composition: cfg.overall_cost,
             work: cfg.cost_work,
         }
     }
 
-    /// `[N, out]` table representations; they do not depend on the plan,
-    /// so an episode computes them once.
+    /// Networks in the ensemble.
+    pub fn members(&self) -> usize {
+        self.members.len()
+    }
+
+    /// `[N, members × out]` table representations; they do not depend on
+    /// the plan, so an episode computes them once.
     pub fn tables(&self, features: &Tensor) -> Tensor {
-        match self.work {
-            CostWork::None => self.table.forward(features),
-            CostWork::Inputs => self.table.forward(&with_work_features(features)),
-            CostWork::Gated => {
-                let x = with_work_features(features);
-                let r = self.table.forward(&x);
+        let x = match self.work {
+            CostWork::None => features.shallow_clone(),
+            CostWork::Inputs | CostWork::Gated => with_work_features(features),
+        };
+        let reps: Vec<Tensor> = self
+            .members
+            .iter()
+            .map(|m| {
+                let r = m.table.forward(&x);
+                if self.work != CostWork::Gated {
+                    return r;
+                }
                 let (n, o) = (r.size()[0], r.size()[1]);
                 let k = o / 3;
                 let f = NUM_FEATURES as i64;
@@ -217,20 +268,38 @@ impl CostNet {
                     1,
                 );
                 r * scale
-            }
+            })
+            .collect();
+        if reps.len() == 1 {
+            reps.into_iter().next().unwrap_or_default()
+        } else {
+            Tensor::cat(&reps, 1)
         }
     }
 
-    /// `[G, 3]` cost features of devices given their summed representations.
+    /// Member `m`'s part of device (or table) representations.
+    fn part(&self, repr: &Tensor, m: usize) -> Tensor {
+        if self.members.len() == 1 {
+            repr.shallow_clone()
+        } else {
+            repr.narrow(1, m as i64 * self.member_width, self.member_width)
+        }
+    }
+
+    /// Each member's `[G, 3]` cost features of devices given their summed
+    /// representations.
+    pub fn member_device_costs(&self, device_repr: &Tensor) -> Vec<Tensor> {
+        self.members
+            .iter()
+            .enumerate()
+            .map(|(m, member)| member.device_costs(&self.part(device_repr, m)))
+            .collect()
+    }
+
+    /// `[G, 3]` cost features of devices given their summed representations
+    /// (the members' mean).
     pub fn device_costs(&self, device_repr: &Tensor) -> Tensor {
-        Tensor::cat(
-            &[
-                self.fwd.forward(device_repr),
-                self.bwd.forward(device_repr),
-                self.comm.forward(device_repr),
-            ],
-            1,
-        )
+        mean_of(self.member_device_costs(device_repr))
     }
 
     /// `[P]` overall costs from device representations (see
@@ -242,10 +311,18 @@ impl CostNet {
         plans: i64,
     ) -> Tensor {
         match self.composition {
-            OverallCost::Head => self
-                .overall
-                .forward(&max_by(device_repr, plan_of_device, plans))
-                .squeeze_dim(1),
+            OverallCost::Head => mean_of(
+                self.members
+                    .iter()
+                    .enumerate()
+                    .map(|(m, member)| {
+                        member
+                            .overall
+                            .forward(&max_by(&self.part(device_repr, m), plan_of_device, plans))
+                            .squeeze_dim(1)
+                    })
+                    .collect(),
+            ),
             OverallCost::Composed => {
                 compose(&self.device_costs(device_repr), plan_of_device, plans)
             }
@@ -256,25 +333,14 @@ impl CostNet {
     /// of single devices (see [`DeviceHeads`]).
     pub fn device_heads(&self) -> DeviceHeads {
         let _guard = tch::no_grad_guard();
-        let heads = [&self.fwd, &self.bwd, &self.comm];
-        let cat = |f: &dyn Fn(&Head) -> Tensor| {
-            let parts: Vec<Tensor> = heads.iter().map(|h| f(h).view([-1])).collect();
-            Vec::<f32>::try_from(Tensor::cat(&parts, 0).to_kind(Kind::Float)).unwrap_or_default()
-        };
-        let bias = |l: &nn::Linear| match &l.bs {
-            Some(b) => b.shallow_clone(),
-            None => Tensor::zeros([l.ws.size()[0]], (Kind::Float, l.ws.device())),
-        };
         DeviceHeads {
-            width: self.fwd.l1.ws.size()[1] as usize,
-            hidden: self.fwd.l1.ws.size()[0] as usize,
-            w1: cat(&|h| h.l1.ws.shallow_clone()),
-            b1: cat(&|h| bias(&h.l1)),
-            w2: cat(&|h| h.l2.ws.shallow_clone()),
-            b2: cat(&|h| bias(&h.l2)),
+            members: self.members.iter().map(MemberHeads::of).collect(),
         }
     }
 
+    /// The ensemble's prediction: the members' mean per device, and the
+    /// overall cost from it (composed) or the mean of the members' overall
+    /// heads.
     pub fn forward(&self, batch: &PlanBatch) -> CostPrediction {
         let dev = sum_by(
             &self.tables(&batch.features),
@@ -291,6 +357,48 @@ impl CostNet {
             overall,
         }
     }
+
+    /// Each member's own prediction, which training fits one by one (a
+    /// member learns from its loss alone, so the members stay apart).
+    pub fn forward_members(&self, batch: &PlanBatch) -> Vec<CostPrediction> {
+        let dev = sum_by(
+            &self.tables(&batch.features),
+            &batch.device_of,
+            batch.devices,
+        );
+        self.members
+            .iter()
+            .enumerate()
+            .map(|(m, member)| {
+                let part = self.part(&dev, m);
+                let per_device = member.device_costs(&part);
+                let overall = match self.composition {
+                    OverallCost::Head => member
+                        .overall
+                        .forward(&max_by(&part, &batch.plan_of_device, batch.plans))
+                        .squeeze_dim(1),
+                    OverallCost::Composed => {
+                        compose(&per_device, &batch.plan_of_device, batch.plans)
+                    }
+                };
+                CostPrediction {
+                    per_device,
+                    overall,
+                }
+            })
+            .collect()
+    }
+}
+
+/// The mean of equally shaped tensors (the tensor itself for one).
+fn mean_of(parts: Vec<Tensor>) -> Tensor {
+    let n = parts.len() as f64;
+    let mut it = parts.into_iter();
+    let first = it.next().unwrap_or_default();
+    if n == 1.0 {
+        return first;
+    }
+    it.fold(first, |acc, t| acc + t) / n
 }
 
 /// The cost network's per-device heads (fwd, bwd, comm) as plain arrays,
@@ -299,10 +407,16 @@ impl CostNet {
 /// representation, which is a sum of table representations: so a table's
 /// [`DeviceHeads::project`]ion can be computed once, and a device's hidden
 /// layer is the sum of its tables' projections (a few hundred additions per
-/// table) before [`DeviceHeads::finish`]. Equal to
-/// [`CostNet::device_costs`] up to float rounding.
+/// table and member) before [`DeviceHeads::finish`]. Equal to
+/// [`CostNet::device_costs`] up to float rounding, ensembles included.
 #[derive(Debug, Clone)]
 pub struct DeviceHeads {
+    members: Vec<MemberHeads>,
+}
+
+/// One member's three heads.
+#[derive(Debug, Clone)]
+struct MemberHeads {
     width: usize,
     hidden: usize,
     /// The three heads' layers, concatenated: `[3·hidden, width]`
@@ -313,27 +427,32 @@ pub struct DeviceHeads {
     b2: Vec<f32>,
 }
 
-impl DeviceHeads {
-    /// Width of the device representation the heads read.
-    pub fn width(&self) -> usize {
-        self.width
+impl MemberHeads {
+    fn of(m: &Member) -> MemberHeads {
+        let heads = [&m.fwd, &m.bwd, &m.comm];
+        let cat = |f: &dyn Fn(&Head) -> Tensor| {
+            let parts: Vec<Tensor> = heads.iter().map(|h| f(h).view([-1])).collect();
+            Vec::<f32>::try_from(Tensor::cat(&parts, 0).to_kind(Kind::Float)).unwrap_or_default()
+        };
+        let bias = |l: &nn::Linear| match &l.bs {
+            Some(b) => b.shallow_clone(),
+            None => Tensor::zeros([l.ws.size()[0]], (Kind::Float, l.ws.device())),
+        };
+        MemberHeads {
+            width: m.fwd.l1.ws.size()[1] as usize,
+            hidden: m.fwd.l1.ws.size()[0] as usize,
+            w1: cat(&|h| h.l1.ws.shallow_clone()),
+            b1: cat(&|h| bias(&h.l1)),
+            w2: cat(&|h| h.l2.ws.shallow_clone()),
+            b2: cat(&|h| bias(&h.l2)),
+        }
     }
 
-    /// Length of a projection: the three heads' hidden units.
-    pub fn projected_width(&self) -> usize {
-        3 * self.hidden
+    fn project_into(&self, repr: &[f32], out: &mut Vec<f32>) {
+        out.extend(self.w1.chunks_exact(self.width).map(|row| dot(row, repr)));
     }
 
-    /// The heads' first layer without its bias: `W1 · repr`.
-    pub fn project(&self, repr: &[f32]) -> Vec<f32> {
-        self.w1
-            .chunks_exact(self.width)
-            .map(|row| dot(row, repr))
-            .collect()
-    }
-
-    /// (fwd, bwd, comm) from a device's summed projections.
-    pub fn finish(&self, projected: &[f32]) -> [f32; 3] {
+    fn finish(&self, projected: &[f32]) -> [f32; 3] {
         let mut out = [0.0f32; 3];
         for (k, o) in out.iter_mut().enumerate() {
             let span = k * self.hidden..(k + 1) * self.hidden;
@@ -349,6 +468,46 @@ impl DeviceHeads {
             *o = self.b2[k] + lanes.iter().sum::<f32>();
         }
         out
+    }
+}
+
+impl DeviceHeads {
+    /// Width of the device representation the heads read (all members').
+    pub fn width(&self) -> usize {
+        self.members.iter().map(|m| m.width).sum()
+    }
+
+    /// Length of a projection: the three heads' hidden units, per member.
+    pub fn projected_width(&self) -> usize {
+        self.members.iter().map(|m| 3 * m.hidden).sum()
+    }
+
+    /// The heads' first layer without its bias: `W1 · repr`, member by
+    /// member.
+    pub fn project(&self, repr: &[f32]) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.projected_width());
+        let mut at = 0;
+        for m in &self.members {
+            m.project_into(&repr[at..at + m.width], &mut out);
+            at += m.width;
+        }
+        out
+    }
+
+    /// (fwd, bwd, comm) from a device's summed projections: the members'
+    /// mean.
+    pub fn finish(&self, projected: &[f32]) -> [f32; 3] {
+        let mut sum = [0.0f32; 3];
+        let mut at = 0;
+        for m in &self.members {
+            let c = m.finish(&projected[at..at + 3 * m.hidden]);
+            at += 3 * m.hidden;
+            for k in 0..3 {
+                sum[k] += c[k];
+            }
+        }
+        let n = self.members.len().max(1) as f32;
+        sum.map(|x| x / n)
     }
 
     /// (fwd, bwd, comm) of a device whose summed table representation is
@@ -529,6 +688,71 @@ mod tests {
                 );
             }
         }
+    }
+
+    fn ensemble(members: i64) -> (nn::VarStore, CostNet) {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let cfg = ModelConfig {
+            cost_members: members,
+            ..ModelConfig::default()
+        };
+        let net = CostNet::new(&vs.root(), &cfg);
+        (vs, net)
+    }
+
+    #[test]
+    fn an_ensemble_predicts_its_members_mean_and_its_plain_heads_agree() {
+        let (_vs, net) = ensemble(3);
+        assert_eq!(net.members(), 3);
+        let batch = PlanBatch::new(&[
+            placed(pool(7), vec![0, 0, 1, 1, 1, 2, 2], 3),
+            placed(pool(7), vec![1, 0, 1, 0, 1, 0, 1], 2),
+        ]);
+        let (mean, each) = tch::no_grad(|| (net.forward(&batch), net.forward_members(&batch)));
+        assert_eq!(each.len(), 3);
+        // Different initial weights: the members disagree.
+        assert!(!close(&each[0].per_device, &each[1].per_device));
+        let avg = (&each[0].per_device + &each[1].per_device + &each[2].per_device) / 3.0;
+        assert!(close(&mean.per_device, &avg));
+        // The search's plain heads give the same mean.
+        let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&pool(7))));
+        assert_eq!(reps.size()[1], 3 * ModelConfig::default().cost_table_out);
+        let dev = sum_by(&reps, &Tensor::from_slice(&[0i64, 0, 1, 1, 1, 2, 2]), 3);
+        let heads = net.device_heads();
+        assert_eq!(heads.width(), reps.size()[1] as usize);
+        for d in 0..3 {
+            let got = heads.costs(&Vec::<f32>::try_from(dev.get(d)).unwrap());
+            for (k, g) in got.iter().enumerate() {
+                let e = mean.per_device.double_value(&[d, k as i64]) as f32;
+                assert!(
+                    (g - e).abs() < 1e-4 * (1.0 + e.abs()),
+                    "{d} {k}: {g} vs {e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_single_cost_network_keeps_its_variable_names() {
+        // Checkpoints of one network load as before; members beyond the
+        // first have variables of their own.
+        let names = |members| {
+            let (vs, _net) = ensemble(members);
+            let mut n: Vec<String> = vs.variables().into_keys().collect();
+            n.sort();
+            n
+        };
+        let one = names(1);
+        assert!(one.contains(&"table.l1.weight".to_string()), "{one:?}");
+        assert!(one.iter().all(|n| !n.contains("member")));
+        let two = names(2);
+        assert_eq!(two.len(), 2 * one.len());
+        assert!(one.iter().all(|n| two.contains(n)));
+        assert!(
+            two.contains(&"member1.fwd.l1.weight".to_string()),
+            "{two:?}"
+        );
     }
 
     #[test]

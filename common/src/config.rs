@@ -278,6 +278,10 @@ pub struct ModelConfig {
     pub cost_table_out: i64,
     /// Hidden width of each cost head (per-device fwd, bwd, comm; overall).
     pub cost_head_hidden: i64,
+    /// Cost networks trained side by side from different initial weights
+    /// (an ensemble, each member on its own loss); the cost network's
+    /// prediction is their mean per device. 1: a single network.
+    pub cost_members: i64,
     /// Policy network: its own table MLP.
     pub policy_table_hidden: i64,
     pub policy_table_out: i64,
@@ -371,6 +375,7 @@ impl Default for ModelConfig {
             cost_table_hidden: 128,
             cost_table_out: 32,
             cost_head_hidden: 64,
+            cost_members: 1,
             policy_table_hidden: 128,
             policy_table_out: 32,
             cost_feature_hidden: 64,
@@ -404,6 +409,12 @@ impl ModelConfig {
             if !(1..=65536).contains(&v) {
                 return Err(format!("{field} = {v} must lie in 1..=65536"));
             }
+        }
+        if !(1..=16).contains(&self.cost_members) {
+            return Err(format!(
+                "model.cost_members = {} must lie in 1..=16",
+                self.cost_members
+            ));
         }
         Ok(())
     }
@@ -711,5 +722,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("fp8"), "{e}");
+        for bad in [0, 17] {
+            let e = Config::from_toml(
+                &format!("[model]\ncost_members = {bad}\n"),
+                Path::new("c.toml"),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("model.cost_members"), "{e}");
+        }
     }
 }

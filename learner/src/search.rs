@@ -163,7 +163,10 @@ pub fn search(
 ///
 /// A search proposal changes one or two devices of the plan it starts from,
 /// so the costs of devices are cached by their set of tables (a sum of
-/// random 64-bit keys per table): only the changed devices are re-costed.
+/// random 64-bit keys per table): only the changed devices are re-costed,
+/// and their summed projections are updated from the previous plan's by the
+/// tables that moved, so a proposal costs the same for any device size or
+/// number of ensemble members.
 pub struct CostNetOracle {
     /// `[tables × projected width]` table projections (see
     /// [`DeviceHeads::project`]).
@@ -171,7 +174,22 @@ pub struct CostNetOracle {
     heads: DeviceHeads,
     keys: Vec<u64>,
     cache: HashMap<u64, [f32; 3], BuildHasherDefault<KeyHasher>>,
+    /// The previous plan's assignment and per-device summed projections.
+    last: Option<Sums>,
 }
+
+/// Per-device sums of table projections for one assignment.
+struct Sums {
+    assignment: Vec<usize>,
+    /// `[devices × projected width]`.
+    sums: Vec<f32>,
+    /// Incremental updates since the sums were last computed afresh (float
+    /// rounding accumulates).
+    updates: usize,
+}
+
+/// Incremental updates after which the sums are recomputed.
+const REFRESH_SUMS: usize = 1024;
 
 /// The cache's keys are already random: they hash to themselves.
 #[derive(Default)]
@@ -212,21 +230,67 @@ impl CostNetOracle {
             projected,
             heads,
             cache: HashMap::default(),
+            last: None,
         }
     }
 
-    fn device(&mut self, key: u64, plan: &Plan, d: usize) -> [f32; 3] {
+    fn projection(&self, t: usize) -> &[f32] {
+        let w = self.heads.projected_width();
+        &self.projected[t * w..(t + 1) * w]
+    }
+
+    /// Brings the per-device sums to `plan`: by the tables that moved since
+    /// the previous plan when few did, afresh otherwise.
+    fn update_sums(&mut self, plan: &Plan) {
+        let w = self.heads.projected_width();
+        let mut last = self.last.take();
+        let moved: Option<Vec<usize>> = last.as_ref().and_then(|l| {
+            if l.sums.len() != plan.devices * w || l.updates >= REFRESH_SUMS {
+                return None;
+            }
+            let moved: Vec<usize> = (0..plan.assignment.len())
+                .filter(|&t| l.assignment[t] != plan.assignment[t])
+                .collect();
+            (moved.len() <= 8).then_some(moved)
+        });
+        match (&mut last, moved) {
+            (Some(l), Some(moved)) => {
+                for t in moved {
+                    let (from, to) = (l.assignment[t], plan.assignment[t]);
+                    for (k, &x) in self.projection(t).iter().enumerate() {
+                        l.sums[from * w + k] -= x;
+                        l.sums[to * w + k] += x;
+                    }
+                    l.assignment[t] = to;
+                }
+                l.updates += 1;
+            }
+            _ => {
+                let mut sums = vec![0.0f32; plan.devices * w];
+                for (t, &d) in plan.assignment.iter().enumerate() {
+                    for (s, &x) in sums[d * w..(d + 1) * w].iter_mut().zip(self.projection(t)) {
+                        *s += x;
+                    }
+                }
+                last = Some(Sums {
+                    assignment: plan.assignment.clone(),
+                    sums,
+                    updates: 0,
+                });
+            }
+        }
+        self.last = last;
+    }
+
+    fn device(&mut self, key: u64, d: usize) -> [f32; 3] {
         if let Some(c) = self.cache.get(&key) {
             return *c;
         }
         let w = self.heads.projected_width();
-        let mut sum = vec![0.0f32; w];
-        for (t, _) in plan.assignment.iter().enumerate().filter(|(_, &a)| a == d) {
-            for (s, x) in sum.iter_mut().zip(&self.projected[t * w..(t + 1) * w]) {
-                *s += x;
-            }
-        }
-        let c = self.heads.finish(&sum);
+        let c = match &self.last {
+            Some(l) => self.heads.finish(&l.sums[d * w..(d + 1) * w]),
+            None => self.heads.finish(&vec![0.0; w]),
+        };
         if self.cache.len() >= CACHE_LIMIT {
             self.cache.clear();
         }
@@ -256,9 +320,8 @@ impl Oracle for CostNetOracle {
         for (t, &d) in plan.assignment.iter().enumerate() {
             keys[d] = keys[d].wrapping_add(self.keys[t]);
         }
-        let costs: Vec<[f32; 3]> = (0..plan.devices)
-            .map(|d| self.device(keys[d], plan, d))
-            .collect();
+        self.update_sums(plan);
+        let costs: Vec<[f32; 3]> = (0..plan.devices).map(|d| self.device(keys[d], d)).collect();
         let slowest = costs.iter().map(|c| c[0] as f64).fold(f64::MIN, f64::max);
         let devices: Vec<DeviceCost> = costs
             .iter()
@@ -309,7 +372,12 @@ mod tests {
         let tables = pool(24, 5);
         tch::manual_seed(1);
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-        let net = CostNet::new(&vs.root(), &ModelConfig::default());
+        // An ensemble of two: each member's heads read its own part.
+        let cfg = ModelConfig {
+            cost_members: 2,
+            ..ModelConfig::default()
+        };
+        let net = CostNet::new(&vs.root(), &cfg);
         let features: Vec<_> = tables.iter().map(common::features::scaled).collect();
         let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&features)));
         let mut oracle = CostNetOracle::new(net.device_heads(), &reps, 0);
@@ -320,8 +388,20 @@ mod tests {
                 assignment: (0..tables.len()).map(|_| rng.gen_range(0..3)).collect(),
             })
             .collect();
-        // Twice over, so that the second pass comes from the cache.
-        for plan in plans.iter().chain(&plans) {
+        // Then a walk of single moves and swaps, longer than the sums'
+        // refresh period (the sums are updated by the tables that moved).
+        let mut walk = vec![plans[0].clone()];
+        for _ in 0..1100 {
+            let mut next = walk.last().unwrap().clone();
+            for _ in 0..rng.gen_range(1..3) {
+                let t = rng.gen_range(0..tables.len());
+                next.assignment[t] = rng.gen_range(0..3);
+            }
+            walk.push(next);
+        }
+        // The random plans twice over, so that the second pass comes from
+        // the cache.
+        for plan in plans.iter().chain(&plans).chain(&walk) {
             let got = oracle.measure(&tables, plan).unwrap();
             let batch = PlanBatch::new([&PlacedTables {
                 features: features.clone(),
@@ -337,7 +417,15 @@ mod tests {
             );
             for (d, dev) in got.devices.iter().enumerate() {
                 let fwd = want.per_device.double_value(&[d as i64, 0]);
-                assert!((dev.fwd_ms - fwd).abs() < 1e-4 * (1.0 + fwd.abs()));
+                let bwd = want.per_device.double_value(&[d as i64, 1]);
+                let comm = want.per_device.double_value(&[d as i64, 2]);
+                for (g, w) in [
+                    (dev.fwd_ms, fwd),
+                    (dev.bwd_ms, bwd),
+                    (dev.bwd_comm_ms, comm),
+                ] {
+                    assert!((g - w).abs() < 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
+                }
             }
         }
         let fewer = &tables[..10];

@@ -48,7 +48,8 @@ impl CostSample {
 
 /// MSE of the cost network on measured plans: per-device forward, backward
 /// and backward-communication times, and the iteration cost (DreamShard's
-/// sum of four losses).
+/// sum of four losses); for an ensemble, the mean of its members' losses,
+/// each member's from its own prediction.
 pub fn cost_loss(cost: &CostNet, samples: &[&CostSample], kind: CostLoss) -> Tensor {
     let batch = PlanBatch::new(samples.iter().map(|s| &s.placed));
     let per_device: Vec<f32> = samples
@@ -64,17 +65,24 @@ pub fn cost_loss(cost: &CostNet, samples: &[&CostSample], kind: CostLoss) -> Ten
         .iter()
         .map(|s| s.measurement.cost_ms as f32)
         .collect();
-    let pred = cost.forward(&batch);
     let dev_target = Tensor::from_slice(&per_device).view([-1, COST_FEATURES]);
     let overall = Tensor::from_slice(&overall);
     let err = |pred: Tensor, target: &Tensor| match kind {
         CostLoss::Mse => (pred - target).square(),
         CostLoss::Relative => ((pred - target) / target.clamp_min(0.1)).square(),
     };
-    let dev_loss = err(pred.per_device, &dev_target)
-        .mean_dim([0i64].as_slice(), false, Kind::Float)
-        .sum(Kind::Float);
-    dev_loss + err(pred.overall, &overall).mean(Kind::Float)
+    let losses: Vec<Tensor> = cost
+        .forward_members(&batch)
+        .into_iter()
+        .map(|pred| {
+            let dev_loss = err(pred.per_device, &dev_target)
+                .mean_dim([0i64].as_slice(), false, Kind::Float)
+                .sum(Kind::Float);
+            dev_loss + err(pred.overall, &overall).mean(Kind::Float)
+        })
+        .collect();
+    // Each member on its own loss; their mean keeps the scale of one.
+    Tensor::stack(&losses, 0).mean(Kind::Float)
 }
 
 /// Figures of one policy update.
@@ -929,6 +937,67 @@ pub(crate) mod tests {
         assert!(stats.loss.is_finite());
     }
 
+    #[test]
+    fn an_ensembles_members_learn_from_their_own_losses() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config(dir.path());
+        cfg.model.cost_members = 2;
+        crate::data::generate(&cfg, dir.path()).unwrap();
+        let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
+        let mut sim = benchworker::sim::SimOracle::new(cfg.sim.clone(), cfg.memory);
+        let samples: Vec<CostSample> = suite.tasks[..4]
+            .iter()
+            .map(|task| {
+                let plan = Plan {
+                    devices: task.devices,
+                    assignment: (0..task.tables.len()).map(|i| i % task.devices).collect(),
+                };
+                let m = sim.measure(&task.tables, &plan).unwrap();
+                CostSample::new(task, &plan, m)
+            })
+            .collect();
+        let refs: Vec<&CostSample> = samples.iter().collect();
+        let model = Model::new(&cfg);
+        let vars = model.cost_vs.variables();
+        let grads = |member0: bool| -> Vec<(String, Tensor)> {
+            for mut v in model.cost_vs.trainable_variables() {
+                if v.grad().defined() {
+                    v.zero_grad();
+                }
+            }
+            cost_loss(&model.cost, &refs, CostLoss::Mse).backward();
+            let mut g: Vec<(String, Tensor)> = vars
+                .iter()
+                .filter(|(n, v)| n.contains("member1") != member0 && v.grad().defined())
+                .map(|(n, v)| (n.clone(), v.grad().copy()))
+                .collect();
+            g.sort_by(|a, b| a.0.cmp(&b.0));
+            g
+        };
+        let before = grads(true);
+        assert!(before
+            .iter()
+            .any(|(_, g)| g.abs().sum(Kind::Float).double_value(&[]) > 0.0));
+        // Change the second member: the first one's gradients stay as they
+        // were (a loss on the members' mean would couple them).
+        tch::no_grad(|| {
+            for (n, v) in &vars {
+                if n.contains("member1") {
+                    let _ = v.shallow_clone().g_add_(&(v.randn_like() * 0.5));
+                }
+            }
+        });
+        let after = grads(true);
+        assert_eq!(before.len(), after.len());
+        for ((n, a), (_, b)) in before.iter().zip(&after) {
+            let diff = (a - b).abs().max().double_value(&[]);
+            assert!(diff < 1e-6, "{n}: gradient moved by {diff}");
+        }
+        assert!(grads(false)
+            .iter()
+            .any(|(_, g)| g.abs().sum(Kind::Float).double_value(&[]) > 0.0));
+    }
+
     /// The CI training runs: well under a minute each, and the policy must
     /// beat `random` clearly on unseen tasks. With `actors` = 0 the learner
     /// works alone; otherwise actor and benchworker threads join it over
@@ -938,6 +1007,9 @@ pub(crate) mod tests {
         let mut cfg = small_config(dir.path());
         cfg.cluster.actors = actors;
         cfg.cluster.benchworkers = 2;
+        // The cluster run's cost network is an ensemble: its weights travel
+        // to the actors and through the checkpoint.
+        cfg.model.cost_members = if actors > 0 { 2 } else { 1 };
         crate::data::generate(&cfg, dir.path()).unwrap();
         let train_suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
         let test_suite = Suite::load(&dir.path().join("dlrm-20x4.test.json"), &cfg.memory).unwrap();

@@ -848,27 +848,19 @@ impl<'a> Trainer<'a> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use common::config::SuiteConfig;
     use common::Suite;
 
+    /// `configs/small.toml` with its data in `dir`.
     pub(crate) fn small_config(dir: &Path) -> Config {
-        let mut cfg = Config::default();
-        cfg.generate.tables = 200;
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/small.toml");
+        let mut cfg = Config::load(Some(&path)).unwrap();
+        assert_eq!(
+            cfg.train.suite,
+            cfg.data.dir.join("dlrm-20x4.train.json"),
+            "small.toml trains on its own 20×4 suite"
+        );
         cfg.data.dir = dir.to_path_buf();
-        cfg.data.train_tasks = 20;
-        cfg.data.test_tasks = 10;
-        cfg.data.suites = vec![SuiteConfig {
-            tables: 20,
-            devices: 4,
-            memory_gb: 100.0,
-        }];
         cfg.train.suite = dir.join("dlrm-20x4.train.json");
-        cfg.train.iterations = 4;
-        cfg.train.measure_per_iteration = 10;
-        cfg.train.cost_steps = 100;
-        cfg.train.policy_steps = 25;
-        cfg.train.episodes = 16;
-        cfg.train.policy_lr = 1e-3;
         cfg
     }
 

@@ -312,9 +312,10 @@ pub struct ModelConfig {
     /// Then `plan` runs the `search` reference's iterated local search
     /// (moves and swaps off the slowest device, perturbations when stuck)
     /// with the cost network in place of the oracle, for this many predicted
-    /// plans (0 or 1: none). A seeded search: the same task gets the same
-    /// plan. Like the moves, only for a feasible plan and a composed
-    /// overall cost (`overall_cost = "composed"`).
+    /// plans (0 or 1: none), whose plan is kept only when it predicts a
+    /// lower cost than the one it started from. A seeded search: the same
+    /// task gets the same plan. Like the moves, only for a feasible plan and
+    /// a composed overall cost (`overall_cost = "composed"`).
     pub plan_search: usize,
 }
 

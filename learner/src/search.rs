@@ -155,6 +155,30 @@ pub fn search(
     })
 }
 
+/// [`search`] as `plan` uses it on the cost network: its plan only when it
+/// predicts a lower cost than `start`, `start` otherwise. The search's
+/// tie-break (balance below the bottleneck) helps it make progress, but a
+/// plan that only predicts as well is no gain the network can vouch for:
+/// where one device's cost is the iteration's whatever the others hold,
+/// it would trade a plan for one that only looks as good.
+pub fn search_for_gain(
+    oracle: &mut dyn Oracle,
+    tables: &[Table],
+    start: &Plan,
+    cap_bytes: u64,
+    mem: &MemoryModel,
+    budget: usize,
+    rng: &mut impl Rng,
+) -> Result<Plan, OracleError> {
+    let before = oracle.measure(tables, start)?.cost_ms;
+    let out = search(oracle, tables, start, cap_bytes, mem, budget, rng)?;
+    Ok(if out.cost_ms < before - 1e-5 * before.abs() {
+        out.plan
+    } else {
+        start.clone()
+    })
+}
+
 /// The cost network as an oracle, for [`search`] at `plan` time: each
 /// device's (fwd, bwd, comm) from its summed table representations through
 /// [`DeviceHeads`], composed as the measurement is (`fwd_comm` includes the
@@ -474,5 +498,39 @@ mod tests {
         };
         let out = run(&mut sim, &start, cap, 300, 1);
         assert!(out.plan.fits(&tables, &mem, cap));
+    }
+
+    #[test]
+    fn the_search_for_plan_keeps_its_start_without_a_gain() {
+        // One table far busier than the rest, alone on device 0: no plan
+        // costs less, while moves among the other devices tie.
+        let mut tables = pool(12, 6);
+        tables[0] = Table::cold("busy", 2_000_000, 128, 2000.0);
+        let mem = MemoryModel::default();
+        let mut sim = SimOracle::new(SimConfig::default(), mem);
+        let start = Plan {
+            devices: 3,
+            assignment: (0..12)
+                .map(|t| if t == 0 { 0 } else { 1 + t % 2 })
+                .collect(),
+        };
+        let start_cost = sim.evaluate(&tables, &start).cost_ms;
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let out = search(&mut sim, &tables, &start, u64::MAX, &mem, 200, &mut rng).unwrap();
+        assert_eq!(out.cost_ms, start_cost, "nothing beats the busy device");
+        assert_ne!(out.plan, start, "the tie-break rebalanced the others");
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let kept =
+            search_for_gain(&mut sim, &tables, &start, u64::MAX, &mem, 200, &mut rng).unwrap();
+        assert_eq!(kept, start);
+        // With a gain to find, it finds it.
+        let poor = Plan {
+            devices: 3,
+            assignment: vec![0; 12],
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let better =
+            search_for_gain(&mut sim, &tables, &poor, u64::MAX, &mem, 200, &mut rng).unwrap();
+        assert!(sim.evaluate(&tables, &better).cost_ms < sim.evaluate(&tables, &poor).cost_ms);
     }
 }

@@ -691,11 +691,15 @@ mod tests {
     }
 
     fn ensemble(members: i64) -> (nn::VarStore, CostNet) {
+        ensemble_of(members, ModelConfig::default())
+    }
+
+    fn ensemble_of(members: i64, cfg: ModelConfig) -> (nn::VarStore, CostNet) {
         tch::manual_seed(0);
         let vs = nn::VarStore::new(Device::Cpu);
         let cfg = ModelConfig {
             cost_members: members,
-            ..ModelConfig::default()
+            ..cfg
         };
         let net = CostNet::new(&vs.root(), &cfg);
         (vs, net)
@@ -703,32 +707,49 @@ mod tests {
 
     #[test]
     fn an_ensemble_predicts_its_members_mean_and_its_plain_heads_agree() {
-        let (_vs, net) = ensemble(3);
-        assert_eq!(net.members(), 3);
-        let batch = PlanBatch::new(&[
-            placed(pool(7), vec![0, 0, 1, 1, 1, 2, 2], 3),
-            placed(pool(7), vec![1, 0, 1, 0, 1, 0, 1], 2),
-        ]);
-        let (mean, each) = tch::no_grad(|| (net.forward(&batch), net.forward_members(&batch)));
-        assert_eq!(each.len(), 3);
-        // Different initial weights: the members disagree.
-        assert!(!close(&each[0].per_device, &each[1].per_device));
-        let avg = (&each[0].per_device + &each[1].per_device + &each[2].per_device) / 3.0;
-        assert!(close(&mean.per_device, &avg));
-        // The search's plain heads give the same mean.
-        let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&pool(7))));
-        assert_eq!(reps.size()[1], 3 * ModelConfig::default().cost_table_out);
-        let dev = sum_by(&reps, &Tensor::from_slice(&[0i64, 0, 1, 1, 1, 2, 2]), 3);
-        let heads = net.device_heads();
-        assert_eq!(heads.width(), reps.size()[1] as usize);
-        for d in 0..3 {
-            let got = heads.costs(&Vec::<f32>::try_from(dev.get(d)).unwrap());
-            for (k, g) in got.iter().enumerate() {
-                let e = mean.per_device.double_value(&[d, k as i64]) as f32;
-                assert!(
-                    (g - e).abs() < 1e-4 * (1.0 + e.abs()),
-                    "{d} {k}: {g} vs {e}"
-                );
+        for (overall_cost, cost_work) in [
+            (OverallCost::Composed, CostWork::Inputs),
+            (OverallCost::Head, CostWork::Gated),
+        ] {
+            let (_vs, net) = ensemble_of(
+                3,
+                ModelConfig {
+                    overall_cost,
+                    cost_work,
+                    ..ModelConfig::default()
+                },
+            );
+            assert_eq!(net.members(), 3);
+            let batch = PlanBatch::new(&[
+                placed(pool(7), vec![0, 0, 1, 1, 1, 2, 2], 3),
+                placed(pool(7), vec![1, 0, 1, 0, 1, 0, 1], 2),
+            ]);
+            let (mean, each) = tch::no_grad(|| (net.forward(&batch), net.forward_members(&batch)));
+            assert_eq!(each.len(), 3);
+            // Different initial weights: the members disagree.
+            assert!(!close(&each[0].per_device, &each[1].per_device));
+            let avg = |f: &dyn Fn(&CostPrediction) -> &Tensor| {
+                (f(&each[0]) + f(&each[1]) + f(&each[2])) / 3.0
+            };
+            assert!(close(&mean.per_device, &avg(&|p| &p.per_device)));
+            if overall_cost == OverallCost::Head {
+                assert!(close(&mean.overall, &avg(&|p| &p.overall)));
+            }
+            // The search's plain heads give the same mean.
+            let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&pool(7))));
+            assert_eq!(reps.size()[1], 3 * ModelConfig::default().cost_table_out);
+            let dev = sum_by(&reps, &Tensor::from_slice(&[0i64, 0, 1, 1, 1, 2, 2]), 3);
+            let heads = net.device_heads();
+            assert_eq!(heads.width(), reps.size()[1] as usize);
+            for d in 0..3 {
+                let got = heads.costs(&Vec::<f32>::try_from(dev.get(d)).unwrap());
+                for (k, g) in got.iter().enumerate() {
+                    let e = mean.per_device.double_value(&[d, k as i64]) as f32;
+                    assert!(
+                        (g - e).abs() < 1e-4 * (1.0 + e.abs()),
+                        "{d} {k}: {g} vs {e}"
+                    );
+                }
             }
         }
     }

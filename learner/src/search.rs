@@ -189,8 +189,8 @@ pub fn search_for_gain(
 /// so the costs of devices are cached by their set of tables (a sum of
 /// random 64-bit keys per table): only the changed devices are re-costed,
 /// and their summed projections are updated from the previous plan's by the
-/// tables that moved, so a proposal costs the same for any device size or
-/// number of ensemble members.
+/// tables that moved, so a proposal's cost does not grow with the tables a
+/// device holds (it grows linearly with the ensemble's members).
 pub struct CostNetOracle {
     /// `[tables × projected width]` table projections (see
     /// [`DeviceHeads::project`]).
@@ -423,14 +423,24 @@ mod tests {
             }
             walk.push(next);
         }
+        // The same tables on 2 devices and back: the sums start afresh.
+        let two = Plan {
+            devices: 2,
+            assignment: (0..tables.len()).map(|t| t % 2).collect(),
+        };
         // The random plans twice over, so that the second pass comes from
         // the cache.
-        for plan in plans.iter().chain(&plans).chain(&walk) {
+        for plan in plans
+            .iter()
+            .chain(&plans)
+            .chain(&walk)
+            .chain([&two, &plans[3], &two])
+        {
             let got = oracle.measure(&tables, plan).unwrap();
             let batch = PlanBatch::new([&PlacedTables {
                 features: features.clone(),
                 assignment: plan.assignment.clone(),
-                devices: 3,
+                devices: plan.devices,
             }]);
             let want = tch::no_grad(|| net.forward(&batch));
             let expected = want.overall.double_value(&[0]);

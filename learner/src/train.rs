@@ -357,10 +357,23 @@ impl Model {
             let path = dir.join(name);
             vs.load(&path).with_context(|| {
                 format!(
-                    "loading {} (a checkpoint of this configuration?)",
+                    "loading {} (a checkpoint of this configuration? its layer sizes \
+                     and model.cost_members must match)",
                     path.display()
                 )
             })?;
+            // Loading ignores tensors the networks lack (say, ensemble
+            // members beyond `model.cost_members`): count them.
+            let stored = Tensor::load_multi(&path)
+                .with_context(|| format!("reading {}", path.display()))?
+                .len();
+            anyhow::ensure!(
+                stored == vs.variables().len(),
+                "{} holds {stored} tensors where this configuration's network has {} \
+                 (a checkpoint of another model.cost_members or layer sizes?)",
+                path.display(),
+                vs.variables().len()
+            );
         }
         Ok(model)
     }
@@ -991,6 +1004,20 @@ pub(crate) mod tests {
             .any(|(_, g)| g.abs().sum(Kind::Float).double_value(&[]) > 0.0));
     }
 
+    #[test]
+    fn a_checkpoint_loads_only_into_its_own_ensemble_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config(dir.path());
+        cfg.model.cost_members = 2;
+        Model::new(&cfg).save(dir.path()).unwrap();
+        assert!(Model::load(&cfg, dir.path()).is_ok());
+        for members in [1, 3] {
+            cfg.model.cost_members = members;
+            let e = Model::load(&cfg, dir.path()).err().unwrap();
+            assert!(format!("{e:#}").contains("model.cost_members"), "{e:#}");
+        }
+    }
+
     /// The CI training runs: well under a minute each, and the policy must
     /// beat `random` clearly on unseen tasks. With `actors` = 0 the learner
     /// works alone; otherwise actor and benchworker threads join it over
@@ -1136,10 +1163,20 @@ pub(crate) mod tests {
             assert!(m <= g + 1e-4, "moved {m} ms vs greedy {g} ms");
             assert!(s <= m + 1e-4, "searched {s} ms vs moved {m} ms");
             // A search that only rebalanced devices below the bottleneck (its
-            // tie-break) predicts no gain: the moved plan stays.
+            // tie-break) predicts no gain: the moved plan stays. (Judged by
+            // the search's own figures, which round apart from `estimate`'s.)
+            let reps = tch::no_grad(|| {
+                model.cost.tables(
+                    &MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory)
+                        .features,
+                )
+            });
+            let mut net = crate::search::CostNetOracle::new(model.cost.device_heads(), &reps, 0);
+            let mut predict = |p: &Plan| net.measure(&task.tables, p).unwrap().cost_ms;
+            let (ps, pm) = (predict(&searched), predict(&moved));
             assert!(
-                searched == moved || s < m - 1e-5 * m.abs(),
-                "the search changed the plan for no predicted gain ({s} vs {m} ms)"
+                searched == moved || ps < pm - 1e-5 * pm.abs(),
+                "the search changed the plan for no predicted gain ({ps} vs {pm} ms)"
             );
             searched_lower += usize::from(s < m - 1e-4);
         }

@@ -198,7 +198,7 @@ pub struct CostNetOracle {
     heads: DeviceHeads,
     keys: Vec<u64>,
     cache: HashMap<u64, [f32; 3], BuildHasherDefault<KeyHasher>>,
-    /// The previous plan's assignment and per-device summed projections.
+    /// The per-device summed projections of the last plan that needed them.
     last: Option<Sums>,
 }
 
@@ -214,6 +214,9 @@ struct Sums {
 
 /// Incremental updates after which the sums are recomputed.
 const REFRESH_SUMS: usize = 1024;
+
+/// Tables moved since the sums' plan beyond which they are recomputed.
+const MAX_MOVED: usize = 8;
 
 /// The cache's keys are already random: they hash to themselves.
 #[derive(Default)]
@@ -258,57 +261,66 @@ impl CostNetOracle {
         }
     }
 
-    fn projection(&self, t: usize) -> &[f32] {
-        let w = self.heads.projected_width();
-        &self.projected[t * w..(t + 1) * w]
-    }
-
     /// Brings the per-device sums to `plan`: by the tables that moved since
-    /// the previous plan when few did, afresh otherwise.
+    /// the plan they were last brought to when few did, afresh otherwise.
     fn update_sums(&mut self, plan: &Plan) {
         let w = self.heads.projected_width();
-        let mut last = self.last.take();
-        let moved: Option<Vec<usize>> = last.as_ref().and_then(|l| {
-            if l.sums.len() != plan.devices * w || l.updates >= REFRESH_SUMS {
-                return None;
-            }
-            let moved: Vec<usize> = (0..plan.assignment.len())
-                .filter(|&t| l.assignment[t] != plan.assignment[t])
-                .collect();
-            (moved.len() <= 8).then_some(moved)
-        });
-        match (&mut last, moved) {
-            (Some(l), Some(moved)) => {
-                for t in moved {
-                    let (from, to) = (l.assignment[t], plan.assignment[t]);
-                    for (k, &x) in self.projection(t).iter().enumerate() {
-                        l.sums[from * w + k] -= x;
-                        l.sums[to * w + k] += x;
+        let (projected, last) = (&self.projected, &mut self.last);
+        let projection = |t: usize| &projected[t * w..(t + 1) * w];
+        if let Some(l) = last {
+            if l.sums.len() == plan.devices * w && l.updates < REFRESH_SUMS {
+                let moved = l
+                    .assignment
+                    .iter()
+                    .zip(&plan.assignment)
+                    .filter(|(a, b)| a != b)
+                    .take(MAX_MOVED + 1)
+                    .count();
+                if moved <= MAX_MOVED {
+                    for (t, &to) in plan.assignment.iter().enumerate() {
+                        let from = l.assignment[t];
+                        if from == to {
+                            continue;
+                        }
+                        let (lo, hi) = l.sums.split_at_mut(from.max(to) * w);
+                        let (src, dst) = if from < to {
+                            (&mut lo[from * w..(from + 1) * w], &mut hi[..w])
+                        } else {
+                            (&mut hi[..w], &mut lo[to * w..(to + 1) * w])
+                        };
+                        for ((s, d), &x) in src.iter_mut().zip(dst.iter_mut()).zip(projection(t)) {
+                            *s -= x;
+                            *d += x;
+                        }
+                        l.assignment[t] = to;
                     }
-                    l.assignment[t] = to;
+                    l.updates += 1;
+                    return;
                 }
-                l.updates += 1;
-            }
-            _ => {
-                let mut sums = vec![0.0f32; plan.devices * w];
-                for (t, &d) in plan.assignment.iter().enumerate() {
-                    for (s, &x) in sums[d * w..(d + 1) * w].iter_mut().zip(self.projection(t)) {
-                        *s += x;
-                    }
-                }
-                last = Some(Sums {
-                    assignment: plan.assignment.clone(),
-                    sums,
-                    updates: 0,
-                });
             }
         }
-        self.last = last;
+        let mut sums = vec![0.0f32; plan.devices * w];
+        for (t, &d) in plan.assignment.iter().enumerate() {
+            for (s, &x) in sums[d * w..(d + 1) * w].iter_mut().zip(projection(t)) {
+                *s += x;
+            }
+        }
+        *last = Some(Sums {
+            assignment: plan.assignment.clone(),
+            sums,
+            updates: 0,
+        });
     }
 
-    fn device(&mut self, key: u64, d: usize) -> [f32; 3] {
+    /// Device `d`'s costs under `plan`, from the cache or its summed
+    /// projections (brought to `plan` once per plan, when first needed).
+    fn device(&mut self, key: u64, plan: &Plan, d: usize, synced: &mut bool) -> [f32; 3] {
         if let Some(c) = self.cache.get(&key) {
             return *c;
+        }
+        if !*synced {
+            self.update_sums(plan);
+            *synced = true;
         }
         let w = self.heads.projected_width();
         let c = match &self.last {
@@ -344,8 +356,10 @@ impl Oracle for CostNetOracle {
         for (t, &d) in plan.assignment.iter().enumerate() {
             keys[d] = keys[d].wrapping_add(self.keys[t]);
         }
-        self.update_sums(plan);
-        let costs: Vec<[f32; 3]> = (0..plan.devices).map(|d| self.device(keys[d], d)).collect();
+        let mut synced = false;
+        let costs: Vec<[f32; 3]> = (0..plan.devices)
+            .map(|d| self.device(keys[d], plan, d, &mut synced))
+            .collect();
         let slowest = costs.iter().map(|c| c[0] as f64).fold(f64::MIN, f64::max);
         let devices: Vec<DeviceCost> = costs
             .iter()

@@ -185,6 +185,14 @@ pub fn with_work_features(features: &Tensor) -> Tensor {
 }
 
 impl Member {
+    /// DreamShard's overall head on the maximum of this member's device
+    /// representations, `[P]`.
+    fn overall_head(&self, device_repr: &Tensor, plan_of_device: &Tensor, plans: i64) -> Tensor {
+        self.overall
+            .forward(&max_by(device_repr, plan_of_device, plans))
+            .squeeze_dim(1)
+    }
+
     fn device_costs(&self, device_repr: &Tensor) -> Tensor {
         Tensor::cat(
             &[
@@ -286,20 +294,16 @@ impl CostNet {
         }
     }
 
-    /// Each member's `[G, 3]` cost features of devices given their summed
-    /// representations.
-    pub fn member_device_costs(&self, device_repr: &Tensor) -> Vec<Tensor> {
-        self.members
-            .iter()
-            .enumerate()
-            .map(|(m, member)| member.device_costs(&self.part(device_repr, m)))
-            .collect()
-    }
-
     /// `[G, 3]` cost features of devices given their summed representations
     /// (the members' mean).
     pub fn device_costs(&self, device_repr: &Tensor) -> Tensor {
-        mean_of(self.member_device_costs(device_repr))
+        mean_of(
+            self.members
+                .iter()
+                .enumerate()
+                .map(|(m, member)| member.device_costs(&self.part(device_repr, m)))
+                .collect(),
+        )
     }
 
     /// `[P]` overall costs from device representations (see
@@ -316,10 +320,7 @@ impl CostNet {
                     .iter()
                     .enumerate()
                     .map(|(m, member)| {
-                        member
-                            .overall
-                            .forward(&max_by(&self.part(device_repr, m), plan_of_device, plans))
-                            .squeeze_dim(1)
+                        member.overall_head(&self.part(device_repr, m), plan_of_device, plans)
                     })
                     .collect(),
             ),
@@ -373,10 +374,9 @@ impl CostNet {
                 let part = self.part(&dev, m);
                 let per_device = member.device_costs(&part);
                 let overall = match self.composition {
-                    OverallCost::Head => member
-                        .overall
-                        .forward(&max_by(&part, &batch.plan_of_device, batch.plans))
-                        .squeeze_dim(1),
+                    OverallCost::Head => {
+                        member.overall_head(&part, &batch.plan_of_device, batch.plans)
+                    }
                     OverallCost::Composed => {
                         compose(&per_device, &batch.plan_of_device, batch.plans)
                     }

@@ -116,13 +116,26 @@ pub fn export(vs: &nn::VarStore) -> Vec<NamedArray> {
         .collect()
 }
 
+/// [`import`] of named tensors (a checkpoint file's).
+pub fn import_tensors(vs: &nn::VarStore, named: &[(String, Tensor)]) -> Result<(), String> {
+    let arrays: Vec<NamedArray> = named
+        .iter()
+        .map(|(name, t)| NamedArray {
+            name: name.clone(),
+            shape: t.size(),
+            values: to_vec(&t.to_kind(Kind::Float)),
+        })
+        .collect();
+    import(vs, &arrays)
+}
+
 /// Copies `arrays` into the store's variables: every variable must be
-/// present with its exact shape and finite values.
+/// present with its exact shape and finite values, and nothing else given.
 pub fn import(vs: &nn::VarStore, arrays: &[NamedArray]) -> Result<(), String> {
     let vars = vs.variables();
     if arrays.len() != vars.len() {
         return Err(format!(
-            "{} parameters sent, the network has {}",
+            "{} parameters given, the network has {}",
             arrays.len(),
             vars.len()
         ));

@@ -28,13 +28,7 @@ fn main() -> anyhow::Result<()> {
                 let plan = if name == "policy" {
                     model.plan(task, &cfg.memory).0
                 } else {
-                    let ctx = Context {
-                        tables: &task.tables,
-                        devices: task.devices,
-                        cap_bytes: task.cap_bytes(),
-                        mem: &cfg.memory,
-                        batch: cfg.sim.batch,
-                    };
+                    let ctx = Context::for_task(task, &cfg.memory, cfg.sim.batch);
                     let m = if name == "torchrec" {
                         Method::Torchrec
                     } else {

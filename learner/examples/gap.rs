@@ -23,13 +23,7 @@ fn main() -> anyhow::Result<()> {
     let mut sums = [0.0f64; 6];
     println!("task  torchrec (measured / predicted)  plan  reference");
     for task in &suite.tasks {
-        let ctx = Context {
-            tables: &task.tables,
-            devices: task.devices,
-            cap_bytes: task.cap_bytes(),
-            mem: &cfg.memory,
-            batch: cfg.sim.batch,
-        };
+        let ctx = Context::for_task(task, &cfg.memory, cfg.sim.batch);
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.eval.seed);
         let start = place(Method::Torchrec, &ctx, &mut rng)
             .ok_or_else(|| anyhow::anyhow!("{}: torchrec found no plan", task.name))?;

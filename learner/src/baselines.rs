@@ -5,7 +5,7 @@
 //! memory-feasible plan returns `None`: a failure to report, never a task
 //! to drop.
 
-use common::{MemoryModel, Plan, Table};
+use common::{MemoryModel, Plan, Table, Task};
 use rand::Rng;
 
 use crate::torchrec;
@@ -95,7 +95,18 @@ pub struct Context<'a> {
     pub batch: u64,
 }
 
-impl Context<'_> {
+impl<'a> Context<'a> {
+    /// A suite task's tables, devices and memory cap.
+    pub fn for_task(task: &'a Task, mem: &'a MemoryModel, batch: u64) -> Context<'a> {
+        Context {
+            tables: &task.tables,
+            devices: task.devices,
+            cap_bytes: task.cap_bytes(),
+            mem,
+            batch,
+        }
+    }
+
     fn bytes(&self) -> Vec<u64> {
         self.tables
             .iter()

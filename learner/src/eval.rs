@@ -68,13 +68,7 @@ pub fn evaluate(
     } = *setting;
     let mut per_method: BTreeMap<Method, Vec<Option<f64>>> = BTreeMap::new();
     for (k, task) in suite.tasks.iter().enumerate() {
-        let ctx = Context {
-            tables: &task.tables,
-            devices: task.devices,
-            cap_bytes: task.cap_bytes(),
-            mem,
-            batch,
-        };
+        let ctx = Context::for_task(task, mem, batch);
         let task_seed = cfg.seed ^ fnv1a(task.name.as_bytes()) ^ k as u64;
         let mut best_start: Option<(common::Plan, f64)> = None;
         for m in Method::ALL.into_iter().filter(|m| m.is_heuristic()) {

@@ -349,31 +349,23 @@ impl Model {
 
     /// Loads networks of `cfg.model`'s sizes from `dir`.
     pub fn load(cfg: &Config, dir: &Path) -> anyhow::Result<Model> {
-        let mut model = Model::new(cfg);
-        for (vs, name) in [
-            (&mut model.policy_vs, "policy.ot"),
-            (&mut model.cost_vs, "cost.ot"),
-        ] {
+        let model = Model::new(cfg);
+        for (vs, name) in [(&model.policy_vs, "policy.ot"), (&model.cost_vs, "cost.ot")] {
             let path = dir.join(name);
-            vs.load(&path).with_context(|| {
-                format!(
-                    "loading {} (a checkpoint of this configuration? its layer sizes \
-                     and model.cost_members must match)",
-                    path.display()
-                )
-            })?;
-            // Loading ignores tensors the networks lack (say, ensemble
-            // members beyond `model.cost_members`): count them.
-            let stored = Tensor::load_multi(&path)
-                .with_context(|| format!("reading {}", path.display()))?
-                .len();
-            anyhow::ensure!(
-                stored == vs.variables().len(),
-                "{} holds {stored} tensors where this configuration's network has {} \
-                 (a checkpoint of another model.cost_members or layer sizes?)",
-                path.display(),
-                vs.variables().len()
-            );
+            // Every tensor checked: a plain VarStore load would ignore extra
+            // ones (say, ensemble members beyond `model.cost_members`).
+            Tensor::load_multi(&path)
+                .map_err(anyhow::Error::from)
+                .and_then(|named| {
+                    actor::wire::import_tensors(vs, &named).map_err(anyhow::Error::msg)
+                })
+                .with_context(|| {
+                    format!(
+                        "loading {} (a checkpoint of this configuration? its layer sizes \
+                         and model.cost_members must match)",
+                        path.display()
+                    )
+                })?;
         }
         Ok(model)
     }
@@ -405,7 +397,7 @@ impl Model {
     /// feasible candidate and a composed overall cost, `model.plan_moves`
     /// hill-climbing moves and `model.plan_search` predicted plans of local
     /// search on the cost network (kept if it predicts lower, see
-    /// [`crate::search::search_for_gain`]). With one candidate and no moves
+    /// [`crate::search::Outcome::improved`]). With one candidate and no moves
     /// or search, the greedy episode as it is.
     pub fn plan(&self, task: &Task, mem: &common::MemoryModel) -> (Plan, bool) {
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
@@ -423,13 +415,7 @@ impl Model {
         let mut candidates: Vec<(Vec<usize>, bool)> =
             u.plans.into_iter().zip(u.infeasible).collect();
         if c.plan_heuristics {
-            let ctx = crate::baselines::Context {
-                tables: &task.tables,
-                devices: task.devices,
-                cap_bytes: task.cap_bytes(),
-                mem,
-                batch: self.batch,
-            };
+            let ctx = crate::baselines::Context::for_task(task, mem, self.batch);
             let mut rng = ChaCha8Rng::seed_from_u64(0);
             for m in [
                 crate::baselines::Method::Lookup,
@@ -494,7 +480,7 @@ impl Model {
             };
             let mut net = crate::search::CostNetOracle::new(self.cost.device_heads(), &reps, 0);
             let mut rng = ChaCha8Rng::seed_from_u64(0);
-            assignment = match crate::search::search_for_gain(
+            assignment = match crate::search::search(
                 &mut net,
                 &task.tables,
                 &start,
@@ -503,7 +489,9 @@ impl Model {
                 searched,
                 &mut rng,
             ) {
-                Ok(plan) => plan.assignment,
+                // Kept only for a predicted gain (see Outcome::improved).
+                Ok(out) if out.improved() => out.plan.assignment,
+                Ok(_) => start.assignment,
                 Err(e) => {
                     // Only a plan that does not fit the task gets here.
                     tracing::warn!("plan: the search on the cost network stopped: {e}");

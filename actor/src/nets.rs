@@ -546,8 +546,9 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[derive(Debug)]
 pub struct PolicyNet {
     table: nn::Sequential,
-    cost: nn::Sequential,
-    score: nn::Sequential,
+    /// The cost features' MLP (a ReLU after it).
+    cost: Head,
+    score: Head,
     value: nn::Sequential,
     device_width: i64,
 }
@@ -574,9 +575,8 @@ impl PolicyNet {
                 o,
             )
             .add_fn(|x| x.relu()),
-            cost: mlp(&(p / "cost"), COST_FEATURES, cfg.cost_feature_hidden, co)
-                .add_fn(|x| x.relu()),
-            score: mlp(&(p / "score"), device_width, cfg.score_hidden, 1),
+            cost: Head::new(&(p / "cost"), COST_FEATURES, cfg.cost_feature_hidden, co),
+            score: Head::new(&(p / "score"), device_width, cfg.score_hidden, 1),
             value: mlp(&(p / "value"), device_width + 1, cfg.value_hidden, 1),
             device_width,
         }
@@ -603,7 +603,7 @@ impl PolicyNet {
         let dev = Tensor::cat(
             &[
                 device_tables.shallow_clone(),
-                self.cost.forward(cost_features),
+                self.cost.forward(cost_features).relu(),
                 cur,
             ],
             2,
@@ -616,6 +616,129 @@ impl PolicyNet {
             .forward(&Tensor::cat(&[pooled, progress.unsqueeze(1)], 1))
             .squeeze_dim(1);
         PolicyOutput { logits, value }
+    }
+
+    /// A plain copy of the weights that score devices (see
+    /// [`PolicyScorer`]).
+    pub fn scorer(&self) -> PolicyScorer {
+        let _guard = tch::no_grad_guard();
+        let o = (self.device_width as usize - self.cost.l2.ws.size()[0] as usize) / 2;
+        let cost_width = self.cost.l2.ws.size()[0] as usize;
+        let (w1, b1) = dense(&self.score.l1);
+        let hidden = b1.len();
+        let width = self.device_width as usize;
+        let block = |from: usize, len: usize| -> Vec<f32> {
+            w1.chunks_exact(width)
+                .flat_map(|row| row[from..from + len].iter().copied())
+                .collect()
+        };
+        let (w2, b2) = dense(&self.score.l2);
+        PolicyScorer {
+            hidden,
+            table_width: o,
+            cost1: dense(&self.cost.l1),
+            cost2: dense(&self.cost.l2),
+            tables: block(0, o),
+            cost: block(o, cost_width),
+            current: block(o + cost_width, o),
+            b1,
+            w2,
+            b2: b2.first().copied().unwrap_or(0.0),
+        }
+    }
+}
+
+/// A linear layer's weight (`[out, in]`, row-major) and bias as plain
+/// arrays.
+fn dense(l: &nn::Linear) -> (Vec<f32>, Vec<f32>) {
+    let flat = |t: &Tensor| Vec::<f32>::try_from(t.to_kind(Kind::Float).view([-1]));
+    let w = flat(&l.ws).unwrap_or_default();
+    let b = match &l.bs {
+        Some(b) => flat(b).unwrap_or_default(),
+        None => vec![0.0; l.ws.size()[0] as usize],
+    };
+    (w, b)
+}
+
+/// `W·x + b` of a [`dense`] copy, with a ReLU after it.
+fn dense_relu((w, b): &(Vec<f32>, Vec<f32>), x: &[f32]) -> Vec<f32> {
+    w.chunks_exact(x.len().max(1))
+        .zip(b)
+        .map(|(row, b)| (dot(row, x) + b).max(0.0))
+        .collect()
+}
+
+/// The policy's device scores as plain arrays, for one greedy episode
+/// without a libtorch call per step (`plan`). The score MLP's first layer is
+/// linear in its three inputs (the device's summed table representations,
+/// its cost features through their MLP, the table being placed), so each
+/// part is projected on its own: a table's projection once per episode, a
+/// device's as the sum of its tables', the cost part again only for the
+/// device that changed. Equal to [`PolicyNet::forward`]'s logits up to float
+/// rounding.
+#[derive(Debug, Clone)]
+pub struct PolicyScorer {
+    hidden: usize,
+    table_width: usize,
+    cost1: (Vec<f32>, Vec<f32>),
+    cost2: (Vec<f32>, Vec<f32>),
+    /// The score's first layer, split by input: `[hidden, table_width]`,
+    /// `[hidden, cost_width]`, `[hidden, table_width]`, and its bias.
+    tables: Vec<f32>,
+    cost: Vec<f32>,
+    current: Vec<f32>,
+    b1: Vec<f32>,
+    w2: Vec<f32>,
+    b2: f32,
+}
+
+impl PolicyScorer {
+    /// Length of every projection: the score's hidden units.
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    fn project(w: &[f32], x: &[f32]) -> Vec<f32> {
+        w.chunks_exact(x.len().max(1))
+            .map(|row| dot(row, x))
+            .collect()
+    }
+
+    /// A table's part as one of a device's tables (a policy table
+    /// representation, `table_width` values); a device's part is its
+    /// tables' sum.
+    pub fn project_table(&self, repr: &[f32]) -> Vec<f32> {
+        debug_assert_eq!(repr.len(), self.table_width);
+        Self::project(&self.tables, repr)
+    }
+
+    /// A table's part as the table being placed.
+    pub fn project_current(&self, repr: &[f32]) -> Vec<f32> {
+        debug_assert_eq!(repr.len(), self.table_width);
+        Self::project(&self.current, repr)
+    }
+
+    /// A device's part from its cost features (fwd, bwd, comm; zero for an
+    /// empty device).
+    pub fn project_cost(&self, features: [f32; 3]) -> Vec<f32> {
+        let hidden = dense_relu(&self.cost1, &features);
+        Self::project(&self.cost, &dense_relu(&self.cost2, &hidden))
+    }
+
+    /// A device's logit from its three parts.
+    pub fn logit(&self, tables: &[f32], cost: &[f32], current: &[f32]) -> f32 {
+        let mut lanes = [0.0f32; 8];
+        for (j, ((((a, b), c), bias), w)) in tables
+            .iter()
+            .zip(cost)
+            .zip(current)
+            .zip(&self.b1)
+            .zip(&self.w2)
+            .enumerate()
+        {
+            lanes[j % 8] += w * (a + b + c + bias).max(0.0);
+        }
+        self.b2 + lanes.iter().sum::<f32>()
     }
 }
 

@@ -523,6 +523,12 @@ pub struct TrainConfig {
     pub cost_steps: usize,
     pub cost_batch: usize,
     pub cost_lr: f64,
+    /// Decoupled weight decay of the cost network's optimizer (AdamW's
+    /// `λ`: each step first shrinks the weights by `cost_lr · λ`). A few
+    /// hundred measured plans are a small data set; the decay keeps the
+    /// network from fitting their noise and makes its predictions carry
+    /// over to the plans a search proposes.
+    pub cost_weight_decay: f64,
     /// The cost network's loss (see [`CostLoss`]).
     pub cost_loss: CostLoss,
     pub policy_steps: usize,
@@ -556,6 +562,7 @@ impl Default for TrainConfig {
             cost_steps: 1000,
             cost_batch: 64,
             cost_lr: 1e-3,
+            cost_weight_decay: 0.1,
             cost_loss: CostLoss::Mse,
             policy_steps: 25,
             episodes: 32,
@@ -591,6 +598,14 @@ impl TrainConfig {
         positive("train.cost_batch", self.cost_batch as f64)?;
         positive("train.episodes", self.episodes as f64)?;
         positive("train.cost_lr", self.cost_lr)?;
+        non_negative("train.cost_weight_decay", self.cost_weight_decay)?;
+        if self.cost_lr * self.cost_weight_decay >= 1.0 {
+            return Err(format!(
+                "train.cost_weight_decay = {} times train.cost_lr = {} must stay below 1 \
+                 (each step scales the weights by 1 − their product)",
+                self.cost_weight_decay, self.cost_lr
+            ));
+        }
         positive("train.policy_lr", self.policy_lr)?;
         non_negative("train.entropy_cost", self.entropy_cost)?;
         non_negative("train.baseline_cost", self.baseline_cost)?;
@@ -731,6 +746,15 @@ mod tests {
             .unwrap_err()
             .to_string();
             assert!(e.contains("model.cost_members"), "{e}");
+        }
+        for bad in [
+            "cost_weight_decay = -0.1",
+            "cost_lr = 0.5\ncost_weight_decay = 2.0",
+        ] {
+            let e = Config::from_toml(&format!("[train]\n{bad}\n"), Path::new("c.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("train.cost_weight_decay"), "{e}");
         }
     }
 }

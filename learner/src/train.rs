@@ -7,7 +7,7 @@
 //! [`cost_loss`] over a batch of measured plans, [`policy_loss`] over an
 //! actor's unroll.
 
-use actor::mdp::{rollout, MdpTask, Mode, Unroll};
+use actor::mdp::{greedy_episode, rollout, MdpTask, Mode, Unroll};
 use actor::nets::{masked_log_softmax, CostNet, PlacedTables, PlanBatch, PolicyNet, COST_FEATURES};
 use benchworker::Oracle;
 use common::config::{Config, CostLoss, RewardScale, TrainConfig, Update};
@@ -403,17 +403,17 @@ impl Model {
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
         let c = &self.plan_cfg;
         let k = c.plan_samples.max(1);
-        let mode = if k == 1 {
-            Mode::Greedy
+        let mut candidates: Vec<(Vec<usize>, bool)> = if k == 1 {
+            // One greedy episode: plain arrays, no libtorch call per step.
+            vec![greedy_episode(&self.policy, &self.cost, &mdp)]
         } else {
-            Mode::GreedyAndSamples {
+            let mode = Mode::GreedyAndSamples {
                 seed: 0,
                 temperature: c.plan_temperature,
-            }
+            };
+            let u = rollout(&self.policy, &self.cost, &mdp, k, mode);
+            u.plans.into_iter().zip(u.infeasible).collect()
         };
-        let u = rollout(&self.policy, &self.cost, &mdp, k, mode);
-        let mut candidates: Vec<(Vec<usize>, bool)> =
-            u.plans.into_iter().zip(u.infeasible).collect();
         if c.plan_heuristics {
             let ctx = crate::baselines::Context::for_task(task, mem, self.batch);
             let mut rng = ChaCha8Rng::seed_from_u64(0);
@@ -674,7 +674,8 @@ impl<'a> Trainer<'a> {
                 .iter()
                 .map(|k| MdpTask::new(&k.tables, k.devices, k.cap_bytes(), &cfg.memory))
                 .collect(),
-            cost_opt: Adam::new(&model.cost_vs, cfg.train.cost_lr),
+            cost_opt: Adam::new(&model.cost_vs, cfg.train.cost_lr)
+                .with_weight_decay(cfg.train.cost_weight_decay),
             policy_opt: Adam::new(&model.policy_vs, cfg.train.policy_lr),
             model,
             buffer,

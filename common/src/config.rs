@@ -317,6 +317,12 @@ pub struct ModelConfig {
     /// task gets the same plan. Like the moves, only for a feasible plan and
     /// a composed overall cost (`overall_cost = "composed"`).
     pub plan_search: usize,
+    /// Whether the moves and the search run from every candidate that fits
+    /// (the policy's episodes and the heuristics' plans, `plan_search`
+    /// predicted plans each), the lowest predicted result winning, rather
+    /// than only from the candidate predicted cheapest. The search then
+    /// does not depend on one starting point.
+    pub plan_search_every_candidate: bool,
 }
 
 /// How the cost network's table MLP sees a table's work: its lookups
@@ -390,6 +396,7 @@ impl Default for ModelConfig {
             plan_temperature: 1.0,
             plan_moves: 10,
             plan_search: 2000,
+            plan_search_every_candidate: true,
         }
     }
 }

@@ -57,7 +57,6 @@ struct Neighbourhood<'a> {
     bytes: Vec<u64>,
     cap: u64,
     tables: &'a [Table],
-    mem: &'a MemoryModel,
 }
 
 impl Neighbourhood<'_> {
@@ -75,23 +74,25 @@ impl Neighbourhood<'_> {
         if to >= from {
             to += 1;
         }
-        let used = plan.device_bytes(self.tables, self.mem);
+        // The two devices' memory from the tables' bytes, found once.
+        let used_from: u64 = on_from.iter().map(|&t| self.bytes[t]).sum();
+        let on_to: Vec<usize> = (0..self.tables.len())
+            .filter(|&j| plan.assignment[j] == to)
+            .collect();
+        let used_to: u64 = on_to.iter().map(|&t| self.bytes[t]).sum();
         let mut next = plan.clone();
         if rng.gen_bool(0.5) {
-            if used[to].saturating_add(self.bytes[i]) > self.cap {
+            if used_to.saturating_add(self.bytes[i]) > self.cap {
                 return None;
             }
             next.assignment[i] = to;
         } else {
-            let on_to: Vec<usize> = (0..self.tables.len())
-                .filter(|&j| plan.assignment[j] == to)
-                .collect();
             if on_to.is_empty() {
                 return None;
             }
             let j = on_to[rng.gen_range(0..on_to.len())];
-            if (used[to] - self.bytes[j]).saturating_add(self.bytes[i]) > self.cap
-                || (used[from] - self.bytes[i]).saturating_add(self.bytes[j]) > self.cap
+            if (used_to - self.bytes[j]).saturating_add(self.bytes[i]) > self.cap
+                || (used_from - self.bytes[i]).saturating_add(self.bytes[j]) > self.cap
             {
                 return None;
             }
@@ -117,7 +118,6 @@ pub fn search(
         bytes: tables.iter().map(|t| mem.table_bytes(t)).collect(),
         cap: cap_bytes,
         tables,
-        mem,
     };
     let mut cur = start.clone();
     let mut cur_m = oracle.measure(tables, &cur)?;

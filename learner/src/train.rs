@@ -397,8 +397,10 @@ impl Model {
     /// feasible candidate and a composed overall cost, `model.plan_moves`
     /// hill-climbing moves and `model.plan_search` predicted plans of local
     /// search on the cost network (kept if it predicts lower, see
-    /// [`crate::search::Outcome::improved`]). With one candidate and no moves
-    /// or search, the greedy episode as it is.
+    /// [`crate::search::Outcome::improved`]); with
+    /// `model.plan_search_every_candidate`, moves and search from every
+    /// feasible candidate, the lowest prediction winning. With one candidate
+    /// and no moves or search, the greedy episode as it is.
     pub fn plan(&self, task: &Task, mem: &common::MemoryModel) -> (Plan, bool) {
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
         let c = &self.plan_cfg;
@@ -447,6 +449,39 @@ impl Model {
         // device sums from them.
         let _guard = tch::no_grad_guard();
         let reps = self.cost.tables(&mdp.features);
+        let searching = searched > 1 && task.devices > 1;
+        // Moves, then the search; with the result's predicted cost when
+        // searching.
+        let refine = |assignment: Vec<usize>| -> (Vec<usize>, f64) {
+            let moved = if moves > 0 {
+                self.improve(&mdp, &reps, assignment, moves)
+            } else {
+                assignment
+            };
+            if searching {
+                self.search_from(task, mem, &reps, moved, searched)
+            } else {
+                (moved, f64::NAN)
+            }
+        };
+        if searching && c.plan_search_every_candidate {
+            // From every candidate that fits; the lowest prediction wins
+            // (the first on a tie).
+            let best = candidates
+                .iter()
+                .filter(|(_, infeasible)| !infeasible)
+                .map(|(assignment, _)| refine(assignment.clone()))
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            if let Some((assignment, _)) = best {
+                return (
+                    Plan {
+                        devices: task.devices,
+                        assignment,
+                    },
+                    false,
+                );
+            }
+        }
         let best =
             if candidates.len() == 1 {
                 0
@@ -469,36 +504,12 @@ impl Model {
                     .min_by(|&a, &b| costs[a].total_cmp(&costs[b]).then(a.cmp(&b)))
                     .unwrap_or(0)
             };
-        let (mut assignment, infeasible) = candidates.swap_remove(best);
-        if !infeasible && moves > 0 {
-            assignment = self.improve(&mdp, &reps, assignment, moves);
-        }
-        if !infeasible && searched > 1 && task.devices > 1 {
-            let start = Plan {
-                devices: task.devices,
-                assignment,
-            };
-            let mut net = crate::search::CostNetOracle::new(self.cost.device_heads(), &reps, 0);
-            let mut rng = ChaCha8Rng::seed_from_u64(0);
-            assignment = match crate::search::search(
-                &mut net,
-                &task.tables,
-                &start,
-                task.cap_bytes(),
-                mem,
-                searched,
-                &mut rng,
-            ) {
-                // Kept only for a predicted gain (see Outcome::improved).
-                Ok(out) if out.improved() => out.plan.assignment,
-                Ok(_) => start.assignment,
-                Err(e) => {
-                    // Only a plan that does not fit the task gets here.
-                    tracing::warn!("plan: the search on the cost network stopped: {e}");
-                    start.assignment
-                }
-            };
-        }
+        let (assignment, infeasible) = candidates.swap_remove(best);
+        let assignment = if infeasible {
+            assignment
+        } else {
+            refine(assignment).0
+        };
         (
             Plan {
                 devices: task.devices,
@@ -506,6 +517,43 @@ impl Model {
             },
             infeasible,
         )
+    }
+
+    /// The `search` reference's local search on the cost network from
+    /// `start` (a plan that fits), `budget` predicted plans: its plan if it
+    /// predicts lower (see [`crate::search::Outcome::improved`]), else the
+    /// start; with that plan's predicted cost.
+    fn search_from(
+        &self,
+        task: &Task,
+        mem: &common::MemoryModel,
+        reps: &Tensor,
+        start: Vec<usize>,
+        budget: usize,
+    ) -> (Vec<usize>, f64) {
+        let start = Plan {
+            devices: task.devices,
+            assignment: start,
+        };
+        let mut net = crate::search::CostNetOracle::new(self.cost.device_heads(), reps, 0);
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        match crate::search::search(
+            &mut net,
+            &task.tables,
+            &start,
+            task.cap_bytes(),
+            mem,
+            budget,
+            &mut rng,
+        ) {
+            Ok(out) if out.improved() => (out.plan.assignment, out.cost_ms),
+            Ok(out) => (start.assignment, out.start_cost_ms),
+            Err(e) => {
+                // Only a plan that does not fit the task gets here.
+                tracing::warn!("plan: the search on the cost network stopped: {e}");
+                (start.assignment, f64::INFINITY)
+            }
+        }
     }
 }
 
@@ -1115,7 +1163,7 @@ pub(crate) mod tests {
         let suite = Suite::load(&dir.path().join("dlrm-20x4.test.json"), &cfg.memory).unwrap();
         tch::manual_seed(3);
         let mut model = Model::new(&cfg);
-        let mut searched_lower = 0;
+        let (mut searched_lower, mut every_lower) = (0, 0);
         for task in &suite.tasks {
             // Memory for 1.5 times an even share (or the largest table): the
             // cap binds.
@@ -1139,10 +1187,13 @@ pub(crate) mod tests {
             model.plan_cfg.plan_heuristics = true;
             let (moved, _) = model.plan(task, &cfg.memory);
             model.plan_cfg.plan_search = 300;
+            model.plan_cfg.plan_search_every_candidate = false;
             let (searched, infeasible) = model.plan(task, &cfg.memory);
-            assert!(!infeasible);
-            assert_eq!(searched, model.plan(task, &cfg.memory).0, "reproducible");
-            for plan in [&moved, &searched] {
+            model.plan_cfg.plan_search_every_candidate = true;
+            let (every, every_infeasible) = model.plan(task, &cfg.memory);
+            assert!(!infeasible && !every_infeasible);
+            assert_eq!(every, model.plan(task, &cfg.memory).0, "reproducible");
+            for plan in [&moved, &searched, &every] {
                 let used = plan.device_bytes(&task.tables, &cfg.memory);
                 assert!(used.iter().all(|&u| u <= task.cap_bytes()));
             }
@@ -1151,6 +1202,22 @@ pub(crate) mod tests {
             let s = model.estimate(&task.tables, &searched).1;
             assert!(m <= g + 1e-4, "moved {m} ms vs greedy {g} ms");
             assert!(s <= m + 1e-4, "searched {s} ms vs moved {m} ms");
+            // Searching from every candidate includes the search from the
+            // cheapest, and from each heuristic's plan.
+            let e = model.estimate(&task.tables, &every).1;
+            assert!(e <= s + 1e-4, "from every candidate {e} ms vs {s} ms");
+            let ctx = crate::baselines::Context::for_task(task, &cfg.memory, cfg.sim.batch);
+            let mut rng = ChaCha8Rng::seed_from_u64(0);
+            for method in [
+                crate::baselines::Method::Lookup,
+                crate::baselines::Method::Torchrec,
+            ] {
+                if let Some(h) = crate::baselines::place(method, &ctx, &mut rng) {
+                    let hc = model.estimate(&task.tables, &h).1;
+                    assert!(e <= hc + 1e-4, "{e} ms vs {method:?}'s {hc} ms");
+                }
+            }
+            every_lower += usize::from(e < s - 1e-4);
             // A search that only rebalanced devices below the bottleneck (its
             // tie-break) predicts no gain: the moved plan stays. (Judged by
             // the search's own figures, which round apart from `estimate`'s.)
@@ -1172,6 +1239,10 @@ pub(crate) mod tests {
         assert!(
             searched_lower > 0,
             "the search never found a lower prediction"
+        );
+        assert!(
+            every_lower > 0,
+            "searching from every candidate never beat searching from the cheapest"
         );
     }
 

@@ -299,6 +299,22 @@ pub fn greedy_episode(policy: &PolicyNet, cost: &CostNet, task: &MdpTask) -> (Ve
     (plan, infeasible)
 }
 
+/// A plan with its devices renumbered in order of their first table: equal
+/// for two plans that differ only in how devices are numbered (which no
+/// cost or policy here can tell apart).
+pub fn numbered_by_first_use(plan: &[usize]) -> Vec<usize> {
+    let mut names: Vec<usize> = Vec::new();
+    plan.iter()
+        .map(|d| match names.iter().position(|x| x == d) {
+            Some(k) => k,
+            None => {
+                names.push(*d);
+                names.len() - 1
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,20 +345,6 @@ mod tests {
 
     fn close(a: &Tensor, b: &Tensor) -> bool {
         (a - b).abs().max().double_value(&[]) < 1e-4
-    }
-
-    /// Devices renumbered in order of their first table.
-    fn numbered_by_first_use(plan: &[usize]) -> Vec<usize> {
-        let mut names: Vec<usize> = Vec::new();
-        plan.iter()
-            .map(|d| match names.iter().position(|x| x == d) {
-                Some(k) => k,
-                None => {
-                    names.push(*d);
-                    names.len() - 1
-                }
-            })
-            .collect()
     }
 
     #[test]

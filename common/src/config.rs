@@ -527,6 +527,13 @@ pub struct TrainConfig {
     /// them shows the cost network its errors where the policy exploits
     /// them (DAgger-like); the rest explore.
     pub measure_greedy_share: f64,
+    /// Whether that greedy share measures what `plan` returns for the task
+    /// (candidates, moves and the search on the cost network: see
+    /// [`ModelConfig::plan_search`]) rather than the policy's greedy episode.
+    /// The search goes where the cost network predicts low; measuring what
+    /// it finds teaches the network its errors there, which is where `plan`
+    /// relies on it.
+    pub measure_planned: bool,
     pub cost_steps: usize,
     pub cost_batch: usize,
     pub cost_lr: f64,
@@ -566,6 +573,7 @@ impl Default for TrainConfig {
             iterations: 20,
             measure_per_iteration: 10,
             measure_greedy_share: 0.5,
+            measure_planned: true,
             cost_steps: 1000,
             cost_batch: 64,
             cost_lr: 1e-3,

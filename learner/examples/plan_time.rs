@@ -13,30 +13,57 @@ fn main() -> anyhow::Result<()> {
         memory_gb: args[3].parse()?,
         tables: common::pool::read(std::path::Path::new(&args[1]))?,
     };
-    for (k, moves, heur) in [
-        (1, 0, false),
-        (1, 10, true),
-        (4, 10, true),
-        (8, 10, true),
-        (16, 10, true),
-        (32, 10, true),
+    // (episodes, moves, heuristics, search budget, search from every candidate)
+    for (k, moves, heur, search, every) in [
+        (1, 0, false, 0, false),
+        (1, 10, true, 0, false),
+        (1, 10, true, 2000, false),
+        (1, 10, true, 2000, true),
+        (4, 10, true, 2000, true),
     ] {
+        model.plan_cfg.plan_search = search;
+        model.plan_cfg.plan_search_every_candidate = every;
         model.plan_cfg.plan_samples = k;
         model.plan_cfg.plan_moves = moves;
         model.plan_cfg.plan_heuristics = heur;
-        model.plan(&task, &cfg.memory);
-        let mut t: Vec<f64> = (0..15)
-            .map(|_| {
-                let s = std::time::Instant::now();
-                model.plan(&task, &cfg.memory);
-                s.elapsed().as_secs_f64() * 1e3
-            })
-            .collect();
-        t.sort_by(f64::total_cmp);
+        let (min, median) = timed(|| {
+            model.plan(&task, &cfg.memory);
+        });
         println!(
-            "K={k:2} moves={moves:2} heuristics={heur:5}: min {:.2} ms, median {:.2} ms",
-            t[0], t[7]
+            "K={k} moves={moves:2} heuristics={heur:5} search={search:4} every={every:5}: \
+             min {min:.2} ms, median {median:.2} ms"
         );
     }
+    // The greedy episode alone: plain arrays (what `plan` runs) against the
+    // batched libtorch rollout (what training runs).
+    let mdp = actor::mdp::MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
+    let (min, median) = timed(|| {
+        actor::mdp::greedy_episode(&model.policy, &model.cost, &mdp);
+    });
+    println!("greedy episode on plain arrays: min {min:.2} ms, median {median:.2} ms");
+    let (min, median) = timed(|| {
+        actor::mdp::rollout(
+            &model.policy,
+            &model.cost,
+            &mdp,
+            1,
+            actor::mdp::Mode::Greedy,
+        );
+    });
+    println!("greedy episode through libtorch: min {min:.2} ms, median {median:.2} ms");
     Ok(())
+}
+
+/// Min and median ms of 15 calls after one warm-up call.
+fn timed(mut f: impl FnMut()) -> (f64, f64) {
+    f();
+    let mut t: Vec<f64> = (0..15)
+        .map(|_| {
+            let s = std::time::Instant::now();
+            f();
+            s.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    (t[0], t[7])
 }

@@ -229,7 +229,8 @@ pub fn rollout(
 }
 
 /// One greedy episode of `task` (what [`rollout`] with [`Mode::Greedy`]
-/// and one episode places, up to float rounding) without a libtorch call per
+/// and one episode places, up to float rounding and the numbering of
+/// devices: empty devices tie, and this takes the first) without a libtorch call per
 /// step: both networks' table representations once, then plain arrays (see
 /// [`crate::nets::PolicyScorer`] and [`crate::nets::DeviceHeads`]). This is
 /// `plan`'s episode; a 100-table, 8-device one takes a fraction of a

@@ -317,11 +317,13 @@ pub struct ModelConfig {
     /// task gets the same plan. Like the moves, only for a feasible plan and
     /// a composed overall cost (`overall_cost = "composed"`).
     pub plan_search: usize,
-    /// Whether the moves and the search run from every candidate that fits
-    /// (the policy's episodes and the heuristics' plans, `plan_search`
-    /// predicted plans each), the lowest predicted result winning, rather
-    /// than only from the candidate predicted cheapest. The search then
-    /// does not depend on one starting point.
+    /// Whether, when `plan` searches (`plan_search` > 1, a composed overall
+    /// cost, more than one device), the moves and the search run from every
+    /// distinct candidate that fits (the policy's episodes and the
+    /// heuristics' plans, `plan_search` predicted plans each), the lowest
+    /// predicted result winning, rather than only from the candidate
+    /// predicted cheapest. The search then does not depend on one starting
+    /// point.
     pub plan_search_every_candidate: bool,
 }
 
@@ -522,10 +524,10 @@ pub struct TrainConfig {
     /// Plans measured on the oracle per iteration (the measurement budget is
     /// `iterations × measure_per_iteration`).
     pub measure_per_iteration: usize,
-    /// Share of each iteration's measured plans that are the policy's greedy
-    /// plan (what `plan` would return) rather than a sampled one: measuring
-    /// them shows the cost network its errors where the policy exploits
-    /// them (DAgger-like); the rest explore.
+    /// Share of each iteration's measured plans that are the greedy pick
+    /// (see `measure_planned`) rather than a sampled episode: measuring them
+    /// shows the cost network its errors where the plans it will be asked
+    /// about lie (DAgger-like); the rest explore.
     pub measure_greedy_share: f64,
     /// Whether that greedy share measures what `plan` returns for the task
     /// (candidates, moves and the search on the cost network: see

@@ -31,10 +31,12 @@ fn main() -> anyhow::Result<()> {
     let Some(run) = args.first().map(std::path::Path::new) else {
         anyhow::bail!("usage: cost_fit RUN_DIR [WEIGHT_DECAY [SEED]]");
     };
-    let cfg = common::config::Config::load(Some(&run.join("config.toml")))?;
-    let wd: f64 = args
-        .get(1)
-        .map_or(Ok(cfg.train.cost_weight_decay), |s| s.parse())?;
+    let mut cfg = common::config::Config::load(Some(&run.join("config.toml")))?;
+    if let Some(wd) = args.get(1) {
+        cfg.train.cost_weight_decay = wd.parse()?;
+        cfg.train.validate().map_err(anyhow::Error::msg)?;
+    }
+    let wd = cfg.train.cost_weight_decay;
     let seed: u64 = args.get(2).map_or(Ok(0), |s| s.parse())?;
     let buffer = learner::costlog::CostLog::read(&run.join("cost_buffer.jsonl"))?.samples;
     anyhow::ensure!(!buffer.is_empty(), "{}: no measured plans", run.display());
@@ -62,7 +64,7 @@ fn main() -> anyhow::Result<()> {
         let suite = Suite::load(&path, &cfg.memory)?;
         let (mut abs, mut devices) = ([0.0f64; 3], 0.0);
         let (mut rel, mut plans) = (0.0, 0.0);
-        let (mut pairs, mut ordered) = (0.0, 0.0);
+        let (mut pairs, mut ordered) = (0.0f64, 0.0);
         let (mut gain, mut gain_ref) = (0.0, 0.0);
         for task in &suite.tasks {
             let ctx = Context::for_task(task, &cfg.memory, cfg.sim.batch);
@@ -154,7 +156,7 @@ fn main() -> anyhow::Result<()> {
             abs[1] / devices,
             abs[2] / devices,
             rel / plans * 100.0,
-            ordered / pairs * 100.0,
+            ordered / pairs.max(1.0) * 100.0,
         );
     }
     Ok(())

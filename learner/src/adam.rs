@@ -201,7 +201,8 @@ mod tests {
         }
         .build(&vs_b, 0.01)
         .unwrap();
-        let (vs_c, lin_c, _, _) = problem();
+        let (mut vs_c, lin_c, _, _) = problem();
+        vs_c.copy(&vs_a).unwrap();
         let mut plain = Adam::new(&vs_c, 0.01);
         for _ in 0..5 {
             ours.backward_step(&lin_a.forward(&x).mse_loss(&y, tch::Reduction::Mean));

@@ -465,12 +465,15 @@ impl Model {
             }
         };
         if searching && c.plan_search_every_candidate {
-            // From every candidate that fits; the lowest prediction wins
-            // (the first on a tie).
+            // From every distinct candidate that fits (heuristics often
+            // agree); the lowest prediction wins (the first on a tie).
             let best = candidates
                 .iter()
-                .filter(|(_, infeasible)| !infeasible)
-                .map(|(assignment, _)| refine(assignment.clone()))
+                .enumerate()
+                .filter(|(i, (a, infeasible))| {
+                    !infeasible && !candidates[..*i].iter().any(|(b, _)| b == a)
+                })
+                .map(|(_, (assignment, _))| refine(assignment.clone()))
                 .min_by(|a, b| a.1.total_cmp(&b.1));
             if let Some((assignment, _)) = best {
                 return (
@@ -757,8 +760,10 @@ impl<'a> Trainer<'a> {
         tch::manual_seed((t.seed ^ it.wrapping_mul(0x9e3779b97f4a7c15)) as i64);
     }
 
-    /// Whether the `j`-th plan measured in a round is the policy's greedy
-    /// plan (`train.measure_greedy_share` of them are) rather than a sample.
+    /// Whether the `j`-th plan measured in a round is the greedy pick
+    /// (`train.measure_greedy_share` of them are: what `plan` returns, or the
+    /// policy's greedy episode, see `train.measure_planned`) rather than a
+    /// sample.
     pub fn greedy_pick(&self, j: usize) -> bool {
         let t = &self.cfg.train;
         j < (t.measure_greedy_share * t.measure_per_iteration as f64).round() as usize
@@ -1075,7 +1080,6 @@ pub(crate) mod tests {
         let mut differ = 0;
         for planned in [true, false] {
             cfg.train.measure_planned = planned;
-            tch::manual_seed(5);
             let mut trainer = Trainer::new(&cfg, &suite.tasks);
             for _ in 0..6 {
                 let pick = trainer.pick_plan(true);

@@ -351,7 +351,7 @@ mod tests {
     #[test]
     fn the_plain_greedy_episode_places_as_the_batched_one() {
         let mem = MemoryModel::default();
-        let mut infeasible_seen = false;
+        let (mut infeasible_seen, mut spread) = (false, 0);
         for seed in 0..6u64 {
             tch::manual_seed(seed as i64);
             let vs = nn::VarStore::new(Device::Cpu);
@@ -386,10 +386,12 @@ mod tests {
             );
             assert_eq!(infeasible, batched.infeasible[0], "seed {seed}");
             infeasible_seen |= infeasible;
-            // Not a degenerate policy: more than one device is used.
-            assert!(plan.iter().any(|&d| d != plan[0]), "seed {seed}");
+            spread += usize::from(plan.iter().any(|&d| d != plan[0]));
         }
         assert!(infeasible_seen, "no case ran out of memory");
+        // Not only single-device plans (a random policy may well put every
+        // table on one device when memory allows; tight memory does not).
+        assert!(spread >= 2, "{spread} plans used more than one device");
     }
 
     #[test]

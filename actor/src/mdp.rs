@@ -283,21 +283,18 @@ pub fn greedy_episode(policy: &PolicyNet, cost: &CostNet, task: &MdpTask) -> (Ve
         let d = best.map_or(0, |(d, _)| d);
         used[d] = used[d].saturating_add(need);
         plan[table] = d;
-        for (s, x) in dev_tables[d]
-            .iter_mut()
-            .zip(scorer.project_table(&pol_repr[table]))
-        {
-            *s += x;
-        }
-        for (s, x) in dev_heads[d]
-            .iter_mut()
-            .zip(heads.project(&cost_repr[table]))
-        {
-            *s += x;
-        }
+        add_into(&mut dev_tables[d], &scorer.project_table(&pol_repr[table]));
+        add_into(&mut dev_heads[d], &heads.project(&cost_repr[table]));
         dev_cost[d] = scorer.project_cost(heads.finish(&dev_heads[d]));
     }
     (plan, infeasible)
+}
+
+/// `sum += x`, element by element.
+fn add_into(sum: &mut [f32], x: &[f32]) {
+    for (s, x) in sum.iter_mut().zip(x) {
+        *s += x;
+    }
 }
 
 /// A plan with its devices renumbered in order of their first table: equal

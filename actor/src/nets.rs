@@ -429,22 +429,24 @@ struct MemberHeads {
 
 impl MemberHeads {
     fn of(m: &Member) -> MemberHeads {
-        let heads = [&m.fwd, &m.bwd, &m.comm];
-        let cat = |f: &dyn Fn(&Head) -> Tensor| {
-            let parts: Vec<Tensor> = heads.iter().map(|h| f(h).view([-1])).collect();
-            Vec::<f32>::try_from(Tensor::cat(&parts, 0).to_kind(Kind::Float)).unwrap_or_default()
-        };
-        let bias = |l: &nn::Linear| match &l.bs {
-            Some(b) => b.shallow_clone(),
-            None => Tensor::zeros([l.ws.size()[0]], (Kind::Float, l.ws.device())),
+        let (l1, l2): (Vec<_>, Vec<_>) = [&m.fwd, &m.bwd, &m.comm]
+            .iter()
+            .map(|h| (dense(&h.l1), dense(&h.l2)))
+            .unzip();
+        // The three heads' weights (or biases) one after the other.
+        let cat = |layers: &[(Vec<f32>, Vec<f32>)], bias: bool| -> Vec<f32> {
+            layers
+                .iter()
+                .flat_map(|(w, b)| if bias { b } else { w }.iter().copied())
+                .collect()
         };
         MemberHeads {
             width: m.fwd.l1.ws.size()[1] as usize,
             hidden: m.fwd.l1.ws.size()[0] as usize,
-            w1: cat(&|h| h.l1.ws.shallow_clone()),
-            b1: cat(&|h| bias(&h.l1)),
-            w2: cat(&|h| h.l2.ws.shallow_clone()),
-            b2: cat(&|h| bias(&h.l2)),
+            w1: cat(&l1, false),
+            b1: cat(&l1, true),
+            w2: cat(&l2, false),
+            b2: cat(&l2, true),
         }
     }
 

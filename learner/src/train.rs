@@ -450,6 +450,12 @@ impl Model {
         let _guard = tch::no_grad_guard();
         let reps = self.cost.tables(&mdp.features);
         let searching = searched > 1 && task.devices > 1;
+        // The per-device heads copied out of libtorch once for every search.
+        let heads = if searching {
+            Some(self.cost.device_heads())
+        } else {
+            None
+        };
         // Moves, then the search; with the result's predicted cost when
         // searching.
         let refine = |assignment: Vec<usize>| -> (Vec<usize>, f64) {
@@ -458,10 +464,9 @@ impl Model {
             } else {
                 assignment
             };
-            if searching {
-                self.search_from(task, mem, &reps, moved, searched)
-            } else {
-                (moved, f64::NAN)
+            match &heads {
+                Some(heads) => Self::search_from(heads, task, mem, &reps, moved, searched),
+                None => (moved, f64::NAN),
             }
         };
         if searching && c.plan_search_every_candidate {
@@ -522,12 +527,12 @@ impl Model {
         )
     }
 
-    /// The `search` reference's local search on the cost network from
-    /// `start` (a plan that fits), `budget` predicted plans: its plan if it
+    /// The `search` reference's local search on the cost network (its
+    /// `heads`) from `start` (a plan that fits), `budget` predicted plans: its plan if it
     /// predicts lower (see [`crate::search::Outcome::improved`]), else the
     /// start; with that plan's predicted cost.
     fn search_from(
-        &self,
+        heads: &actor::nets::DeviceHeads,
         task: &Task,
         mem: &common::MemoryModel,
         reps: &Tensor,
@@ -538,7 +543,7 @@ impl Model {
             devices: task.devices,
             assignment: start,
         };
-        let mut net = crate::search::CostNetOracle::new(self.cost.device_heads(), reps, 0);
+        let mut net = crate::search::CostNetOracle::new(heads.clone(), reps, 0);
         let mut rng = ChaCha8Rng::seed_from_u64(0);
         match crate::search::search(
             &mut net,

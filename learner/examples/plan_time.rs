@@ -51,6 +51,34 @@ fn main() -> anyhow::Result<()> {
         );
     });
     println!("greedy episode through libtorch: min {min:.2} ms, median {median:.2} ms");
+    // One search on the cost network alone, from torchrec's plan.
+    let ctx = learner::baselines::Context::for_task(&task, &cfg.memory, cfg.sim.batch);
+    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
+    let start = learner::baselines::place(learner::baselines::Method::Torchrec, &ctx, &mut rng)
+        .ok_or_else(|| anyhow::anyhow!("torchrec found no plan that fits"))?;
+    let reps = tch::no_grad(|| model.cost.tables(&mdp.features));
+    let heads = model.cost.device_heads();
+    let budget = 2000;
+    let (min, median) = timed(|| {
+        let mut net = learner::search::CostNetOracle::new(heads.clone(), &reps, 0);
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
+        let cap = task.cap_bytes();
+        learner::search::search(
+            &mut net,
+            &task.tables,
+            &start,
+            cap,
+            &cfg.memory,
+            budget,
+            &mut rng,
+        )
+        .expect("torchrec's plan fits");
+    });
+    println!(
+        "one search of {budget} plans on the cost network: min {min:.2} ms, median {median:.2} ms \
+         ({:.2} us per plan)",
+        median * 1e3 / budget as f64
+    );
     Ok(())
 }
 

@@ -8,6 +8,11 @@
 //! slowest), and after a stretch without progress perturbs the best plan with
 //! a few random moves. Every proposal is one oracle measurement; the budget
 //! counts them.
+//!
+//! Proposals are made and undone in place, on a plan whose tables per device
+//! and memory per device are kept up to date, so that a proposal costs what
+//! its costing does: `plan` runs thousands of them on the cost network
+//! ([`CostNetOracle`]) within its few milliseconds.
 
 use actor::nets::DeviceHeads;
 use benchworker::{Oracle, OracleError};
@@ -41,52 +46,187 @@ impl Outcome {
     }
 }
 
-fn key(m: &Measurement) -> (f64, f64) {
-    (
-        m.cost_ms,
-        m.devices.iter().map(|d| d.total_ms * d.total_ms).sum(),
-    )
+/// What the search needs of a plan: its cost, and each device's total.
+pub trait PlanCost {
+    /// The iteration cost of `plan` (ms); each device's total into
+    /// `totals` (one slot per device). `moved`, when known: the tables
+    /// that may sit on another device than in the last plan this was asked
+    /// about (the others sit where they did), for costings that update
+    /// what they know of the last plan rather than start afresh.
+    fn plan_cost(
+        &mut self,
+        tables: &[Table],
+        plan: &Plan,
+        moved: Option<&[usize]>,
+        totals: &mut [f64],
+    ) -> Result<f64, OracleError>;
 }
 
-fn better(a: (f64, f64), b: (f64, f64)) -> bool {
-    a.0 < b.0 - 1e-12 || (a.0 <= b.0 + 1e-12 && a.1 < b.1 - 1e-12)
+/// Any oracle, through its measurement.
+impl<O: Oracle + ?Sized> PlanCost for O {
+    fn plan_cost(
+        &mut self,
+        tables: &[Table],
+        plan: &Plan,
+        _moved: Option<&[usize]>,
+        totals: &mut [f64],
+    ) -> Result<f64, OracleError> {
+        let m = self.measure(tables, plan)?;
+        for (t, d) in totals.iter_mut().zip(&m.devices) {
+            *t = d.total_ms;
+        }
+        Ok(m.cost_ms)
+    }
+}
+
+/// How a plan ranks: its cost, then the sum of its squared device totals.
+#[derive(Debug, Clone, Copy)]
+struct Score {
+    cost: f64,
+    balance: f64,
+    /// The device with the largest total (the last of equals).
+    slowest: usize,
+}
+
+impl Score {
+    fn of(cost: f64, totals: &[f64]) -> Score {
+        Score {
+            cost,
+            balance: totals.iter().map(|t| t * t).sum(),
+            slowest: totals
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(d, _)| d)
+                .unwrap_or(0),
+        }
+    }
+
+    fn better(&self, than: &Score) -> bool {
+        let (a, b) = ((self.cost, self.balance), (than.cost, than.balance));
+        a.0 < b.0 - 1e-12 || (a.0 <= b.0 + 1e-12 && a.1 < b.1 - 1e-12)
+    }
+}
+
+/// A plan with its tables per device (ascending) and bytes per device, and
+/// the tables put elsewhere since it was last costed.
+struct Placed {
+    plan: Plan,
+    on: Vec<Vec<usize>>,
+    used: Vec<u64>,
+    /// Tables moved since the last costing; `None` before the first.
+    moved: Option<Vec<usize>>,
+}
+
+impl Placed {
+    fn new(plan: &Plan, bytes: &[u64]) -> Placed {
+        let mut on = vec![Vec::new(); plan.devices];
+        let mut used = vec![0u64; plan.devices];
+        for (t, &d) in plan.assignment.iter().enumerate() {
+            on[d].push(t);
+            used[d] += bytes[t];
+        }
+        Placed {
+            plan: plan.clone(),
+            on,
+            used,
+            moved: None,
+        }
+    }
+
+    /// Puts table `t` on device `to`.
+    fn put(&mut self, t: usize, to: usize, bytes: &[u64]) {
+        let from = self.plan.assignment[t];
+        if from == to {
+            return;
+        }
+        if let Ok(k) = self.on[from].binary_search(&t) {
+            self.on[from].remove(k);
+        }
+        if let Err(k) = self.on[to].binary_search(&t) {
+            self.on[to].insert(k, t);
+        }
+        self.used[from] -= bytes[t];
+        self.used[to] += bytes[t];
+        self.plan.assignment[t] = to;
+        if let Some(moved) = &mut self.moved {
+            moved.push(t);
+        }
+    }
+
+    /// The plan's score, with what moved since the last.
+    fn score<C: PlanCost + ?Sized>(
+        &mut self,
+        oracle: &mut C,
+        tables: &[Table],
+        totals: &mut [f64],
+    ) -> Result<Score, OracleError> {
+        let cost = oracle.plan_cost(tables, &self.plan, self.moved.as_deref(), totals)?;
+        match &mut self.moved {
+            Some(moved) => moved.clear(),
+            None => self.moved = Some(Vec::new()),
+        }
+        Ok(Score::of(cost, totals))
+    }
+
+    fn apply(&mut self, m: Move, bytes: &[u64]) {
+        self.put(m.table, m.to, bytes);
+        if let Some(j) = m.swap {
+            self.put(j, m.from, bytes);
+        }
+    }
+
+    fn undo(&mut self, m: Move, bytes: &[u64]) {
+        self.put(m.table, m.from, bytes);
+        if let Some(j) = m.swap {
+            self.put(j, m.to, bytes);
+        }
+    }
+}
+
+/// A table moved from one device to another, in exchange for one of the
+/// other's when a swap.
+#[derive(Debug, Clone, Copy)]
+struct Move {
+    table: usize,
+    from: usize,
+    to: usize,
+    swap: Option<usize>,
 }
 
 /// Moves and swaps that keep every device within its cap.
-struct Neighbourhood<'a> {
+struct Neighbourhood {
     bytes: Vec<u64>,
     cap: u64,
-    tables: &'a [Table],
 }
 
-impl Neighbourhood<'_> {
+impl Neighbourhood {
     /// A random feasible move or swap of a table on `from`; `None` if the
     /// draw was infeasible.
-    fn propose(&self, plan: &Plan, from: usize, rng: &mut impl Rng) -> Option<Plan> {
-        let on_from: Vec<usize> = (0..self.tables.len())
-            .filter(|&i| plan.assignment[i] == from)
-            .collect();
-        if on_from.is_empty() || plan.devices < 2 {
+    fn propose(&self, at: &Placed, from: usize, rng: &mut impl Rng) -> Option<Move> {
+        let on_from = &at.on[from];
+        let devices = at.plan.devices;
+        if on_from.is_empty() || devices < 2 {
             return None;
         }
         let i = on_from[rng.gen_range(0..on_from.len())];
-        let mut to = rng.gen_range(0..plan.devices - 1);
+        let mut to = rng.gen_range(0..devices - 1);
         if to >= from {
             to += 1;
         }
-        // The two devices' memory from the tables' bytes, found once.
-        let used_from: u64 = on_from.iter().map(|&t| self.bytes[t]).sum();
-        let on_to: Vec<usize> = (0..self.tables.len())
-            .filter(|&j| plan.assignment[j] == to)
-            .collect();
-        let used_to: u64 = on_to.iter().map(|&t| self.bytes[t]).sum();
-        let mut next = plan.clone();
+        let (used_from, used_to) = (at.used[from], at.used[to]);
+        let mut m = Move {
+            table: i,
+            from,
+            to,
+            swap: None,
+        };
         if rng.gen_bool(0.5) {
             if used_to.saturating_add(self.bytes[i]) > self.cap {
                 return None;
             }
-            next.assignment[i] = to;
         } else {
+            let on_to = &at.on[to];
             if on_to.is_empty() {
                 return None;
             }
@@ -96,17 +236,17 @@ impl Neighbourhood<'_> {
             {
                 return None;
             }
-            next.assignment[i] = to;
-            next.assignment[j] = from;
+            m.swap = Some(j);
         }
-        Some(next)
+        Some(m)
     }
 }
 
 /// Searches from `start` (which must fit `cap_bytes`) with at most `budget`
-/// oracle measurements.
-pub fn search(
-    oracle: &mut dyn Oracle,
+/// measurements of `oracle` (an [`Oracle`], or the cost network's
+/// [`CostNetOracle`]).
+pub fn search<C: PlanCost + ?Sized>(
+    oracle: &mut C,
     tables: &[Table],
     start: &Plan,
     cap_bytes: u64,
@@ -114,15 +254,16 @@ pub fn search(
     budget: usize,
     rng: &mut impl Rng,
 ) -> Result<Outcome, OracleError> {
+    benchworker::oracle::check_plan(tables, start)?;
     let hood = Neighbourhood {
         bytes: tables.iter().map(|t| mem.table_bytes(t)).collect(),
         cap: cap_bytes,
-        tables,
     };
-    let mut cur = start.clone();
-    let mut cur_m = oracle.measure(tables, &cur)?;
-    let start_cost_ms = cur_m.cost_ms;
-    let mut best = (cur.clone(), cur_m.clone());
+    let mut totals = vec![0.0; start.devices];
+    let mut cur = Placed::new(start, &hood.bytes);
+    let mut cur_s = cur.score(oracle, tables, &mut totals)?;
+    let start_cost_ms = cur_s.cost;
+    let mut best = (cur.plan.assignment.clone(), cur_s);
     let mut evaluations = 1;
     let patience = (budget / 20).max(20);
     let mut since_progress = 0;
@@ -130,42 +271,52 @@ pub fn search(
     while evaluations < budget && draws < budget.saturating_mul(50) {
         draws += 1;
         let from = if rng.gen_bool(0.8) {
-            slowest(&cur_m)
+            cur_s.slowest
         } else {
-            rng.gen_range(0..cur.devices)
+            rng.gen_range(0..cur.plan.devices)
         };
-        let Some(cand) = hood.propose(&cur, from, rng) else {
+        let Some(m) = hood.propose(&cur, from, rng) else {
             continue;
         };
-        let m = oracle.measure(tables, &cand)?;
+        cur.apply(m, &hood.bytes);
+        let s = cur.score(oracle, tables, &mut totals)?;
         evaluations += 1;
-        if better(key(&m), key(&cur_m)) {
-            cur = cand;
-            cur_m = m;
+        if s.better(&cur_s) {
+            cur_s = s;
             since_progress = 0;
-            if better(key(&cur_m), key(&best.1)) {
-                best = (cur.clone(), cur_m.clone());
+            if cur_s.better(&best.1) {
+                best = (cur.plan.assignment.clone(), cur_s);
             }
         } else {
+            cur.undo(m, &hood.bytes);
             since_progress += 1;
         }
         if since_progress >= patience && evaluations < budget {
             // Perturb the best plan and measure the new starting point.
-            cur = best.0.clone();
+            cur = Placed::new(
+                &Plan {
+                    devices: start.devices,
+                    assignment: best.0.clone(),
+                },
+                &hood.bytes,
+            );
             for _ in 0..3 {
-                let from = rng.gen_range(0..cur.devices);
-                if let Some(p) = hood.propose(&cur, from, rng) {
-                    cur = p;
+                let from = rng.gen_range(0..cur.plan.devices);
+                if let Some(m) = hood.propose(&cur, from, rng) {
+                    cur.apply(m, &hood.bytes);
                 }
             }
-            cur_m = oracle.measure(tables, &cur)?;
+            cur_s = cur.score(oracle, tables, &mut totals)?;
             evaluations += 1;
             since_progress = 0;
         }
     }
     Ok(Outcome {
-        cost_ms: best.1.cost_ms,
-        plan: best.0,
+        cost_ms: best.1.cost,
+        plan: Plan {
+            devices: start.devices,
+            assignment: best.0,
+        },
         start_cost_ms,
         evaluations,
     })
@@ -177,12 +328,16 @@ pub fn search(
 /// wait for the slowest forward), so the iteration cost is the network's
 /// `max_d fwd + max_d (bwd + 2·comm)`.
 ///
-/// A search proposal changes one or two devices of the plan it starts from,
-/// so the costs of devices are cached by their set of tables (a sum of
-/// random 64-bit keys per table): only the changed devices are re-costed,
-/// and their summed projections are updated from the previous plan's by the
-/// tables that moved, so a proposal's cost does not grow with the tables a
-/// device holds (it grows linearly with the ensemble's members).
+/// A search proposal changes one or two devices of the plan before it, so
+/// each costing starts from the last plan's: the device keys (a sum of
+/// random 64-bit keys per table) and costs of the devices whose tables did
+/// not change are kept; a changed device's costs come from a cache by its
+/// key, or from its summed projections, brought to the plan by the tables
+/// that moved since they were last needed. Told which tables moved (see
+/// [`PlanCost::plan_cost`]), a proposal's cost grows with neither the
+/// tables of the task nor those of a device (it grows linearly with the
+/// ensemble's members).
+#[derive(Clone)]
 pub struct CostNetOracle {
     /// `[tables × projected width]` table projections (see
     /// [`DeviceHeads::project`]).
@@ -190,19 +345,30 @@ pub struct CostNetOracle {
     heads: DeviceHeads,
     keys: Vec<u64>,
     cache: HashMap<u64, [f32; 3], BuildHasherDefault<KeyHasher>>,
-    /// The per-device summed projections of the last plan that needed them
-    /// (none yet: empty).
-    last: Sums,
+    /// The last plan costed (none yet: empty), its device keys and its
+    /// devices' costs.
+    plan: Vec<usize>,
+    dev_keys: Vec<u64>,
+    costs: Vec<[f32; 3]>,
+    /// Per-device summed projections, brought to the last plan when a
+    /// device's costs are not cached.
+    sums: Sums,
+    /// Scratch: the devices whose tables changed since the last plan.
+    changed: Vec<bool>,
 }
 
 /// Per-device sums of table projections for one assignment.
+#[derive(Clone)]
 struct Sums {
     assignment: Vec<usize>,
-    /// `[devices × projected width]`.
+    /// `[devices × projected width]` (none yet: empty).
     sums: Vec<f32>,
     /// Incremental updates since the sums were last computed afresh (float
     /// rounding accumulates).
     updates: usize,
+    /// The tables that may sit elsewhere in the last plan than in
+    /// `assignment` (`None`: any).
+    stale: Option<Vec<usize>>,
 }
 
 /// Incremental updates after which the sums are recomputed.
@@ -212,7 +378,7 @@ const REFRESH_SUMS: usize = 1024;
 const MAX_MOVED: usize = 8;
 
 /// The cache's keys are already random: they hash to themselves.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
@@ -250,48 +416,53 @@ impl CostNetOracle {
             projected,
             heads,
             cache: HashMap::default(),
-            last: Sums {
+            plan: Vec::new(),
+            dev_keys: Vec::new(),
+            costs: Vec::new(),
+            sums: Sums {
                 assignment: Vec::new(),
                 sums: Vec::new(),
                 updates: 0,
+                stale: None,
             },
+            changed: Vec::new(),
         }
     }
 
-    /// Brings the per-device sums to `plan`: by the tables that moved since
-    /// the plan they were last brought to when few did, afresh otherwise.
-    fn update_sums(&mut self, plan: &Plan) {
+    /// Brings the per-device sums to the last plan: by the tables that
+    /// moved since the plan they were last brought to when few did, in
+    /// table order; afresh otherwise.
+    fn update_sums(&mut self) {
         let w = self.heads.projected_width();
-        let (projected, l) = (&self.projected, &mut self.last);
+        let devices = self.dev_keys.len();
+        let (projected, plan, l) = (&self.projected, &self.plan, &mut self.sums);
         let projection = |t: usize| &projected[t * w..(t + 1) * w];
-        let few_moved = l.sums.len() == plan.devices * w
-            && l.updates < REFRESH_SUMS
-            && l.assignment
-                .iter()
-                .zip(&plan.assignment)
-                .filter(|(a, b)| a != b)
-                .take(MAX_MOVED + 1)
-                .count()
-                <= MAX_MOVED;
-        if !few_moved {
-            let mut sums = vec![0.0f32; plan.devices * w];
-            for (t, &d) in plan.assignment.iter().enumerate() {
+        // Unknown: every table may have moved.
+        let mut moved = l.stale.take().unwrap_or_else(|| (0..plan.len()).collect());
+        let fresh = l.sums.len() != devices * w
+            || l.assignment.len() != plan.len()
+            || l.updates >= REFRESH_SUMS;
+        if !fresh {
+            moved.sort_unstable();
+            moved.dedup();
+            moved.retain(|&t| l.assignment[t] != plan[t]);
+        }
+        if fresh || moved.len() > MAX_MOVED {
+            let mut sums = vec![0.0f32; devices * w];
+            for (t, &d) in plan.iter().enumerate() {
                 for (s, &x) in sums[d * w..(d + 1) * w].iter_mut().zip(projection(t)) {
                     *s += x;
                 }
             }
-            *l = Sums {
-                assignment: plan.assignment.clone(),
-                sums,
-                updates: 0,
-            };
+            l.assignment.clone_from(plan);
+            l.sums = sums;
+            l.updates = 0;
+            moved.clear();
+            l.stale = Some(moved);
             return;
         }
-        for (t, &to) in plan.assignment.iter().enumerate() {
-            let from = l.assignment[t];
-            if from == to {
-                continue;
-            }
+        for &t in &moved {
+            let (from, to) = (l.assignment[t], plan[t]);
             let (lo, hi) = l.sums.split_at_mut(from.max(to) * w);
             let (src, dst) = if from < to {
                 (&mut lo[from * w..(from + 1) * w], &mut hi[..w])
@@ -305,35 +476,39 @@ impl CostNetOracle {
             l.assignment[t] = to;
         }
         l.updates += 1;
+        moved.clear();
+        l.stale = Some(moved);
     }
 
-    /// Device `d`'s costs under `plan`, from the cache or its summed
-    /// projections (brought to `plan` once per plan, when first needed).
-    fn device(&mut self, key: u64, plan: &Plan, d: usize, synced: &mut bool) -> [f32; 3] {
+    /// Device `d`'s costs in the last plan (its key `key`), from the cache
+    /// or its summed projections (brought to the plan once, when first
+    /// needed).
+    fn device(&mut self, key: u64, d: usize, synced: &mut bool) -> [f32; 3] {
         if let Some(c) = self.cache.get(&key) {
             return *c;
         }
         if !*synced {
-            self.update_sums(plan);
+            self.update_sums();
             *synced = true;
         }
         let w = self.heads.projected_width();
-        let c = self.heads.finish(&self.last.sums[d * w..(d + 1) * w]);
+        let c = self.heads.finish(&self.sums.sums[d * w..(d + 1) * w]);
         if self.cache.len() >= CACHE_LIMIT {
             self.cache.clear();
         }
         self.cache.insert(key, c);
         c
     }
-}
 
-impl Oracle for CostNetOracle {
-    fn name(&self) -> &'static str {
-        "cost_net"
-    }
-
-    fn measure(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, OracleError> {
-        benchworker::oracle::check_plan(tables, plan)?;
+    /// Makes `plan` the last plan: its device keys into `self.dev_keys`,
+    /// each device's (fwd, bwd, comm) into `self.costs`. With `moved` (see
+    /// [`PlanCost::plan_cost`]), from the last plan's by those tables.
+    fn cost_devices(
+        &mut self,
+        tables: &[Table],
+        plan: &Plan,
+        moved: Option<&[usize]>,
+    ) -> Result<(), OracleError> {
         if tables.len() != self.keys.len() {
             return Err(OracleError::Backend {
                 backend: "cost_net",
@@ -344,35 +519,104 @@ impl Oracle for CostNetOracle {
                 ),
             });
         }
-        let mut keys = vec![0u64; plan.devices];
-        for (t, &d) in plan.assignment.iter().enumerate() {
-            keys[d] = keys[d].wrapping_add(self.keys[t]);
+        let moved = moved.filter(|_| {
+            self.plan.len() == tables.len()
+                && plan.assignment.len() == tables.len()
+                && self.dev_keys.len() == plan.devices
+        });
+        let mut changed = std::mem::take(&mut self.changed);
+        changed.clear();
+        changed.resize(plan.devices, false);
+        match moved {
+            Some(moved) => {
+                for &t in moved {
+                    let (was, now) = (self.plan[t], plan.assignment[t]);
+                    if was == now {
+                        continue;
+                    }
+                    if now >= plan.devices {
+                        return Err(OracleError::DeviceOutOfRange {
+                            table: t,
+                            device: now,
+                            devices: plan.devices,
+                        });
+                    }
+                    self.dev_keys[was] = self.dev_keys[was].wrapping_sub(self.keys[t]);
+                    self.dev_keys[now] = self.dev_keys[now].wrapping_add(self.keys[t]);
+                    (changed[was], changed[now]) = (true, true);
+                    self.plan[t] = now;
+                    if let Some(stale) = &mut self.sums.stale {
+                        stale.push(t);
+                        if stale.len() > 64 * MAX_MOVED {
+                            self.sums.stale = None;
+                        }
+                    }
+                }
+            }
+            None => {
+                benchworker::oracle::check_plan(tables, plan)?;
+                self.plan.clone_from(&plan.assignment);
+                self.dev_keys.clear();
+                self.dev_keys.resize(plan.devices, 0);
+                for (t, &d) in plan.assignment.iter().enumerate() {
+                    self.dev_keys[d] = self.dev_keys[d].wrapping_add(self.keys[t]);
+                }
+                self.costs.clear();
+                self.costs.resize(plan.devices, [0.0; 3]);
+                self.sums.stale = None;
+                changed.fill(true);
+            }
         }
         let mut synced = false;
-        let costs: Vec<[f32; 3]> = (0..plan.devices)
-            .map(|d| self.device(keys[d], plan, d, &mut synced))
-            .collect();
-        let slowest = costs.iter().map(|c| c[0] as f64).fold(f64::MIN, f64::max);
-        let devices: Vec<DeviceCost> = costs
+        for (d, &changed) in changed.iter().enumerate() {
+            if changed {
+                self.costs[d] = self.device(self.dev_keys[d], d, &mut synced);
+            }
+        }
+        self.changed = changed;
+        Ok(())
+    }
+
+    /// Each device's costs composed as a measurement's are (`fwd_comm`
+    /// includes the wait for the slowest forward).
+    fn composed(&self) -> impl Iterator<Item = DeviceCost> + '_ {
+        let slowest = self
+            .costs
             .iter()
-            .map(|c| {
-                let (fwd, bwd, comm) = (c[0] as f64, c[1] as f64, c[2] as f64);
-                DeviceCost::new(fwd, bwd, slowest - fwd + comm, comm)
-            })
-            .collect();
+            .map(|c| c[0] as f64)
+            .fold(f64::MIN, f64::max);
+        self.costs.iter().map(move |c| {
+            let (fwd, bwd, comm) = (c[0] as f64, c[1] as f64, c[2] as f64);
+            DeviceCost::new(fwd, bwd, slowest - fwd + comm, comm)
+        })
+    }
+
+    /// The network's prediction for `plan`, as a measurement.
+    pub fn measure(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, OracleError> {
+        self.cost_devices(tables, plan, None)?;
+        let devices: Vec<DeviceCost> = self.composed().collect();
         // The network's figure as it is, even below zero (an untrained one).
         let cost_ms = devices.iter().map(|d| d.total_ms).fold(f64::MIN, f64::max);
         Ok(Measurement { cost_ms, devices })
     }
 }
 
-fn slowest(m: &Measurement) -> usize {
-    m.devices
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_ms.total_cmp(&b.1.total_ms))
-        .map(|(d, _)| d)
-        .unwrap_or(0)
+impl PlanCost for CostNetOracle {
+    fn plan_cost(
+        &mut self,
+        tables: &[Table],
+        plan: &Plan,
+        moved: Option<&[usize]>,
+        totals: &mut [f64],
+    ) -> Result<f64, OracleError> {
+        self.cost_devices(tables, plan, moved)?;
+        let mut cost_ms = f64::MIN;
+        for (t, d) in totals.iter_mut().zip(self.composed()) {
+            *t = d.total_ms;
+            cost_ms = cost_ms.max(d.total_ms);
+        }
+        Ok(cost_ms)
+    }
 }
 
 #[cfg(test)]
@@ -478,6 +722,143 @@ mod tests {
                 }
             )
             .is_err());
+    }
+
+    /// A cost network oracle over a random network, for a task of `tables`.
+    fn cost_net_oracle(tables: &[Table]) -> CostNetOracle {
+        use actor::nets::CostNet;
+        use common::config::ModelConfig;
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let net = CostNet::new(&vs.root(), &ModelConfig::default());
+        let features: Vec<_> = tables.iter().map(common::features::scaled).collect();
+        let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&features)));
+        CostNetOracle::new(net.device_heads(), &reps, 0)
+    }
+
+    /// The cost network oracle told nothing of what moved: it costs every
+    /// plan afresh.
+    struct Afresh(CostNetOracle);
+
+    impl PlanCost for Afresh {
+        fn plan_cost(
+            &mut self,
+            tables: &[Table],
+            plan: &Plan,
+            _moved: Option<&[usize]>,
+            totals: &mut [f64],
+        ) -> Result<f64, OracleError> {
+            self.0.plan_cost(tables, plan, None, totals)
+        }
+    }
+
+    #[test]
+    fn told_what_moved_the_cost_network_costs_as_it_does_afresh() {
+        let tables = pool(40, 8);
+        let mut told = cost_net_oracle(&tables);
+        let mut fresh = told.clone();
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let mut plan = Plan {
+            devices: 5,
+            assignment: (0..40).map(|_| rng.gen_range(0..5)).collect(),
+        };
+        let (mut a, mut b) = (vec![0.0; 5], vec![0.0; 5]);
+        told.plan_cost(&tables, &plan, None, &mut a).unwrap();
+        // A walk of moves, swaps and moves back (some tables named as moved
+        // stay where they were, as an undone proposal's do), longer than the
+        // sums' refresh period; the hints of a step name that step's tables.
+        for step in 0..1500 {
+            let mut moved = Vec::new();
+            for _ in 0..rng.gen_range(1..4) {
+                let t = rng.gen_range(0..40);
+                moved.push(t);
+                if step % 3 != 0 {
+                    plan.assignment[t] = rng.gen_range(0..5);
+                }
+            }
+            let got = told
+                .plan_cost(&tables, &plan, Some(&moved), &mut a)
+                .unwrap();
+            let want = fresh.plan_cost(&tables, &plan, None, &mut b).unwrap();
+            assert_eq!(got, want, "step {step}");
+            assert_eq!(a, b, "step {step}");
+        }
+        // A moved table on a device the plan does not have: refused.
+        plan.assignment[7] = 5;
+        let err = told.plan_cost(&tables, &plan, Some(&[7]), &mut a);
+        assert!(matches!(
+            err,
+            Err(OracleError::DeviceOutOfRange { table: 7, .. })
+        ));
+    }
+
+    #[test]
+    fn a_search_told_what_moved_finds_what_one_costing_afresh_does() {
+        let tables = pool(60, 9);
+        let mem = MemoryModel::default();
+        let total: u64 = tables.iter().map(|t| mem.table_bytes(t)).sum();
+        let cap = total / 2;
+        let start = Plan {
+            devices: 4,
+            assignment: common::suite::first_fit_decreasing(&tables, 4, cap, &mem).unwrap(),
+        };
+        let oracle = cost_net_oracle(&tables);
+        let run =
+            |c: &mut dyn FnMut(&mut ChaCha8Rng) -> Outcome| c(&mut ChaCha8Rng::seed_from_u64(4));
+        let told = run(&mut |rng| {
+            search(&mut oracle.clone(), &tables, &start, cap, &mem, 1500, rng).unwrap()
+        });
+        let afresh = run(&mut |rng| {
+            search(
+                &mut Afresh(oracle.clone()),
+                &tables,
+                &start,
+                cap,
+                &mem,
+                1500,
+                rng,
+            )
+            .unwrap()
+        });
+        assert_eq!(told.plan, afresh.plan);
+        assert_eq!(told.cost_ms, afresh.cost_ms);
+        assert_eq!(told.evaluations, afresh.evaluations);
+        assert!(told.plan.fits(&tables, &mem, cap));
+        assert_ne!(told.plan, start, "a random network's search moved nothing");
+    }
+
+    #[test]
+    fn moves_and_their_undoing_keep_the_tables_per_device_and_their_bytes() {
+        let tables = pool(30, 2);
+        let mem = MemoryModel::default();
+        let bytes: Vec<u64> = tables.iter().map(|t| mem.table_bytes(t)).collect();
+        let hood = Neighbourhood {
+            bytes: bytes.clone(),
+            cap: u64::MAX,
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let start = Plan {
+            devices: 3,
+            assignment: (0..30).map(|_| rng.gen_range(0..3)).collect(),
+        };
+        let mut at = Placed::new(&start, &bytes);
+        let mut applied = Vec::new();
+        for _ in 0..200 {
+            let from = rng.gen_range(0..3);
+            if let Some(m) = hood.propose(&at, from, &mut rng) {
+                at.apply(m, &bytes);
+                applied.push(m);
+            }
+            let fresh = Placed::new(&at.plan, &bytes);
+            assert_eq!(at.on, fresh.on);
+            assert_eq!(at.used, fresh.used);
+        }
+        assert!(applied.len() > 100);
+        for m in applied.into_iter().rev() {
+            at.undo(m, &bytes);
+        }
+        assert_eq!(at.plan, start);
+        let fresh = Placed::new(&start, &bytes);
+        assert_eq!((at.on, at.used), (fresh.on, fresh.used));
     }
 
     #[test]

@@ -450,35 +450,53 @@ impl Model {
         let _guard = tch::no_grad_guard();
         let reps = self.cost.tables(&mdp.features);
         let searching = searched > 1 && task.devices > 1;
-        // The per-device heads copied out of libtorch once for every search.
-        let heads = if searching {
-            Some(self.cost.device_heads())
-        } else {
-            None
-        };
-        // Moves, then the search; with the result's predicted cost when
-        // searching.
-        let refine = |assignment: Vec<usize>| -> (Vec<usize>, f64) {
-            let moved = if moves > 0 {
+        // The cost network's per-device heads and table projections copied
+        // out of libtorch once for every search.
+        let net = searching
+            .then(|| crate::search::CostNetOracle::new(self.cost.device_heads(), &reps, 0));
+        let moved = |assignment: Vec<usize>| -> Vec<usize> {
+            if moves > 0 {
                 self.improve(&mdp, &reps, assignment, moves)
             } else {
                 assignment
-            };
-            match &heads {
-                Some(heads) => Self::search_from(heads, task, mem, &reps, moved, searched),
-                None => (moved, f64::NAN),
             }
+        };
+        // The search from each start (after its moves), with its result's
+        // predicted cost: on threads of their own when more than one (a
+        // search is plain Rust on the copied heads, and each is seeded, so
+        // the result does not depend on the threads).
+        let searches = |starts: Vec<Vec<usize>>| -> Vec<(Vec<usize>, f64)> {
+            let Some(net) = &net else {
+                return starts.into_iter().map(|a| (a, f64::NAN)).collect();
+            };
+            let one = |start: Vec<usize>| Self::search_from(net, task, mem, start, searched);
+            if starts.len() == 1 {
+                return starts.into_iter().map(one).collect();
+            }
+            std::thread::scope(|scope| {
+                let running: Vec<_> = starts
+                    .into_iter()
+                    .map(|start| scope.spawn(move || one(start)))
+                    .collect();
+                running
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                    .collect()
+            })
         };
         if searching && c.plan_search_every_candidate {
             // From every distinct candidate that fits (heuristics often
             // agree); the lowest prediction wins (the first on a tie).
-            let best = candidates
+            let starts: Vec<Vec<usize>> = candidates
                 .iter()
                 .enumerate()
                 .filter(|(i, (a, infeasible))| {
                     !infeasible && !candidates[..*i].iter().any(|(b, _)| b == a)
                 })
-                .map(|(_, (assignment, _))| refine(assignment.clone()))
+                .map(|(_, (assignment, _))| moved(assignment.clone()))
+                .collect();
+            let best = searches(starts)
+                .into_iter()
                 .min_by(|a, b| a.1.total_cmp(&b.1));
             if let Some((assignment, _)) = best {
                 return (
@@ -516,7 +534,8 @@ impl Model {
         let assignment = if infeasible {
             assignment
         } else {
-            refine(assignment).0
+            let mut found = searches(vec![moved(assignment)]);
+            found.swap_remove(0).0
         };
         (
             Plan {
@@ -527,15 +546,15 @@ impl Model {
         )
     }
 
-    /// The `search` reference's local search on the cost network (its
-    /// `heads`) from `start` (a plan that fits), `budget` predicted plans: its plan if it
-    /// predicts lower (see [`crate::search::Outcome::improved`]), else the
-    /// start; with that plan's predicted cost.
+    /// The `search` reference's local search on the cost network (`net`,
+    /// a fresh copy for each search) from `start` (a plan that fits),
+    /// `budget` predicted plans: its plan if it predicts lower (see
+    /// [`crate::search::Outcome::improved`]), else the start; with that
+    /// plan's predicted cost.
     fn search_from(
-        heads: &actor::nets::DeviceHeads,
+        net: &crate::search::CostNetOracle,
         task: &Task,
         mem: &common::MemoryModel,
-        reps: &Tensor,
         start: Vec<usize>,
         budget: usize,
     ) -> (Vec<usize>, f64) {
@@ -543,7 +562,7 @@ impl Model {
             devices: task.devices,
             assignment: start,
         };
-        let mut net = crate::search::CostNetOracle::new(heads.clone(), reps, 0);
+        let mut net = net.clone();
         let mut rng = ChaCha8Rng::seed_from_u64(0);
         match crate::search::search(
             &mut net,

@@ -84,6 +84,13 @@ done
 [ "$BENCHES" -ge 1 ] || [ -n "$ADD" ] || die "training needs at least one benchworker"
 [ -z "$HOSTFILE" ] || [ "$SLURM" = 0 ] || die "--hostfile and --slurm exclude each other"
 [ -z "$HOSTFILE" ] || [ -s "$HOSTFILE" ] || die "hostfile $HOSTFILE is empty or missing"
+# Where peers run is checked before anything starts.
+if [ -n "$HOSTFILE" ]; then
+  mapfile -t HOSTS < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$HOSTFILE" | awk '{print $1}')
+  [ ${#HOSTS[@]} -gt 0 ] || die "no hosts in $HOSTFILE"
+  command -v ssh >/dev/null || die "--hostfile: ssh not found"
+fi
+[ "$SLURM" = 0 ] || command -v srun >/dev/null || die "--slurm: srun not found (run inside an allocation)"
 
 . "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$EMBSHARD_ROOT"
@@ -187,7 +194,10 @@ for _ in $(seq 1 600); do
   kill -0 "$LEARNER_PID" 2>/dev/null || { cat "$LOGS/learner.log" >&2; exit 1; }
   sleep 0.1
 done
-[ -f "$RUN_DIR/endpoint" ] || die "the learner did not start listening (see $LOGS/learner.log)"
+[ -f "$RUN_DIR/endpoint" ] || {
+  kill -INT "$LEARNER_PID" 2>/dev/null || true
+  die "the learner did not start listening (see $LOGS/learner.log)"
+}
 ENDPOINT=$(cat "$RUN_DIR/endpoint")
 cp "$RUN_DIR/endpoint" "$RUN_DIR/endpoint.last"
 TOKEN_FILE=${TOKEN_FILE:-$RUN_DIR/token}
@@ -196,15 +206,12 @@ echo "launch: learner at $ENDPOINT; $ACTORS actors, $BENCHES $BACKEND benchworke
 ACTOR=("$BIN/actor" run --learner "$ENDPOINT")
 BENCH=("$BIN/benchworker" serve --learner "$ENDPOINT" --backend "$BACKEND")
 if [ "$SLURM" = 1 ]; then
-  command -v srun >/dev/null || die "--slurm: srun not found (run inside an allocation)"
   # The token travels in the environment (srun --export), never in arguments.
   export EMBSHARD_TOKEN; EMBSHARD_TOKEN=$(cat "$TOKEN_FILE")
   [ "$ACTORS" = 0 ] || { srun --export=ALL --ntasks="$ACTORS" "${ACTOR[@]}" >"$LOGS/actors.log" 2>&1 & PIDS+=($!); }
   srun --export=ALL --ntasks="$BENCHES" "${BENCH[@]}" >"$LOGS/benchworkers.log" 2>&1 &
   PIDS+=($!)
 elif [ -n "$HOSTFILE" ]; then
-  mapfile -t HOSTS < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$HOSTFILE" | awk '{print $1}')
-  [ ${#HOSTS[@]} -gt 0 ] || die "no hosts in $HOSTFILE"
   # The token goes over ssh's stdin, never on a command line.
   remote() { # remote HOST LOG COMMAND...
     local host=$1 log=$2; shift 2

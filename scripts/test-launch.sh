@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Tests scripts/launch.sh's multi-host modes on this host: a stand-in `ssh`
+# (runs the remote command here, without the caller's cluster token, so the
+# token must come over stdin as launch.sh sends it) and a stand-in `srun`
+# (runs --ntasks copies here) come first on PATH. Each mode trains the small
+# configuration (in a temporary folder) and must: start the peers where the
+# hostfile or srun says, finish training with every measurement, keep the
+# token off every command line; and launch.sh must refuse a mode it cannot
+# run before starting anything. scripts/test.sh runs it after the cargo
+# tests; it sets up through launch.sh like any user.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+FAILS=0
+fail() { echo "test-launch: FAILED: $*" >&2; FAILS=$((FAILS + 1)); }
+check() { # check WHAT COMMAND...
+  local what=$1; shift
+  if "$@"; then echo "test-launch: ok: $what" >&2; else fail "$what"; fi
+}
+
+mkdir -p "$T/bin"
+cat >"$T/bin/ssh" <<'SH'
+#!/usr/bin/env bash
+set -euo pipefail
+printf '%s\n' "$*" >>"$FAKE_LOG/ssh.args"
+while [ "${1:-}" = -o ]; do shift 2; done
+host=$1; shift
+exec env -u EMBSHARD_TOKEN FAKE_HOST="$host" bash -c "$*"
+SH
+cat >"$T/bin/srun" <<'SH'
+#!/usr/bin/env bash
+set -euo pipefail
+printf '%s\n' "$*" >>"$FAKE_LOG/srun.args"
+n=1
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --ntasks=*) n=${1#--ntasks=} ;;
+    --export=ALL) ;;
+    *) echo "srun stand-in: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+for i in $(seq 0 $((n - 1))); do SLURM_PROCID=$i "$@" & done
+wait
+SH
+chmod +x "$T/bin/ssh" "$T/bin/srun"
+export FAKE_LOG=$T
+sed -e "s#^dir = \"data/small\"#dir = \"$T/data\"#" \
+    -e "s#^suite = \"data/small/#suite = \"$T/data/#" \
+    "$ROOT/configs/small.toml" >"$T/small.toml"
+grep -q "$T/data" "$T/small.toml" || { echo "test-launch: could not relocate configs/small.toml" >&2; exit 1; }
+WANT=$(awk -F' *= *' '/^iterations/ {i=$2} /^measure_per_iteration/ {m=$2} END {print i * m}' "$T/small.toml")
+printf 'token-%s\n' "$RANDOM$RANDOM$RANDOM" >"$T/token"
+chmod 600 "$T/token"
+TOKEN=$(cat "$T/token")
+launch() { PATH="$T/bin:$PATH" "$ROOT/scripts/launch.sh" --config "$T/small.toml" \
+  --token-file "$T/token" --port 0 --no-eval "$@"; }
+trained() { grep -q "trained .*: $WANT measurements" "$1/logs/learner.out"; }
+no_token() { ! grep -qF "$TOKEN" "$1"; }
+joined() { # joined LOG... : distinct actor ids that joined, over the logs
+  cat "$@" | grep -o 'Actor [0-9]* joined' | sort -u | wc -l
+}
+
+# Hostfile mode: comments, blank lines and extra fields are skipped; actors
+# then benchworkers go round robin over the hosts.
+printf 'nodeA\n# a comment\n\nnodeB  slots=4\n' >"$T/hosts"
+if launch --run-dir "$T/ssh" --hostfile "$T/hosts" --actors 2 --benchworkers 1 >"$T/ssh.out" 2>&1; then
+  L=$T/ssh/logs
+  check "hostfile: peers on the hosts round robin" \
+    test -s "$L/actor-1-nodeA.log" -a -s "$L/actor-2-nodeB.log" -a -s "$L/benchworker-1-nodeA.log"
+  check "hostfile: training finished with $WANT measurements" trained "$T/ssh"
+  check "hostfile: both actors joined (the token came over ssh's stdin)" \
+    test "$(joined "$L/actor-1-nodeA.log" "$L/actor-2-nodeB.log")" = 2
+  check "hostfile: three ssh commands, no token on them" \
+    test "$(wc -l <"$T/ssh.args")" = 3 -a "$(no_token "$T/ssh.args" && echo y)" = y
+else
+  tail -n 20 "$T/ssh.out" >&2
+  fail "hostfile mode exited with an error"
+fi
+
+# Slurm mode: one srun step for the actors, one for the benchworkers.
+if launch --run-dir "$T/slurm" --slurm --actors 2 --benchworkers 1 >"$T/slurm.out" 2>&1; then
+  L=$T/slurm/logs
+  check "slurm: training finished with $WANT measurements" trained "$T/slurm"
+  check "slurm: two actors joined from one srun step" test "$(joined "$L/actors.log")" = 2
+  check "slurm: srun asked for 2 actor tasks and 1 benchworker task" \
+    grep -qx -- "--export=ALL --ntasks=2 .*/actor run --learner tcp://.*" "$T/srun.args"
+  check "slurm: ... and 1 benchworker task" \
+    grep -qx -- "--export=ALL --ntasks=1 .*/benchworker serve --learner tcp://.* --backend sim" "$T/srun.args"
+  check "slurm: no token on srun's command lines" no_token "$T/srun.args"
+else
+  tail -n 20 "$T/slurm.out" >&2
+  fail "slurm mode exited with an error"
+fi
+
+# Modes that cannot run are refused before anything starts.
+refused() { # refused MESSAGE PATH ARGS...
+  local message=$1 path=$2; shift 2
+  local out status=0
+  out=$(PATH="$path" "$ROOT/scripts/launch.sh" --config "$T/small.toml" --run-dir "$T/refused" "$@" 2>&1) || status=$?
+  [ "$status" = 2 ] && grep -qF "$message" <<<"$out" && [ ! -e "$T/refused" ]
+}
+NO_SRUN=$(mktemp -d "$T/path.XXXX")
+for tool in bash env sed awk cat mkdir dirname realpath grep; do
+  ln -s "$(command -v "$tool")" "$NO_SRUN/$tool"
+done
+printf '# nothing but a comment\n' >"$T/comments"
+check "refused: --hostfile and --slurm together" \
+  refused "exclude each other" "$T/bin:$PATH" --hostfile "$T/hosts" --slurm
+check "refused: a hostfile without hosts" refused "no hosts in" "$T/bin:$PATH" --hostfile "$T/comments"
+check "refused: --slurm without srun" refused "srun not found" "$NO_SRUN" --slurm
+
+if [ "$FAILS" != 0 ]; then
+  echo "test-launch: $FAILS checks failed" >&2
+  exit 1
+fi
+echo "test-launch: all checks passed" >&2

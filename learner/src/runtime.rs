@@ -46,6 +46,10 @@ const MAX_JOB_FAILURES: usize = 10;
 struct Peer {
     role: Role,
     id: u64,
+    /// The process start its hello came from: its messages carry it.
+    incarnation: u64,
+    /// The sequence number of its latest message: the next is higher.
+    last_seq: u64,
     /// The job a benchworker is measuring.
     job: Option<u64>,
     last_seen: Instant,
@@ -102,6 +106,10 @@ pub struct RuntimeReport {
     /// Messages from peers that never said hello, or of a kind the
     /// learner does not take.
     pub unexpected: u64,
+    /// Messages whose envelope does not match their peer's (another sender
+    /// id or incarnation than its hello's, or a sequence number not above
+    /// its last): dropped.
+    pub bad_envelopes: u64,
     /// Policy lag of every unroll learned from.
     pub lags: Vec<u64>,
     /// Weight messages sent to actors.
@@ -271,8 +279,16 @@ impl<'t, 'a> Learner<'t, 'a> {
                 );
                 return Ok(());
             }
-            let id = self.next_peer;
-            self.next_peer += 1;
+            // A hello said again by the same process (the learner was slow
+            // to welcome it) keeps its id: the peer takes the first welcome
+            // it gets, whichever of them.
+            let id = match self.peers.get(&from) {
+                Some(p) if p.incarnation == header.incarnation => p.id,
+                _ => {
+                    self.next_peer += 1;
+                    self.next_peer - 1
+                }
+            };
             tracing::info!("{role:?} {id} joined");
             self.forget(&from);
             self.peers.insert(
@@ -280,6 +296,8 @@ impl<'t, 'a> Learner<'t, 'a> {
                 Peer {
                     role,
                     id,
+                    incarnation: header.incarnation,
+                    last_seq: header.seq,
                     job: None,
                     last_seen: Instant::now(),
                     credits: 0,
@@ -310,6 +328,27 @@ impl<'t, 'a> Learner<'t, 'a> {
             );
             return Ok(());
         };
+        if header.sender != peer.id
+            || header.incarnation != peer.incarnation
+            || header.seq <= peer.last_seq
+        {
+            self.report.bad_envelopes += 1;
+            tracing::warn!(
+                "{:?} {}: dropped {:?} whose envelope does not match (sender {}, incarnation {:#x}, \
+                 seq {}; expected sender {}, incarnation {:#x}, seq above {})",
+                peer.role,
+                peer.id,
+                message.kind(),
+                header.sender,
+                header.incarnation,
+                header.seq,
+                peer.id,
+                peer.incarnation,
+                peer.last_seq
+            );
+            return Ok(());
+        }
+        peer.last_seq = header.seq;
         peer.last_seen = Instant::now();
         let role = peer.role;
         match (role, message) {
@@ -808,8 +847,9 @@ mod tests {
     use common::protocol::UnrollData;
     use common::Suite;
 
-    /// Strangers (a wrong token), garbage and messages from peers that
-    /// never said hello are refused and counted; training goes on.
+    /// Strangers (a wrong token), garbage, messages from peers that never
+    /// said hello and messages whose envelope does not match their peer's
+    /// are refused or dropped, and counted; training goes on.
     #[test]
     fn strangers_and_garbage_are_refused_and_counted() {
         let dir = tempfile::tempdir().unwrap();
@@ -823,6 +863,7 @@ mod tests {
         let endpoint = "inproc://strangers";
         let hub = Hub::bind(&ctx, endpoint).unwrap();
         let stop = AtomicBool::new(false);
+        let misfit_sent = AtomicBool::new(false);
         let (report, stranger) = std::thread::scope(|s| {
             let actor = s.spawn(|| {
                 let opts = actor::worker::ActorOptions {
@@ -852,6 +893,54 @@ mod tests {
                 };
                 actor::worker::run(&ctx, &opts, &stop)
             });
+            // A peer that says hello twice, then sends messages whose
+            // envelope is wrong: each a Shutdown, which acted on would make
+            // the learner forget it; then a right one.
+            let misfit = s.spawn(|| {
+                use common::protocol::{decode, encode, Header};
+                let socket = ctx.socket(zmq::DEALER).unwrap();
+                socket.connect(endpoint).unwrap();
+                let incarnation = 77;
+                let send = |sender, incarnation, seq, m: &Message| {
+                    let header = Header {
+                        sender,
+                        incarnation,
+                        seq,
+                        policy_version: 0,
+                    };
+                    socket.send(encode(&header, m), 0).unwrap();
+                };
+                let hello = Message::Hello {
+                    role: Role::Actor,
+                    token: "right".into(),
+                };
+                send(0, incarnation, 1, &hello);
+                send(0, incarnation, 2, &hello);
+                let (mut welcomed, mut refused, mut told_to_stop) = (Vec::new(), 0, false);
+                let start = Instant::now();
+                while !told_to_stop && start.elapsed() < Duration::from_secs(60) {
+                    if socket.poll(zmq::POLLIN, 100).unwrap() == 0 {
+                        continue;
+                    }
+                    match decode(&socket.recv_bytes(0).unwrap()).unwrap().1 {
+                        Message::Welcome { peer, .. } => {
+                            welcomed.push(peer);
+                            if welcomed.len() == 2 {
+                                let id = welcomed[0];
+                                send(id, incarnation, 2, &Message::Shutdown); // replayed
+                                send(id, incarnation + 2, 3, &Message::Shutdown);
+                                send(id + 100, incarnation, 4, &Message::Shutdown);
+                                send(id, incarnation, 5, &Message::Heartbeat);
+                                misfit_sent.store(true, Ordering::Release);
+                            }
+                        }
+                        Message::Refused { .. } => refused += 1,
+                        Message::Shutdown => told_to_stop = true,
+                        _ => {}
+                    }
+                }
+                (welcomed, refused, told_to_stop)
+            });
             // Garbage, then a well-formed unroll from a peer that never said hello.
             let mut raw = Link::connect(&ctx, endpoint).unwrap();
             let junk = ctx.socket(zmq::DEALER).unwrap();
@@ -872,7 +961,17 @@ mod tests {
             };
             raw.send(1, &Message::Unroll(unroll)).unwrap();
             let mut learner = Learner::new(&mut trainer, hub, "right".into()).unwrap();
-            learner.run(&mut Hooks::none(), &stop).unwrap();
+            // The first round ends only once the misfit has sent everything:
+            // the second one takes its messages.
+            let mut hooks = Hooks::none();
+            hooks.round_done = Box::new(|_| {
+                let start = Instant::now();
+                while !misfit_sent.load(Ordering::Acquire) && start.elapsed().as_secs() < 30 {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(())
+            });
+            learner.run(&mut hooks, &stop).unwrap();
             learner.shutdown(false);
             stop.store(true, Ordering::Relaxed);
             assert!(actor.join().unwrap().unwrap().unrolls > 0);
@@ -880,8 +979,16 @@ mod tests {
             // The peer without a hello was told so.
             let told = raw.recv(1000).unwrap().map(|(_, m)| m);
             assert!(matches!(told, Some(Message::Refused { .. })), "{told:?}");
+            // The misfit got one id twice, was never refused and was still
+            // known at the end (told to stop).
+            let (welcomed, refused, told_to_stop) = misfit.join().unwrap();
+            assert_eq!(welcomed.len(), 2);
+            assert_eq!(welcomed[0], welcomed[1], "a hello said again keeps its id");
+            assert_eq!(refused, 0);
+            assert!(told_to_stop, "a message with a wrong envelope was acted on");
             (learner.report.clone(), stranger.join().unwrap())
         });
+        assert_eq!(report.bad_envelopes, 3);
         let err = format!("{:#}", stranger.unwrap_err());
         assert!(err.contains("wrong cluster token"), "{err}");
         assert_eq!(report.refused_peers, 1);

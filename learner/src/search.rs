@@ -336,7 +336,10 @@ pub fn search<C: PlanCost + ?Sized>(
 /// that moved since they were last needed. Told which tables moved (see
 /// [`PlanCost::plan_cost`]), a proposal's cost grows with neither the
 /// tables of the task nor those of a device (it grows linearly with the
-/// ensemble's members).
+/// ensemble's members). Told or not, a plan's figures are the same, bit
+/// for bit, until the cache starts over (after [`CACHE_LIMIT`] devices):
+/// from then on a device's costs may be recomputed from sums rounded
+/// otherwise.
 #[derive(Clone)]
 pub struct CostNetOracle {
     /// `[tables × projected width]` table projections (see
@@ -398,7 +401,7 @@ impl Hasher for KeyHasher {
 }
 
 /// Entries after which the cache starts over (a few MB).
-const CACHE_LIMIT: usize = 1 << 16;
+pub const CACHE_LIMIT: usize = 1 << 16;
 
 impl CostNetOracle {
     /// `reps`: the cost network's `[tables, width]` table representations of
@@ -529,17 +532,29 @@ impl CostNetOracle {
         changed.resize(plan.devices, false);
         match moved {
             Some(moved) => {
+                // Checked before anything changes: an error leaves the last
+                // plan as it was.
+                if let Some(&t) = moved
+                    .iter()
+                    .find(|&&t| t >= tables.len() || plan.assignment[t] >= plan.devices)
+                {
+                    self.changed = changed;
+                    return Err(match plan.assignment.get(t) {
+                        Some(&device) => OracleError::DeviceOutOfRange {
+                            table: t,
+                            device,
+                            devices: plan.devices,
+                        },
+                        None => OracleError::Backend {
+                            backend: "cost_net",
+                            message: format!("table {t} moved, of {}", tables.len()),
+                        },
+                    });
+                }
                 for &t in moved {
                     let (was, now) = (self.plan[t], plan.assignment[t]);
                     if was == now {
                         continue;
-                    }
-                    if now >= plan.devices {
-                        return Err(OracleError::DeviceOutOfRange {
-                            table: t,
-                            device: now,
-                            devices: plan.devices,
-                        });
                     }
                     self.dev_keys[was] = self.dev_keys[was].wrapping_sub(self.keys[t]);
                     self.dev_keys[now] = self.dev_keys[now].wrapping_add(self.keys[t]);
@@ -611,9 +626,11 @@ impl PlanCost for CostNetOracle {
     ) -> Result<f64, OracleError> {
         self.cost_devices(tables, plan, moved)?;
         let mut cost_ms = f64::MIN;
-        for (t, d) in totals.iter_mut().zip(self.composed()) {
-            *t = d.total_ms;
-            cost_ms = cost_ms.max(d.total_ms);
+        for (d, c) in self.composed().enumerate() {
+            if let Some(t) = totals.get_mut(d) {
+                *t = c.total_ms;
+            }
+            cost_ms = cost_ms.max(c.total_ms);
         }
         Ok(cost_ms)
     }
@@ -756,39 +773,66 @@ mod tests {
         let tables = pool(40, 8);
         let mut told = cost_net_oracle(&tables);
         let mut fresh = told.clone();
+        let mut compare = |told: &mut CostNetOracle, plan: &Plan, moved: &[usize], what: &str| {
+            let (mut a, mut b) = (vec![0.0; plan.devices], vec![0.0; plan.devices]);
+            let got = told.plan_cost(&tables, plan, Some(moved), &mut a).unwrap();
+            let want = fresh.plan_cost(&tables, plan, None, &mut b).unwrap();
+            assert_eq!(got, want, "{what}");
+            assert_eq!(a, b, "{what}");
+        };
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let mut plan = Plan {
             devices: 5,
             assignment: (0..40).map(|_| rng.gen_range(0..5)).collect(),
         };
-        let (mut a, mut b) = (vec![0.0; 5], vec![0.0; 5]);
+        let mut a = vec![0.0; 6];
         told.plan_cost(&tables, &plan, None, &mut a).unwrap();
         // A walk of moves, swaps and moves back (some tables named as moved
         // stay where they were, as an undone proposal's do), longer than the
-        // sums' refresh period; the hints of a step name that step's tables.
+        // sums' refresh period, now and then moving more tables than the
+        // sums are updated by; the hints of a step name that step's tables.
         for step in 0..1500 {
             let mut moved = Vec::new();
-            for _ in 0..rng.gen_range(1..4) {
+            let n = if step % 50 == 7 {
+                12
+            } else {
+                rng.gen_range(1..4)
+            };
+            for _ in 0..n {
                 let t = rng.gen_range(0..40);
                 moved.push(t);
                 if step % 3 != 0 {
                     plan.assignment[t] = rng.gen_range(0..5);
                 }
             }
-            let got = told
-                .plan_cost(&tables, &plan, Some(&moved), &mut a)
-                .unwrap();
-            let want = fresh.plan_cost(&tables, &plan, None, &mut b).unwrap();
-            assert_eq!(got, want, "step {step}");
-            assert_eq!(a, b, "step {step}");
+            compare(&mut told, &plan, &moved, &format!("step {step}"));
         }
-        // A moved table on a device the plan does not have: refused.
-        plan.assignment[7] = 5;
-        let err = told.plan_cost(&tables, &plan, Some(&[7]), &mut a);
+        // One table back and forth between cached plans, more often than
+        // the tables awaiting the sums are listed; then a new plan.
+        for k in 0..600 {
+            plan.assignment[3] = k % 2;
+            compare(&mut told, &plan, &[3], &format!("toggle {k}"));
+        }
+        plan.assignment[4] = (plan.assignment[4] + 1) % 5;
+        compare(&mut told, &plan, &[4], "after the toggling");
+        // The same tables on more devices: costed afresh, whatever the hint.
+        let mut wider = Plan {
+            devices: 6,
+            assignment: plan.assignment.clone(),
+        };
+        wider.assignment[9] = 5;
+        compare(&mut told, &wider, &[9], "six devices");
+        // A moved table on a device the plan does not have: refused, and
+        // the last plan stays what it was.
+        wider.assignment[9] = 0;
+        wider.assignment[7] = 6;
+        let err = told.plan_cost(&tables, &wider, Some(&[9, 7]), &mut a);
         assert!(matches!(
             err,
             Err(OracleError::DeviceOutOfRange { table: 7, .. })
         ));
+        wider.assignment[7] = 5;
+        compare(&mut told, &wider, &[9, 7], "after the error");
     }
 
     #[test]

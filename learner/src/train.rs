@@ -462,27 +462,42 @@ impl Model {
             }
         };
         // The search from each start (after its moves), with its result's
-        // predicted cost: on threads of their own when more than one (a
-        // search is plain Rust on the copied heads, and each is seeded, so
-        // the result does not depend on the threads).
+        // predicted cost, in order: spread over up to one thread per core
+        // when more than one (a search is plain Rust on the copied heads,
+        // and each is seeded, so the result does not depend on the threads).
         let searches = |starts: Vec<Vec<usize>>| -> Vec<(Vec<usize>, f64)> {
             let Some(net) = &net else {
                 return starts.into_iter().map(|a| (a, f64::NAN)).collect();
             };
             let one = |start: Vec<usize>| Self::search_from(net, task, mem, start, searched);
-            if starts.len() == 1 {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let threads = starts.len().min(cores);
+            if threads <= 1 {
                 return starts.into_iter().map(one).collect();
             }
-            std::thread::scope(|scope| {
-                let running: Vec<_> = starts
+            let mut shares: Vec<Vec<(usize, Vec<usize>)>> = vec![Vec::new(); threads];
+            for (i, start) in starts.into_iter().enumerate() {
+                shares[i % threads].push((i, start));
+            }
+            let mut found: Vec<(usize, (Vec<usize>, f64))> = std::thread::scope(|scope| {
+                let running: Vec<_> = shares
                     .into_iter()
-                    .map(|start| scope.spawn(move || one(start)))
+                    .map(|share| {
+                        scope.spawn(move || {
+                            share
+                                .into_iter()
+                                .map(|(i, start)| (i, one(start)))
+                                .collect::<Vec<_>>()
+                        })
+                    })
                     .collect();
                 running
                     .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                    .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
                     .collect()
-            })
+            });
+            found.sort_by_key(|(i, _)| *i);
+            found.into_iter().map(|(_, r)| r).collect()
         };
         if searching && c.plan_search_every_candidate {
             // From every distinct candidate that fits (heuristics often

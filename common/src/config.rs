@@ -677,6 +677,31 @@ impl Config {
         }
     }
 
+    /// Reads a run's resolved configuration (`RUN/config.toml`, which
+    /// `learner train` writes whole) and warns about the settings it lacks:
+    /// a run written by an older embshard, whose missing settings take
+    /// today's built-in defaults.
+    pub fn load_run(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let cfg = Config::from_toml(&text, path)?;
+        let missing = missing_settings(&text);
+        if !missing.is_empty() {
+            const SHOWN: usize = 6;
+            let mut named: Vec<String> = missing.iter().take(SHOWN).cloned().collect();
+            if missing.len() > SHOWN {
+                named.push(format!("and {} more", missing.len() - SHOWN));
+            }
+            tracing::warn!(
+                "{} comes from an older embshard: {} settings it lacks take today's built-in \
+                 defaults ({}); write them into the file to pin them",
+                path.display(),
+                missing.len(),
+                named.join(", ")
+            );
+        }
+        Ok(cfg)
+    }
+
     pub fn validate(&self) -> std::result::Result<(), String> {
         self.cluster.validate()?;
         self.sim.validate()?;
@@ -687,6 +712,36 @@ impl Config {
         self.model.validate()?;
         self.train.validate()
     }
+}
+
+/// The settings that TOML `text` leaves out, as `section.key = default`
+/// (empty when the text does not parse: parsing reports that).
+pub fn missing_settings(text: &str) -> Vec<String> {
+    fn walk(all: &toml::Table, given: Option<&toml::Table>, prefix: &str, out: &mut Vec<String>) {
+        for (key, value) in all {
+            let name = format!("{prefix}{key}");
+            let there = given.and_then(|g| g.get(key));
+            match value {
+                toml::Value::Table(sub) => walk(
+                    sub,
+                    there.and_then(|t| t.as_table()),
+                    &format!("{name}."),
+                    out,
+                ),
+                _ if there.is_none() => out.push(format!("{name} = {value}")),
+                _ => {}
+            }
+        }
+    }
+    let (Ok(given), Ok(all)) = (
+        text.parse::<toml::Table>(),
+        toml::Table::try_from(Config::default()),
+    ) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    walk(&all, Some(&given), "", &mut out);
+    out
 }
 
 fn positive(field: &str, v: f64) -> std::result::Result<(), String> {
@@ -728,6 +783,31 @@ mod tests {
         );
         c.train.extra_suites.clear();
         assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn the_settings_a_run_config_lacks_are_named_with_their_defaults() {
+        let whole = toml::to_string(&Config::default()).unwrap();
+        assert_eq!(missing_settings(&whole), Vec::<String>::new());
+        // The shipped default spells out every setting.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/default.toml");
+        let shipped = std::fs::read_to_string(path).unwrap();
+        assert_eq!(missing_settings(&shipped), Vec::<String>::new());
+        // Two settings of a run written before they existed.
+        let older: String = whole
+            .lines()
+            .filter(|l| !l.starts_with("plan_search =") && !l.starts_with("measure_planned ="))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(
+            missing_settings(&older),
+            ["model.plan_search = 2000", "train.measure_planned = true"]
+        );
+        // A whole section left out: each of its settings.
+        let missing = missing_settings("[sim]\nbatch = 1024\n");
+        assert!(missing.iter().any(|m| m.starts_with("train.iterations = ")));
+        assert!(!missing.iter().any(|m| m.starts_with("sim.batch")));
+        assert!(missing.iter().any(|m| m.starts_with("sim.")));
     }
 
     #[test]

@@ -150,7 +150,7 @@ pub fn load_latest(cfg: &Config, run: &Path) -> Option<Loaded> {
 
 /// A run directory's configuration and its newest intact model.
 pub fn load_run(run: &Path) -> anyhow::Result<(Config, Model)> {
-    let cfg = Config::load(Some(&run.join("config.toml")))?;
+    let cfg = Config::load_run(&run.join("config.toml"))?;
     let loaded = load_latest_model(&cfg, run)
         .with_context(|| format!("no intact checkpoint in {}", run.display()))?;
     Ok((cfg, loaded.model))

@@ -283,7 +283,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         if args.config.is_some() {
             tracing::warn!("--resume uses the run's own config.toml; --config is ignored");
         }
-        Config::load(Some(&dir.join("config.toml")))?
+        Config::load_run(&dir.join("config.toml"))?
     } else {
         anyhow::ensure!(
             !has_run,

@@ -103,4 +103,33 @@ mod tests {
         generate(&cfg, dir.path()).unwrap();
         assert_eq!(before, std::fs::read(&g.suites[1]).unwrap());
     }
+
+    /// Every shipped configuration parses, and trains on suites that its
+    /// own data section generates (in its data folder).
+    #[test]
+    fn the_shipped_configs_train_on_suites_they_generate() {
+        let configs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&configs).unwrap() {
+            let path = entry.unwrap().path();
+            let cfg = Config::load(Some(&path)).unwrap();
+            let generated: Vec<PathBuf> = cfg
+                .data
+                .suites
+                .iter()
+                .map(|s| cfg.data.dir.join(format!("{}.train.json", s.name())))
+                .collect();
+            for suite in std::iter::once(&cfg.train.suite).chain(&cfg.train.extra_suites) {
+                assert!(
+                    generated.contains(suite),
+                    "{}: {} is not among the suites it generates ({generated:?})",
+                    path.display(),
+                    suite.display()
+                );
+            }
+            names.push(path.file_name().unwrap().to_string_lossy().into_owned());
+        }
+        names.sort();
+        assert_eq!(names, ["default.toml", "mixed.toml", "small.toml"]);
+    }
 }

@@ -70,6 +70,7 @@ pub struct ServeArgs {
     /// The learner's endpoint (see its DIR/endpoint).
     #[arg(long)]
     pub learner: String,
+    /// What measures the learner's jobs.
     #[arg(long, value_enum, default_value = "sim")]
     pub backend: Backend,
     /// File holding the cluster token (or set EMBSHARD_TOKEN).
@@ -94,23 +95,29 @@ pub struct ServeArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
+    /// The oracle to time.
     #[arg(long, value_enum, default_value = "sim")]
     pub backend: Backend,
+    /// Tables per plan (drawn from a generated pool).
     #[arg(long, default_value_t = 200)]
     pub tables: usize,
+    /// Devices per plan.
     #[arg(long, default_value_t = 8)]
     pub devices: usize,
+    /// Random plans to measure.
     #[arg(long, default_value_t = 10000)]
     pub plans: usize,
     /// Configuration TOML; defaults when omitted.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Seed of the pool and the plans.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct FusionArgs {
+    /// The oracle that measures the fused and the single-table calls.
     #[arg(long, value_enum, default_value = "sim")]
     pub backend: Backend,
     /// Tables per mix, comma-separated.
@@ -122,6 +129,7 @@ pub struct FusionArgs {
     /// Configuration TOML; defaults when omitted.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Seed of the pool and the mixes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// One JSON object per mix instead of the table.

@@ -96,6 +96,7 @@ pub struct PlanArgs {
     /// Pool CSV of the tables to place.
     #[arg(long)]
     pub tables: PathBuf,
+    /// Devices (GPUs) to place the tables on.
     #[arg(long)]
     pub devices: usize,
     /// Memory per device, GB (GiB).
@@ -104,6 +105,8 @@ pub struct PlanArgs {
     /// Run directory of a trained model.
     #[arg(long)]
     pub checkpoint: PathBuf,
+    /// What to write: the placement with the cost network's estimates, or
+    /// TorchRec's rank per table.
     #[arg(long, value_enum, default_value = "placement")]
     pub format: PlanFormat,
     /// Write here instead of stdout.

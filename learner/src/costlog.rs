@@ -6,7 +6,7 @@
 //! damaged disk) is skipped and counted, never a crash.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read as _, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -44,27 +44,52 @@ pub struct Read {
 }
 
 impl CostLog {
-    /// Opens (creating if needed) the log at `path` for appending.
+    /// Opens (creating if needed) the log at `path` for appending. A log
+    /// whose last line has no newline (a process killed while appending)
+    /// gets one first, so that the next entry starts a line of its own: a
+    /// whole entry there stays readable, a torn one stays a line to skip.
     pub fn open(path: &Path) -> anyhow::Result<CostLog> {
-        let file = OpenOptions::new()
+        let context = || format!("opening {}", path.display());
+        let mut file = OpenOptions::new()
             .create(true)
+            .read(true)
             .append(true)
             .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
+            .with_context(context)?;
+        let len = file.metadata().with_context(context)?.len();
+        if len > 0 {
+            let mut last = [0u8];
+            file.seek(SeekFrom::Start(len - 1))
+                .and_then(|_| file.read_exact(&mut last))
+                .with_context(context)?;
+            if last[0] != b'\n' {
+                tracing::warn!(
+                    "{}: the last entry was cut short of its line end (a crash while \
+                     appending); the next starts a new line",
+                    path.display()
+                );
+                file.write_all(b"\n")
+                    .and_then(|_| file.sync_data())
+                    .with_context(context)?;
+            }
+        }
         Ok(CostLog {
             path: path.to_path_buf(),
             file,
         })
     }
 
-    /// Appends one sample durably.
+    /// Appends one sample durably: the entry and its newline in one write,
+    /// then fsync.
     pub fn append(&mut self, sample: &CostSample) -> anyhow::Result<()> {
         let raw = serde_json::value::to_raw_value(sample)?;
-        let line = serde_json::to_string(&LineOut {
+        let mut line = serde_json::to_vec(&LineOut {
             crc32: crc32fast::hash(raw.get().as_bytes()),
             sample: &raw,
         })?;
-        writeln!(self.file, "{line}")
+        line.push(b'\n');
+        self.file
+            .write_all(&line)
             .and_then(|_| self.file.sync_data())
             .with_context(|| format!("appending to {}", self.path.display()))
     }
@@ -158,5 +183,35 @@ mod tests {
         let r = CostLog::read(&p).unwrap();
         assert_eq!(r.samples, vec![sample(0)]);
         assert_eq!(r.skipped, 2);
+    }
+
+    /// A process killed while appending leaves its entry without the line
+    /// end, whole or torn; entries appended after a reopening are not lost
+    /// to it.
+    #[test]
+    fn entries_after_an_unterminated_one_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("cost.jsonl");
+        let mut log = CostLog::open(&p).unwrap();
+        for k in 0..2 {
+            log.append(&sample(k)).unwrap();
+        }
+        drop(log);
+        let whole = std::fs::read(&p).unwrap();
+        // The second entry whole, without its newline.
+        std::fs::write(&p, &whole[..whole.len() - 1]).unwrap();
+        CostLog::open(&p).unwrap().append(&sample(2)).unwrap();
+        let r = CostLog::read(&p).unwrap();
+        assert_eq!(r.samples, vec![sample(0), sample(1), sample(2)]);
+        assert_eq!(r.skipped, 0);
+        // A torn entry: skipped alone.
+        let text = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &text[..text.len() - 20]).unwrap();
+        let mut log = CostLog::open(&p).unwrap();
+        log.append(&sample(3)).unwrap();
+        log.append(&sample(4)).unwrap();
+        let r = CostLog::read(&p).unwrap();
+        assert_eq!(r.samples, vec![sample(0), sample(1), sample(3), sample(4)]);
+        assert_eq!(r.skipped, 1);
     }
 }

@@ -25,7 +25,8 @@
 #                        loopback; 5555 with --hostfile or --slurm)
 #   --hostfile FILE      start actors and benchworkers over ssh on the hosts
 #                        listed in FILE (one per line, # comments), round
-#                        robin; this checkout must be at the same path there
+#                        robin; this checkout must be at the same path there,
+#                        built (checked over ssh before anything starts)
 #   --slurm              start them with srun inside a Slurm allocation (the
 #                        learner runs here, on the first node)
 #   --add-actors N --learner ENDPOINT
@@ -121,6 +122,22 @@ if [ -n "$ADD" ]; then
   echo "launch: $ADD actors joined $LEARNER (logs in $LOGS)" >&2
   wait
   exit 0
+fi
+
+if [ -n "$HOSTFILE" ]; then
+  # Every host answers over ssh and has the binaries at this checkout's path,
+  # before anything starts.
+  for h in $(printf '%s\n' "${HOSTS[@]}" | sort -u); do
+    status=0
+    why=$(ssh -o BatchMode=yes -o ConnectTimeout=10 "$h" \
+      "test -x $(printf %q "$BIN/actor") && test -x $(printf %q "$BIN/benchworker")" 2>&1 </dev/null) ||
+      status=$?
+    case "$status" in
+      0) ;;
+      255) die "host $h does not answer over ssh (BatchMode): ${why:-no message}" ;;
+      *) die "host $h has no $BIN/actor and benchworker: check out and build embshard at this same path there (scripts/setup.sh)" ;;
+    esac
+  done
 fi
 
 RUN_DIR=${RUN_DIR:-$EMBSHARD_ROOT/runs/default}

@@ -6,7 +6,8 @@
 # configuration (in a temporary folder) and must: start the peers where the
 # hostfile or srun says, finish training with every measurement, keep the
 # token off every command line; and launch.sh must refuse a mode it cannot
-# run before starting anything. scripts/test.sh runs it after the cargo
+# run (no srun, no hosts, a host that does not answer or lacks the
+# binaries) before starting anything. scripts/test.sh runs it after the cargo
 # tests; it sets up through launch.sh like any user.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,6 +27,10 @@ set -euo pipefail
 printf '%s\n' "$*" >>"$FAKE_LOG/ssh.args"
 while [ "${1:-}" = -o ]; do shift 2; done
 host=$1; shift
+case "$host" in
+  down) echo "ssh: connect to host down port 22: Connection refused" >&2; exit 255 ;;
+  bare) exit 1 ;; # a host without the binaries: every command fails
+esac
 exec env -u EMBSHARD_TOKEN FAKE_HOST="$host" bash -c "$*"
 SH
 cat >"$T/bin/srun" <<'SH'
@@ -72,8 +77,10 @@ if launch --run-dir "$T/ssh" --hostfile "$T/hosts" --actors 2 --benchworkers 1 >
   check "hostfile: training finished with $WANT measurements" trained "$T/ssh"
   check "hostfile: both actors joined (the token came over ssh's stdin)" \
     test "$(joined "$L/actor-1-nodeA.log" "$L/actor-2-nodeB.log")" = 2
-  check "hostfile: three ssh commands, no token on them" \
-    test "$(wc -l <"$T/ssh.args")" = 3 -a "$(no_token "$T/ssh.args" && echo y)" = y
+  check "hostfile: one check per host, then three peers started, no token on any command" \
+    test "$(grep -c '^-o BatchMode=yes -o ConnectTimeout=10 node[AB] test -x ' "$T/ssh.args")" = 2 \
+    -a "$(grep -c ' exec ' "$T/ssh.args")" = 3 -a "$(wc -l <"$T/ssh.args")" = 5 \
+    -a "$(no_token "$T/ssh.args" && echo y)" = y
 else
   tail -n 20 "$T/ssh.out" >&2
   fail "hostfile mode exited with an error"
@@ -110,6 +117,12 @@ check "refused: --hostfile and --slurm together" \
   refused "exclude each other" "$T/bin:$PATH" --hostfile "$T/hosts" --slurm
 check "refused: a hostfile without hosts" refused "no hosts in" "$T/bin:$PATH" --hostfile "$T/comments"
 check "refused: --slurm without srun" refused "srun not found" "$NO_SRUN" --slurm
+printf 'nodeA\ndown\n' >"$T/hosts-down"
+check "refused: a host that does not answer over ssh" \
+  refused "host down does not answer over ssh" "$T/bin:$PATH" --hostfile "$T/hosts-down"
+printf 'bare\nnodeA\n' >"$T/hosts-bare"
+check "refused: a host without the binaries" \
+  refused "host bare has no" "$T/bin:$PATH" --hostfile "$T/hosts-bare"
 
 if [ "$FAILS" != 0 ]; then
   echo "test-launch: $FAILS checks failed" >&2

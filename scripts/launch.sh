@@ -33,7 +33,9 @@
 #                        only start N more actors for a running cluster at
 #                        ENDPOINT, on this host (token: --token-file FILE or
 #                        EMBSHARD_TOKEN), and wait for them
-#   --token-file FILE    the cluster token (default: a new one, in DIR/token)
+#   --token-file FILE    the cluster token (default: a new one, in DIR/token,
+#                        kept on resume; EMBSHARD_TOKEN counts only with
+#                        --add-actors)
 #   --no-eval            stop after training (no comparison table)
 #
 # Ctrl-C stops everything cleanly: the learner writes a final checkpoint and
@@ -87,7 +89,7 @@ done
 [ -z "$HOSTFILE" ] || [ -s "$HOSTFILE" ] || die "hostfile $HOSTFILE is empty or missing"
 # Where peers run is checked before anything starts.
 if [ -n "$HOSTFILE" ]; then
-  mapfile -t HOSTS < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$HOSTFILE" | awk '{print $1}')
+  mapfile -t HOSTS < <(tr -d '\r' <"$HOSTFILE" | sed -e 's/#.*//' -e '/^[[:space:]]*$/d' | awk '{print $1}')
   [ ${#HOSTS[@]} -gt 0 ] || die "no hosts in $HOSTFILE"
   command -v ssh >/dev/null || die "--hostfile: ssh not found"
 fi
@@ -97,6 +99,13 @@ fi
 cd "$EMBSHARD_ROOT"
 BIN=$EMBSHARD_ROOT/target/release
 PIDS=()
+# However launch.sh ends, nothing it started outlives it (on success they
+# have all ended already).
+cleanup() {
+  [ -z "${LEARNER_PID:-}" ] || kill -TERM "$LEARNER_PID" 2>/dev/null || true
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
 
 stop_all() {
   trap - INT TERM
@@ -124,18 +133,25 @@ if [ -n "$ADD" ]; then
   exit 0
 fi
 
+# A new cluster's token is --token-file's, or a new one that the learner
+# writes to DIR/token: an EMBSHARD_TOKEN meant for --add-actors stays out.
+[ -n "$TOKEN_FILE" ] || unset EMBSHARD_TOKEN
+
 if [ -n "$HOSTFILE" ]; then
-  # Every host answers over ssh and has the binaries at this checkout's path,
-  # before anything starts.
-  for h in $(printf '%s\n' "${HOSTS[@]}" | sort -u); do
+  # Every host that gets a peer answers over ssh and has the binaries at
+  # this checkout's path, before anything starts.
+  USED=$((ACTORS + BENCHES < ${#HOSTS[@]} ? ACTORS + BENCHES : ${#HOSTS[@]}))
+  mapfile -t CHECK < <(printf '%s\n' "${HOSTS[@]:0:$USED}" | sort -u)
+  for h in "${CHECK[@]}"; do
     status=0
-    why=$(ssh -o BatchMode=yes -o ConnectTimeout=10 "$h" \
+    why=$(ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=5 \
+      -o ServerAliveCountMax=2 "$h" \
       "test -x $(printf %q "$BIN/actor") && test -x $(printf %q "$BIN/benchworker")" 2>&1 </dev/null) ||
       status=$?
     case "$status" in
       0) ;;
       255) die "host $h does not answer over ssh (BatchMode): ${why:-no message}" ;;
-      *) die "host $h has no $BIN/actor and benchworker: check out and build embshard at this same path there (scripts/setup.sh)" ;;
+      *) die "host $h has no $BIN/actor and benchworker${why:+ ($why)}: check out and build embshard at this same path there (scripts/setup.sh)" ;;
     esac
   done
 fi
@@ -181,7 +197,7 @@ done <<<"$GENERATED"
 # Where the learner listens: loopback unless peers run on other hosts.
 HOST=127.0.0.1
 if [ -n "$HOSTFILE" ] || [ "$SLURM" = 1 ]; then
-  HOST=$(hostname -I 2>/dev/null | awk '{print $1}')
+  HOST=$(hostname -I 2>/dev/null | awk '{print $1}') || HOST=""
   [ -n "$HOST" ] || HOST=$(hostname)
   PORT=${PORT:-5555}
 fi
@@ -211,10 +227,7 @@ for _ in $(seq 1 600); do
   kill -0 "$LEARNER_PID" 2>/dev/null || { cat "$LOGS/learner.log" >&2; exit 1; }
   sleep 0.1
 done
-[ -f "$RUN_DIR/endpoint" ] || {
-  kill -INT "$LEARNER_PID" 2>/dev/null || true
-  die "the learner did not start listening (see $LOGS/learner.log)"
-}
+[ -f "$RUN_DIR/endpoint" ] || die "the learner did not start listening (see $LOGS/learner.log)"
 ENDPOINT=$(cat "$RUN_DIR/endpoint")
 cp "$RUN_DIR/endpoint" "$RUN_DIR/endpoint.last"
 TOKEN_FILE=${TOKEN_FILE:-$RUN_DIR/token}

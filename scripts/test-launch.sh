@@ -59,7 +59,8 @@ WANT=$(awk -F' *= *' '/^iterations/ {i=$2} /^measure_per_iteration/ {m=$2} END {
 printf 'token-%s\n' "$RANDOM$RANDOM$RANDOM" >"$T/token"
 chmod 600 "$T/token"
 TOKEN=$(cat "$T/token")
-launch() { PATH="$T/bin:$PATH" "$ROOT/scripts/launch.sh" --config "$T/small.toml" \
+TIMEOUT=$(command -v timeout)
+launch() { PATH="$T/bin:$PATH" "$TIMEOUT" 300 "$ROOT/scripts/launch.sh" --config "$T/small.toml" \
   --token-file "$T/token" --port 0 --no-eval "$@"; }
 trained() { grep -q "trained .*: $WANT measurements" "$1/logs/learner.out"; }
 no_token() { ! grep -qF "$TOKEN" "$1"; }
@@ -76,9 +77,9 @@ if launch --run-dir "$T/ssh" --hostfile "$T/hosts" --actors 2 --benchworkers 1 >
     test -s "$L/actor-1-nodeA.log" -a -s "$L/actor-2-nodeB.log" -a -s "$L/benchworker-1-nodeA.log"
   check "hostfile: training finished with $WANT measurements" trained "$T/ssh"
   check "hostfile: both actors joined (the token came over ssh's stdin)" \
-    test "$(joined "$L/actor-1-nodeA.log" "$L/actor-2-nodeB.log")" = 2
+    test "$(joined "$L/actor-1-nodeA.log" "$L/actor-2-nodeB.log")" -ge 2
   check "hostfile: one check per host, then three peers started, no token on any command" \
-    test "$(grep -c '^-o BatchMode=yes -o ConnectTimeout=10 node[AB] test -x ' "$T/ssh.args")" = 2 \
+    test "$(grep -c '^-o BatchMode=yes .* node[AB] test -x ' "$T/ssh.args")" = 2 \
     -a "$(grep -c ' exec ' "$T/ssh.args")" = 3 -a "$(wc -l <"$T/ssh.args")" = 5 \
     -a "$(no_token "$T/ssh.args" && echo y)" = y
 else
@@ -90,7 +91,7 @@ fi
 if launch --run-dir "$T/slurm" --slurm --actors 2 --benchworkers 1 >"$T/slurm.out" 2>&1; then
   L=$T/slurm/logs
   check "slurm: training finished with $WANT measurements" trained "$T/slurm"
-  check "slurm: two actors joined from one srun step" test "$(joined "$L/actors.log")" = 2
+  check "slurm: two actors joined from one srun step" test "$(joined "$L/actors.log")" -ge 2
   check "slurm: srun asked for 2 actor tasks and 1 benchworker task" \
     grep -qx -- "--export=ALL --ntasks=2 .*/actor run --learner tcp://.*" "$T/srun.args"
   check "slurm: ... and 1 benchworker task" \
@@ -101,15 +102,29 @@ else
   fail "slurm mode exited with an error"
 fi
 
+# On this host, with an EMBSHARD_TOKEN left in the environment (one meant
+# for --add-actors) and no --token-file: the cluster makes its own token.
+if EMBSHARD_TOKEN=stray "$TIMEOUT" 300 "$ROOT/scripts/launch.sh" --config "$T/small.toml" \
+  --run-dir "$T/local" --actors 1 --benchworkers 1 --no-eval >"$T/local.out" 2>&1; then
+  check "local: training finished with $WANT measurements" trained "$T/local"
+  check "local: a token of its own in DIR/token, not the environment's" \
+    test -s "$T/local/token" -a "$(cat "$T/local/token" 2>/dev/null)" != stray
+else
+  tail -n 20 "$T/local.out" >&2
+  fail "local mode with a stray EMBSHARD_TOKEN exited with an error"
+fi
+
 # Modes that cannot run are refused before anything starts.
+R=0
 refused() { # refused MESSAGE PATH ARGS...
   local message=$1 path=$2; shift 2
-  local out status=0
-  out=$(PATH="$path" "$ROOT/scripts/launch.sh" --config "$T/small.toml" --run-dir "$T/refused" "$@" 2>&1) || status=$?
-  [ "$status" = 2 ] && grep -qF "$message" <<<"$out" && [ ! -e "$T/refused" ]
+  local out status=0 run=$T/refused-$((R += 1))
+  out=$(PATH="$path" "$TIMEOUT" 120 "$ROOT/scripts/launch.sh" --config "$T/small.toml" --run-dir "$run" "$@" 2>&1) ||
+    status=$?
+  [ "$status" = 2 ] && grep -qF "$message" <<<"$out" && [ ! -e "$run" ] || { echo "$out" | tail -n 5 >&2; false; }
 }
 NO_SRUN=$(mktemp -d "$T/path.XXXX")
-for tool in bash env sed awk cat mkdir dirname realpath grep; do
+for tool in bash env sed awk cat mkdir dirname realpath grep tr sort; do
   ln -s "$(command -v "$tool")" "$NO_SRUN/$tool"
 done
 printf '# nothing but a comment\n' >"$T/comments"

@@ -178,6 +178,9 @@ fn heartbeating<T: Send>(
                     Message::Shutdown => heard.shutdown = true,
                     Message::Ack { .. } => report.acked += 1,
                     Message::MeasureJob { .. } => heard.jobs.push((header, m)),
+                    // A second welcome answers a repeated hello: its id is
+                    // the one the learner now knows this benchworker by.
+                    Message::Welcome { peer, .. } => link.set_sender(peer),
                     _ => {}
                 }
             }
@@ -254,6 +257,7 @@ fn session(
                 }
             }
             Message::Ack { .. } => report.acked += 1,
+            Message::Welcome { peer, .. } => link.set_sender(peer),
             Message::Shutdown => return Ok(End::Stop),
             Message::Refused { reason, retry } => {
                 anyhow::ensure!(retry, "the learner dropped this benchworker: {reason}");

@@ -693,7 +693,7 @@ impl Config {
             }
             tracing::warn!(
                 "{} comes from an older embshard: {} settings it lacks take today's built-in \
-                 defaults ({}); write them into the file to pin them",
+                 defaults ({}); if the run was trained otherwise, write its values into the file",
                 path.display(),
                 missing.len(),
                 named.join(", ")

@@ -102,8 +102,10 @@ impl CostLog {
             Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
         };
         let mut out = Read::default();
-        for (n, line) in BufReader::new(file).lines().enumerate() {
+        for (n, line) in BufReader::new(file).split(b'\n').enumerate() {
             let line = line.with_context(|| format!("reading {}", path.display()))?;
+            // Bytes that are not UTF-8 (a damaged disk) fail like bad JSON.
+            let line = String::from_utf8(line).unwrap_or_default();
             let parsed = serde_json::from_str::<LineIn>(&line).ok().and_then(|l| {
                 (crc32fast::hash(l.sample.get().as_bytes()) == l.crc32)
                     .then(|| serde_json::from_str::<CostSample>(l.sample.get()).ok())
@@ -179,10 +181,13 @@ mod tests {
         lines[1] = lines[1].replacen("2.0", "9.0", 1);
         let half = lines[2].len() / 2;
         lines[2].truncate(half);
-        std::fs::write(&p, lines.join("\n")).unwrap();
+        let mut bytes = lines.join("\n").into_bytes();
+        // And a line of bytes that are not UTF-8.
+        bytes.extend_from_slice(b"\n\xff\xfe{\"crc32\n");
+        std::fs::write(&p, bytes).unwrap();
         let r = CostLog::read(&p).unwrap();
         assert_eq!(r.samples, vec![sample(0)]);
-        assert_eq!(r.skipped, 2);
+        assert_eq!(r.skipped, 3);
     }
 
     /// A process killed while appending leaves its entry without the line

@@ -856,6 +856,9 @@ mod tests {
         let mut cfg = crate::train::tests::small_config(dir.path());
         cfg.train.iterations = 2;
         cfg.train.policy_steps = 5;
+        // The misfit below stays quiet after its messages: on a slow
+        // machine it must not be forgotten for its silence.
+        cfg.cluster.peer_timeout_s = 120.0;
         crate::data::generate(&cfg, dir.path()).unwrap();
         let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
         let mut trainer = Trainer::new(&cfg, &suite.tasks);

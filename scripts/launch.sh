@@ -275,8 +275,7 @@ trap - INT TERM
 cat "$LOGS/learner.out"
 if [ "$STATUS" != 0 ]; then
   tail -n 20 "$LOGS/learner.log" >&2
-  for p in "${PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done
-  exit "$STATUS"
+  exit "$STATUS" # cleanup stops the peers
 fi
 # The learner told every peer to stop; give them a moment, then make sure.
 for p in "${PIDS[@]}"; do

@@ -19,5 +19,5 @@ else
 fi
 cargo test --release --workspace "$@"
 # launch.sh's ssh and Slurm modes, through stand-ins for ssh and srun (about
-# 20 s); skipped when arguments pick some cargo tests.
+# 35 s); skipped when arguments pick some cargo tests.
 [ $# -gt 0 ] || "$EMBSHARD_ROOT/scripts/test-launch.sh"

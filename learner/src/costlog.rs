@@ -148,14 +148,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn appended_samples_read_back_across_reopenings() {
+    /// A log of samples `0..n` in a temporary folder (kept while the
+    /// folder lives), closed.
+    fn log_of(n: usize) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("cost.jsonl");
         let mut log = CostLog::open(&p).unwrap();
-        log.append(&sample(0)).unwrap();
-        log.append(&sample(1)).unwrap();
-        drop(log);
+        for k in 0..n {
+            log.append(&sample(k)).unwrap();
+        }
+        (dir, p)
+    }
+
+    #[test]
+    fn appended_samples_read_back_across_reopenings() {
+        let (dir, p) = log_of(2);
         CostLog::open(&p).unwrap().append(&sample(2)).unwrap();
         let r = CostLog::read(&p).unwrap();
         assert_eq!(r.skipped, 0);
@@ -168,13 +175,7 @@ mod tests {
 
     #[test]
     fn torn_and_tampered_lines_are_skipped_and_counted() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("cost.jsonl");
-        let mut log = CostLog::open(&p).unwrap();
-        for k in 0..3 {
-            log.append(&sample(k)).unwrap();
-        }
-        drop(log);
+        let (_dir, p) = log_of(3);
         let text = std::fs::read_to_string(&p).unwrap();
         let mut lines: Vec<String> = text.lines().map(String::from).collect();
         // A changed figure fails the checksum; a torn tail fails to parse.
@@ -195,13 +196,7 @@ mod tests {
     /// to it.
     #[test]
     fn entries_after_an_unterminated_one_are_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("cost.jsonl");
-        let mut log = CostLog::open(&p).unwrap();
-        for k in 0..2 {
-            log.append(&sample(k)).unwrap();
-        }
-        drop(log);
+        let (_dir, p) = log_of(2);
         let whole = std::fs::read(&p).unwrap();
         // The second entry whole, without its newline.
         std::fs::write(&p, &whole[..whole.len() - 1]).unwrap();

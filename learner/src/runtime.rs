@@ -285,8 +285,9 @@ impl<'t, 'a> Learner<'t, 'a> {
             let id = match self.peers.get(&from) {
                 Some(p) if p.incarnation == header.incarnation => p.id,
                 _ => {
+                    let id = self.next_peer;
                     self.next_peer += 1;
-                    self.next_peer - 1
+                    id
                 }
             };
             tracing::info!("{role:?} {id} joined");
@@ -845,7 +846,6 @@ mod tests {
     use super::*;
     use common::link::Link;
     use common::protocol::UnrollData;
-    use common::Suite;
 
     /// Strangers (a wrong token), garbage, messages from peers that never
     /// said hello and messages whose envelope does not match their peer's
@@ -853,20 +853,18 @@ mod tests {
     #[test]
     fn strangers_and_garbage_are_refused_and_counted() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = crate::train::tests::small_config(dir.path());
+        let (mut cfg, suite) = crate::train::tests::small_data(dir.path());
         cfg.train.iterations = 2;
         cfg.train.policy_steps = 5;
         // The misfit below stays quiet after its messages: on a slow
         // machine it must not be forgotten for its silence.
         cfg.cluster.peer_timeout_s = 120.0;
-        crate::data::generate(&cfg, dir.path()).unwrap();
-        let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
         let mut trainer = Trainer::new(&cfg, &suite.tasks);
         let ctx = zmq::Context::new();
         let endpoint = "inproc://strangers";
         let hub = Hub::bind(&ctx, endpoint).unwrap();
         let stop = AtomicBool::new(false);
-        let misfit_sent = AtomicBool::new(false);
+        let (misfit_sent, misfit_done) = std::sync::mpsc::channel::<()>();
         let (report, stranger) = std::thread::scope(|s| {
             let actor = s.spawn(|| {
                 let opts = actor::worker::ActorOptions {
@@ -934,7 +932,7 @@ mod tests {
                                 send(id, incarnation + 2, 3, &Message::Shutdown);
                                 send(id + 100, incarnation, 4, &Message::Shutdown);
                                 send(id, incarnation, 5, &Message::Heartbeat);
-                                misfit_sent.store(true, Ordering::Release);
+                                misfit_sent.send(()).unwrap();
                             }
                         }
                         Message::Refused { .. } => refused += 1,
@@ -967,10 +965,10 @@ mod tests {
             // The first round ends only once the misfit has sent everything:
             // the second one takes its messages.
             let mut hooks = Hooks::none();
-            hooks.round_done = Box::new(|_| {
-                let start = Instant::now();
-                while !misfit_sent.load(Ordering::Acquire) && start.elapsed().as_secs() < 30 {
-                    std::thread::sleep(Duration::from_millis(5));
+            let mut waited = false;
+            hooks.round_done = Box::new(move |_| {
+                if !std::mem::replace(&mut waited, true) {
+                    misfit_done.recv_timeout(Duration::from_secs(30))?;
                 }
                 Ok(())
             });
@@ -1015,10 +1013,8 @@ mod tests {
     fn group_members_get_rank_zeros_nccl_id_and_no_jobs() {
         use std::sync::mpsc::channel;
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = crate::train::tests::small_config(dir.path());
+        let (mut cfg, suite) = crate::train::tests::small_data(dir.path());
         cfg.train.iterations = 1000; // stopped below
-        crate::data::generate(&cfg, dir.path()).unwrap();
-        let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
         let mut trainer = Trainer::new(&cfg, &suite.tasks);
         let ctx = zmq::Context::new();
         let endpoint = "inproc://group";

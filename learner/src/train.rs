@@ -475,29 +475,21 @@ impl Model {
             if threads <= 1 {
                 return starts.into_iter().map(one).collect();
             }
-            let mut shares: Vec<Vec<(usize, Vec<usize>)>> = vec![Vec::new(); threads];
-            for (i, start) in starts.into_iter().enumerate() {
-                shares[i % threads].push((i, start));
-            }
-            let mut found: Vec<(usize, (Vec<usize>, f64))> = std::thread::scope(|scope| {
-                let running: Vec<_> = shares
-                    .into_iter()
-                    .map(|share| {
-                        scope.spawn(move || {
-                            share
-                                .into_iter()
-                                .map(|(i, start)| (i, one(start)))
-                                .collect::<Vec<_>>()
-                        })
+            // Consecutive shares, joined in order: the results keep the
+            // starts' order.
+            let share = starts.len().div_ceil(threads);
+            std::thread::scope(|scope| {
+                let running: Vec<_> = starts
+                    .chunks(share)
+                    .map(|part| {
+                        scope.spawn(move || part.iter().cloned().map(one).collect::<Vec<_>>())
                     })
                     .collect();
                 running
                     .into_iter()
                     .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
                     .collect()
-            });
-            found.sort_by_key(|(i, _)| *i);
-            found.into_iter().map(|(_, r)| r).collect()
+            })
         };
         if searching && c.plan_search_every_candidate {
             // From every distinct candidate that fits (heuristics often
@@ -970,12 +962,19 @@ pub(crate) mod tests {
         cfg
     }
 
+    /// [`small_config`] with its data generated in `dir`, and its training
+    /// suite.
+    pub(crate) fn small_data(dir: &Path) -> (Config, Suite) {
+        let cfg = small_config(dir);
+        crate::data::generate(&cfg, dir).unwrap();
+        let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
+        (cfg, suite)
+    }
+
     #[test]
     fn replaying_an_unroll_gives_back_the_actors_log_probabilities() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = small_config(dir.path());
-        crate::data::generate(&cfg, dir.path()).unwrap();
-        let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
+        let (cfg, suite) = small_data(dir.path());
         let model = Model::new(&cfg);
         let task = &suite.tasks[0];
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
@@ -999,9 +998,7 @@ pub(crate) mod tests {
     #[test]
     fn reward_scalings_and_reinforce_follow_their_definitions() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = small_config(dir.path());
-        crate::data::generate(&cfg, dir.path()).unwrap();
-        let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
+        let (mut cfg, suite) = small_data(dir.path());
         let model = Model::new(&cfg);
         let task = &suite.tasks[0];
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
@@ -1038,10 +1035,8 @@ pub(crate) mod tests {
     #[test]
     fn an_ensembles_members_learn_from_their_own_losses() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = small_config(dir.path());
+        let (mut cfg, suite) = small_data(dir.path());
         cfg.model.cost_members = 2;
-        crate::data::generate(&cfg, dir.path()).unwrap();
-        let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
         let mut sim = benchworker::sim::SimOracle::new(cfg.sim.clone(), cfg.memory);
         let samples: Vec<CostSample> = suite.tasks[..4]
             .iter()
@@ -1113,9 +1108,7 @@ pub(crate) mod tests {
     #[test]
     fn the_greedy_share_measures_what_plan_returns_or_the_greedy_episode() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = small_config(dir.path());
-        crate::data::generate(&cfg, dir.path()).unwrap();
-        let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
+        let (mut cfg, suite) = small_data(dir.path());
         let mut differ = 0;
         for planned in [true, false] {
             cfg.train.measure_planned = planned;
@@ -1149,14 +1142,12 @@ pub(crate) mod tests {
     /// `inproc://`.
     fn short_run(actors: usize) {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = small_config(dir.path());
+        let (mut cfg, train_suite) = small_data(dir.path());
         cfg.cluster.actors = actors;
         cfg.cluster.benchworkers = 2;
         // The cluster run's cost network is an ensemble: its weights travel
         // to the actors and through the checkpoint.
         cfg.model.cost_members = if actors > 0 { 2 } else { 1 };
-        crate::data::generate(&cfg, dir.path()).unwrap();
-        let train_suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
         let test_suite = Suite::load(&dir.path().join("dlrm-20x4.test.json"), &cfg.memory).unwrap();
         let mut sim = benchworker::sim::SimOracle::new(cfg.sim.clone(), cfg.memory);
         let mut trainer = Trainer::new(&cfg, &train_suite.tasks);

@@ -179,7 +179,7 @@ impl CudaConfig {
         // The first iteration makes NCCL's connections: never timed.
         positive("cuda.warmup", self.warmup as f64)?;
         positive("cuda.repeats", self.repeats as f64)?;
-        positive("cuda.join_timeout_s", self.join_timeout_s)?;
+        seconds("cuda.join_timeout_s", self.join_timeout_s)?;
         positive("cuda.flush_mib", self.flush_mib as f64)?;
         positive("cuda.learning_rate", self.learning_rate)?;
         let mut seen = std::collections::BTreeSet::new();
@@ -242,10 +242,26 @@ impl DataConfig {
     pub fn validate(&self) -> std::result::Result<(), String> {
         positive("data.train_tasks", self.train_tasks as f64)?;
         positive("data.test_tasks", self.test_tasks as f64)?;
+        let mut names = std::collections::BTreeMap::new();
         for (i, s) in self.suites.iter().enumerate() {
             positive(&format!("data.suites[{i}].tables"), s.tables as f64)?;
-            positive(&format!("data.suites[{i}].devices"), s.devices as f64)?;
+            if !(1..=crate::placement::MAX_DEVICES).contains(&s.devices) {
+                return Err(format!(
+                    "data.suites[{i}].devices = {} must lie in 1..={}",
+                    s.devices,
+                    crate::placement::MAX_DEVICES
+                ));
+            }
             positive(&format!("data.suites[{i}].memory_gb"), s.memory_gb)?;
+            // The files are named by tables and devices: a second entry of
+            // the same shape would overwrite the first's.
+            if let Some(j) = names.insert(s.name(), i) {
+                return Err(format!(
+                    "data.suites[{j}] and data.suites[{i}] are both {}: their files would \
+                     overwrite each other (one suite per number of tables and devices)",
+                    s.name()
+                ));
+            }
         }
         Ok(())
     }
@@ -420,6 +436,12 @@ impl ModelConfig {
                 return Err(format!("{field} = {v} must lie in 1..=65536"));
             }
         }
+        if !(self.plan_temperature.is_finite() && (0.0..=1e3).contains(&self.plan_temperature)) {
+            return Err(format!(
+                "model.plan_temperature = {} must lie in [0, 1000]",
+                self.plan_temperature
+            ));
+        }
         if !(1..=16).contains(&self.cost_members) {
             return Err(format!(
                 "model.cost_members = {} must lie in 1..=16",
@@ -498,8 +520,9 @@ impl Default for ClusterConfig {
 impl ClusterConfig {
     pub fn validate(&self) -> std::result::Result<(), String> {
         positive("cluster.actor_credits", self.actor_credits as f64)?;
-        positive("cluster.heartbeat_s", self.heartbeat_s)?;
-        positive("cluster.job_timeout_s", self.job_timeout_s)?;
+        seconds("cluster.heartbeat_s", self.heartbeat_s)?;
+        seconds("cluster.job_timeout_s", self.job_timeout_s)?;
+        seconds("cluster.peer_timeout_s", self.peer_timeout_s)?;
         if self.peer_timeout_s < 2.0 * self.heartbeat_s {
             return Err(format!(
                 "cluster.peer_timeout_s ({}) must be at least twice cluster.heartbeat_s ({})",
@@ -613,7 +636,12 @@ impl TrainConfig {
             ));
         }
         positive("train.cost_batch", self.cost_batch as f64)?;
-        positive("train.episodes", self.episodes as f64)?;
+        if !(1..=65536).contains(&self.episodes) {
+            return Err(format!(
+                "train.episodes = {} must lie in 1..=65536",
+                self.episodes
+            ));
+        }
         positive("train.cost_lr", self.cost_lr)?;
         non_negative("train.cost_weight_decay", self.cost_weight_decay)?;
         if self.cost_lr * self.cost_weight_decay >= 1.0 {
@@ -752,6 +780,16 @@ fn positive(field: &str, v: f64) -> std::result::Result<(), String> {
     }
 }
 
+/// A duration in seconds that libstd can hold and a peer can wait: from a
+/// millisecond to about eleven days.
+fn seconds(field: &str, v: f64) -> std::result::Result<(), String> {
+    if (1e-3..=1e6).contains(&v) {
+        Ok(())
+    } else {
+        Err(format!("{field} = {v} must lie in [0.001, 1000000] seconds"))
+    }
+}
+
 fn non_negative(field: &str, v: f64) -> std::result::Result<(), String> {
     if v.is_finite() && v >= 0.0 {
         Ok(())
@@ -853,5 +891,47 @@ mod tests {
                 .to_string();
             assert!(e.contains("train.cost_weight_decay"), "{e}");
         }
+    }
+
+    #[test]
+    fn values_that_pass_as_numbers_but_cannot_work_are_refused() {
+        let refused = |text: &str, field: &str| {
+            let e = Config::from_toml(text, Path::new("c.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(field), "{text}: {e}");
+        };
+        // Durations libstd cannot hold, or that would never end.
+        for v in ["nan", "inf", "1e20", "0.0", "-1.0", "1e-300"] {
+            refused(&format!("[cluster]\nheartbeat_s = {v}\n"), "cluster.heartbeat_s");
+            refused(&format!("[cluster]\njob_timeout_s = {v}\n"), "cluster.job_timeout_s");
+            refused(&format!("[cuda]\njoin_timeout_s = {v}\n"), "cuda.join_timeout_s");
+        }
+        for v in ["nan", "inf", "1e20"] {
+            refused(&format!("[cluster]\npeer_timeout_s = {v}\n"), "cluster.peer_timeout_s");
+        }
+        refused("[cluster]\npeer_timeout_s = 1.5\n", "cluster.peer_timeout_s");
+        for v in ["nan", "inf", "-0.5", "1e9"] {
+            refused(&format!("[model]\nplan_temperature = {v}\n"), "model.plan_temperature");
+        }
+        refused("[train]\nepisodes = 70000\n", "train.episodes");
+        refused(
+            "[data]\nsuites = [{ tables = 10, devices = 100000, memory_gb = 1.0 }]\n",
+            "data.suites[0].devices",
+        );
+        refused(
+            "[data]\nsuites = [{ tables = 10, devices = 2, memory_gb = 1.0 }, \
+             { tables = 10, devices = 2, memory_gb = 8.0 }]\n",
+            "dlrm-10x2",
+        );
+        refused("[generate]\nlog10_rows_sigma = 1e308\n", "generate.log10_rows_sigma");
+        refused("[generate]\nrows_pooling_slope = -1e308\n", "generate.rows_pooling_slope");
+        // The edges that work stay accepted.
+        let c = Config::from_toml(
+            "[cluster]\nheartbeat_s = 0.001\npeer_timeout_s = 1000000\n[model]\nplan_temperature = 0\n",
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.cluster.peer_timeout_s, 1e6);
     }
 }

@@ -5,17 +5,58 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
-/// Writes `bytes` to a temp file beside `path`, fsyncs it and renames it over
-/// `path`, so a reader sees the old file or the new one, never a mix.
+/// Writes `bytes` to a temp file beside `path`, fsyncs it, renames it over
+/// `path` and fsyncs the folder, so a reader sees the old file or the new
+/// one, never a mix, and the new one survives a power cut once this returns.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    write_atomic_mode(path, bytes, 0o666)
+}
+
+/// [`write_atomic`] for a secret: the file is readable by its owner only
+/// (before any byte is in it).
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_mode(path, bytes, 0o600)
+}
+
+fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+            dir
+        }
+        None => Path::new("."),
+    };
+    // A name of its own: two writers of different files (`x.json`,
+    // `x.csv`) or of a file that ends in `.tmp` never share it.
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = dir.join(name);
+    let _ = std::fs::remove_file(&tmp);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(bytes)?;
+            f.sync_all()
+        })
+        .map_err(|e| Error::io(&tmp, e))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
-    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    written?;
+    sync_dir(dir)
+}
+
+/// Fsyncs a folder, so that the entries made or renamed in it last.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))
 }
 
 /// A stable 64-bit hash (FNV-1a) for deriving seeds from names; std's hasher
@@ -24,4 +65,47 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x100000001b3)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn atomic_writes_replace_whole_files_and_leave_no_temp_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        // A file whose own name ends in `.tmp`, next to one of the same stem.
+        let a = dir.path().join("plan.tmp");
+        let b = dir.path().join("plan.json");
+        write_atomic(&a, b"first").unwrap();
+        write_atomic(&b, b"other").unwrap();
+        write_atomic(&a, b"second").unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), b"second");
+        assert_eq!(std::fs::read(&b).unwrap(), b"other");
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["plan.json", "plan.tmp"]);
+        // A folder in the way: an error naming the file, and no temp left.
+        let blocked = dir.path().join("blocked");
+        std::fs::create_dir_all(blocked.join("inside")).unwrap();
+        let e = write_atomic(&blocked, b"x").unwrap_err().to_string();
+        assert!(e.contains("blocked"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3);
+    }
+
+    #[test]
+    fn private_files_are_for_their_owner_only_even_over_an_open_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "old\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_private(&path, b"secret\n").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"secret\n");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
 }

@@ -121,9 +121,20 @@ impl PoolGenConfig {
             ));
         }
         non_negative("pooling_sigma", self.pooling_sigma)?;
-        finite("log10_rows_mean", self.log10_rows_mean)?;
+        // Rows are drawn on a log10 scale: beyond ±20 every draw clamps to
+        // a bound, and extreme values overflow to NaN on the way.
+        let log_scale = |field: &str, v: f64| {
+            finite(field, v)?;
+            if v.abs() <= 20.0 {
+                Ok(())
+            } else {
+                Err(format!("generate.{field} = {v} must lie in [-20, 20]"))
+            }
+        };
+        log_scale("log10_rows_mean", self.log10_rows_mean)?;
         non_negative("log10_rows_sigma", self.log10_rows_sigma)?;
-        finite("rows_pooling_slope", self.rows_pooling_slope)?;
+        log_scale("log10_rows_sigma", self.log10_rows_sigma)?;
+        log_scale("rows_pooling_slope", self.rows_pooling_slope)?;
         if !(100..=MAX_ROWS).contains(&self.max_rows) {
             return Err(format!(
                 "generate.max_rows = {} must lie in [100, {MAX_ROWS}]",

@@ -23,6 +23,17 @@ fn configure(socket: &zmq::Socket) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether a message waits on `socket`, waiting at most `timeout_ms`. A
+/// signal (Ctrl-C) that interrupts the wait is not an error: the caller's
+/// loop gets to look at its stop flag.
+fn readable(socket: &zmq::Socket, timeout_ms: i64) -> anyhow::Result<bool> {
+    match socket.poll(zmq::POLLIN, timeout_ms) {
+        Ok(n) => Ok(n > 0),
+        Err(zmq::Error::EINTR) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The sending side's envelope fields.
 #[derive(Debug, Clone, Copy)]
 struct Envelope {
@@ -196,7 +207,7 @@ impl Link {
     /// not wait; -1: wait for ever).
     pub fn recv(&mut self, timeout_ms: i64) -> anyhow::Result<Option<(Header, Message)>> {
         loop {
-            if self.socket.poll(zmq::POLLIN, timeout_ms)? == 0 {
+            if !readable(&self.socket, timeout_ms)? {
                 return Ok(None);
             }
             let frame = self.socket.recv_bytes(0)?;
@@ -250,19 +261,9 @@ pub fn random_token() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
-/// Writes a token file readable by its owner only.
+/// Writes a token file readable by its owner only, whole or not at all.
 pub fn write_token(path: &std::path::Path, token: &str) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    writeln!(f, "{token}")?;
-    f.sync_all()?;
+    crate::fs::write_private(path, format!("{token}\n").as_bytes())?;
     Ok(())
 }
 
@@ -368,7 +369,7 @@ impl Hub {
     /// The next message that decodes, waiting at most `timeout_ms`.
     pub fn recv(&mut self, timeout_ms: i64) -> anyhow::Result<Option<Incoming>> {
         loop {
-            if self.socket.poll(zmq::POLLIN, timeout_ms)? == 0 {
+            if !readable(&self.socket, timeout_ms)? {
                 return Ok(None);
             }
             let mut parts = self.socket.recv_multipart(0)?;

@@ -32,27 +32,30 @@ fn checkpoints(run: &Path) -> PathBuf {
     run.join("checkpoints")
 }
 
-/// Checkpoint folders of a run, newest first.
+/// Where a checkpoint folder's name puts it among the run's: `step-N` is
+/// the checkpoint after `N` policy updates, `step-N.K` the `K`-th written
+/// later at the same count (a stop mid-round). `None` for any other name
+/// (temp folders, damaged ones set aside).
+fn order(name: &str) -> Option<(u64, u64)> {
+    let rest = name.strip_prefix("step-")?;
+    let (n, k) = rest.split_once('.').unwrap_or((rest, "0"));
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(n) && digits(k)).then(|| Some((n.parse().ok()?, k.parse().ok()?)))?
+}
+
+/// Checkpoint folders of a run, newest first (by their counts, not by
+/// their names' spelling).
 pub fn list(run: &Path) -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(checkpoints(run))
+    let mut dirs: Vec<((u64, u64), PathBuf)> = std::fs::read_dir(checkpoints(run))
         .into_iter()
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| {
-            p.is_dir()
-                && p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("step-") && !n.ends_with(".tmp"))
-        })
+        .filter(|p| p.is_dir())
+        .filter_map(|p| Some((order(p.file_name()?.to_str()?)?, p)))
         .collect();
     dirs.sort();
-    dirs.reverse();
-    dirs
-}
-
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
+    dirs.into_iter().rev().map(|(_, p)| p).collect()
 }
 
 /// Writes the trainer's state as the run's newest checkpoint and prunes all
@@ -60,7 +63,26 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 pub fn save(run: &Path, trainer: &Trainer, keep: usize) -> anyhow::Result<PathBuf> {
     let root = checkpoints(run);
     let counters = trainer.counters_now();
-    let name = format!("step-{:06}", counters.policy_updates);
+    let counters_json = serde_json::to_vec_pretty(&counters)?;
+    // Nothing changed since the newest checkpoint (a stop right after a
+    // round's): it stands for this state already.
+    if let Some(newest) = list(run).into_iter().next() {
+        if std::fs::read(newest.join("counters.json")).is_ok_and(|c| c == counters_json)
+            && verify(&newest).is_ok()
+        {
+            return Ok(newest);
+        }
+    }
+    // A checkpoint already written at this count stays whole until the
+    // new one is in place: the new one takes the next free name.
+    let base = format!("step-{:06}", counters.policy_updates);
+    let name = (0..)
+        .map(|k| match k {
+            0 => base.clone(),
+            k => format!("{base}.{k}"),
+        })
+        .find(|n| !root.join(n).exists())
+        .expect("an unused name");
     let tmp = root.join(format!("{name}.tmp"));
     let dest = root.join(&name);
     if tmp.exists() {
@@ -77,10 +99,7 @@ pub fn save(run: &Path, trainer: &Trainer, keep: usize) -> anyhow::Result<PathBu
         );
     }
     Tensor::save_multi(&state, tmp.join("optimizer.ot")).context("writing optimizer.ot")?;
-    std::fs::write(
-        tmp.join("counters.json"),
-        serde_json::to_vec_pretty(&counters)?,
-    )?;
+    std::fs::write(tmp.join("counters.json"), &counters_json)?;
     let mut manifest = BTreeMap::new();
     for f in FILES {
         let path = tmp.join(f);
@@ -92,12 +111,11 @@ pub fn save(run: &Path, trainer: &Trainer, keep: usize) -> anyhow::Result<PathBu
         &tmp.join("manifest.json"),
         &serde_json::to_vec_pretty(&manifest)?,
     )?;
-    sync_dir(&tmp)?;
-    if dest.exists() {
-        std::fs::remove_dir_all(&dest)?;
-    }
+    common::fs::sync_dir(&tmp)?;
     std::fs::rename(&tmp, &dest).with_context(|| format!("renaming to {}", dest.display()))?;
-    sync_dir(&root)?;
+    common::fs::sync_dir(&root)?;
+    // The run's folder holds `checkpoints/` itself (new with the first).
+    common::fs::sync_dir(run)?;
     for old in list(run).into_iter().skip(keep.max(1)) {
         let _ = std::fs::remove_dir_all(old);
     }
@@ -142,10 +160,31 @@ fn load_one(cfg: &Config, dir: &Path, optimizer: bool) -> anyhow::Result<Loaded>
     })
 }
 
-/// The newest intact checkpoint of a run; damaged ones are skipped with a
-/// warning. `None` when the run has none.
+/// The newest intact checkpoint of a run, for training on from it (`None`
+/// when the run has none). Each damaged checkpoint newer than the one
+/// loaded is set aside (renamed `….damaged`, with a warning), so that it
+/// neither holds one of the kept places nor, readable again some day (a
+/// network file system), passes for newer than what the run goes on from.
 pub fn load_latest(cfg: &Config, run: &Path) -> Option<Loaded> {
-    latest(cfg, run, true)
+    for dir in list(run) {
+        match load_one(cfg, &dir, true) {
+            Ok(l) => return Some(l),
+            Err(e) => {
+                let mut aside = dir.clone().into_os_string();
+                aside.push(".damaged");
+                let aside = PathBuf::from(aside);
+                tracing::warn!(
+                    "checkpoint {} is damaged ({e:#}): set aside as {}, trying an older one",
+                    dir.display(),
+                    aside.display()
+                );
+                if let Err(e) = std::fs::rename(&dir, &aside) {
+                    tracing::warn!("could not set {} aside: {e}", dir.display());
+                }
+            }
+        }
+    }
+    None
 }
 
 /// A run directory's configuration and its newest intact model.
@@ -156,15 +195,12 @@ pub fn load_run(run: &Path) -> anyhow::Result<(Config, Model)> {
     Ok((cfg, loaded.model))
 }
 
-/// [`load_latest`] without the optimizer's state (its `optimizer` is empty):
-/// for `plan` and `eval`.
+/// The newest intact model of a run, without the optimizer's state (its
+/// `optimizer` is empty), for `plan` and `eval`: damaged checkpoints are
+/// skipped with a warning and left as they are.
 pub fn load_latest_model(cfg: &Config, run: &Path) -> Option<Loaded> {
-    latest(cfg, run, false)
-}
-
-fn latest(cfg: &Config, run: &Path, optimizer: bool) -> Option<Loaded> {
     for dir in list(run) {
-        match load_one(cfg, &dir, optimizer) {
+        match load_one(cfg, &dir, false) {
             Ok(l) => return Some(l),
             Err(e) => tracing::warn!(
                 "checkpoint {} is damaged, trying an older one: {e:#}",
@@ -187,4 +223,35 @@ pub fn split_optimizer(state: Vec<(String, Tensor)>) -> (NamedTensors, NamedTens
         }
     }
     (cost, policy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoints_are_listed_by_their_counts_newest_first() {
+        let run = tempfile::tempdir().unwrap();
+        for name in [
+            "step-999975",
+            "step-1000000",
+            "step-000025",
+            "step-000025.1",
+            "step-000025.2.tmp",
+            "step-000050.damaged",
+            "step-x",
+            "step-",
+            "notes",
+        ] {
+            std::fs::create_dir_all(checkpoints(run.path()).join(name)).unwrap();
+        }
+        let names: Vec<String> = list(run.path())
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            ["step-1000000", "step-999975", "step-000025.1", "step-000025"]
+        );
+    }
 }

@@ -1,7 +1,7 @@
 //! The `learner` command line.
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -277,10 +277,30 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Keeps the lines of a run's `metrics.jsonl` up to update `step` (a
+/// resumed run's curves continue from its checkpoint).
+fn keep_metrics_until(path: &Path, step: usize) -> anyhow::Result<()> {
+    let kept: Vec<String> = std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s as usize <= step)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    common::fs::write_atomic(path, kept.concat().as_bytes())?;
+    Ok(())
+}
+
 fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     use crate::checkpoint;
     use crate::costlog::CostLog;
     let dir = &args.run_dir;
+    let log_path = dir.join("cost_buffer.jsonl");
+    let metrics_path = dir.join("metrics.jsonl");
     let has_run = !checkpoint::list(dir).is_empty();
     let cfg = if args.resume {
         if args.config.is_some() {
@@ -293,56 +313,72 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "{} already holds a run: add --resume to continue it, or pick another --run-dir",
             dir.display()
         );
+        // A run stopped before its first checkpoint still has its
+        // measurements: never thrown away unasked.
+        let logged = CostLog::read(&log_path)?.samples.len();
+        anyhow::ensure!(
+            logged == 0,
+            "{} holds {logged} measurements of a run that stopped before its first \
+             checkpoint: add --resume to train on with them, or pick another --run-dir",
+            log_path.display()
+        );
         Config::load(args.config.as_deref())?
     };
     let train_tasks = crate::data::train_tasks(&cfg)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let log_path = dir.join("cost_buffer.jsonl");
-    let metrics_path = dir.join("metrics.jsonl");
     let mut trainer = if args.resume {
-        let loaded = checkpoint::load_latest(&cfg, dir)
-            .with_context(|| format!("no intact checkpoint in {}", dir.display()))?;
         let read = CostLog::read(&log_path)?;
         if read.skipped > 0 {
             tracing::warn!("{} damaged cost-buffer entries skipped", read.skipped);
         }
-        tracing::info!(
-            "resuming from {} (iteration {}, {} measurements)",
-            loaded.path.display(),
-            loaded.counters.iteration,
-            read.samples.len()
-        );
-        let (cost_state, policy_state) = checkpoint::split_optimizer(loaded.optimizer);
-        let counters = loaded.counters;
-        // Curves continue from the checkpoint: later lines are dropped.
-        let kept: Vec<String> = std::fs::read_to_string(&metrics_path)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| {
-                serde_json::from_str::<serde_json::Value>(l)
-                    .ok()
-                    .and_then(|v| v["step"].as_u64())
-                    .is_some_and(|s| s as usize <= counters.policy_updates)
-            })
-            .map(|l| format!("{l}\n"))
-            .collect();
-        common::fs::write_atomic(&metrics_path, kept.concat().as_bytes())?;
-        let mut t =
-            crate::train::Trainer::with(&cfg, &train_tasks, loaded.model, read.samples, counters);
-        t.cost_opt
-            .load_state(&cost_state)
-            .map_err(anyhow::Error::msg)?;
-        t.policy_opt
-            .load_state(&policy_state)
-            .map_err(anyhow::Error::msg)?;
-        t
+        match checkpoint::load_latest(&cfg, dir) {
+            Some(loaded) => {
+                tracing::info!(
+                    "resuming from {} (iteration {}, {} measurements)",
+                    loaded.path.display(),
+                    loaded.counters.iteration,
+                    read.samples.len()
+                );
+                let (cost_state, policy_state) = checkpoint::split_optimizer(loaded.optimizer);
+                let counters = loaded.counters;
+                keep_metrics_until(&metrics_path, counters.policy_updates)?;
+                let mut t = crate::train::Trainer::with(
+                    &cfg,
+                    &train_tasks,
+                    loaded.model,
+                    read.samples,
+                    counters,
+                );
+                t.cost_opt
+                    .load_state(&cost_state)
+                    .map_err(anyhow::Error::msg)?;
+                t.policy_opt
+                    .load_state(&policy_state)
+                    .map_err(anyhow::Error::msg)?;
+                t
+            }
+            None => {
+                // Stopped before its first checkpoint (or every one is
+                // damaged): the measurements are what cost the most, so
+                // fresh networks start over on them.
+                tracing::warn!(
+                    "no intact checkpoint in {}: training starts over from fresh networks, \
+                     keeping the {} logged measurements",
+                    dir.display(),
+                    read.samples.len()
+                );
+                keep_metrics_until(&metrics_path, 0)?;
+                let mut t = crate::train::Trainer::new(&cfg, &train_tasks);
+                t.buffer = read.samples;
+                t
+            }
+        }
     } else {
         common::fs::write_atomic(
             &dir.join("config.toml"),
             toml::to_string_pretty(&cfg)?.as_bytes(),
         )?;
         common::fs::write_atomic(&metrics_path, b"")?;
-        let _ = std::fs::remove_file(&log_path);
         crate::train::Trainer::new(&cfg, &train_tasks)
     };
     let mut log = CostLog::open(&log_path)?;

@@ -50,12 +50,18 @@ impl CostLog {
     /// whole entry there stays readable, a torn one stays a line to skip.
     pub fn open(path: &Path) -> anyhow::Result<CostLog> {
         let context = || format!("opening {}", path.display());
+        let new = !path.exists();
         let mut file = OpenOptions::new()
             .create(true)
             .read(true)
             .append(true)
             .open(path)
             .with_context(context)?;
+        if new {
+            // The log's entry in its folder lasts too, not only its bytes.
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            common::fs::sync_dir(dir.unwrap_or(Path::new(".")))?;
+        }
         let len = file.metadata().with_context(context)?.len();
         if len > 0 {
             let mut last = [0u8];

@@ -203,7 +203,9 @@ impl std::fmt::Display for Report {
             "method", "mean_cost_ms", "failed", "vs_best_heuristic"
         )?;
         for name in &self.order {
-            let r = &self.methods[name];
+            let Some(r) = self.methods.get(name) else {
+                continue;
+            };
             let mean = r
                 .mean_cost_ms
                 .map_or("-".to_string(), |x| format!("{x:.3}"));
@@ -221,7 +223,7 @@ impl std::fmt::Display for Report {
             "best heuristic: {}",
             self.best_heuristic
                 .as_deref()
-                .unwrap_or("none solved every task")
+                .unwrap_or("none (no heuristic was run, or none placed any task)")
         )
     }
 }

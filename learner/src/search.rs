@@ -309,6 +309,10 @@ pub fn search<C: PlanCost + ?Sized>(
             cur_s = cur.score(oracle, tables, &mut totals)?;
             evaluations += 1;
             since_progress = 0;
+            // The perturbation itself may have found a better plan.
+            if cur_s.better(&best.1) {
+                best = (cur.plan.assignment.clone(), cur_s);
+            }
         }
     }
     Ok(Outcome {

@@ -805,26 +805,51 @@ impl<'a> Trainer<'a> {
     /// (`train.measure_planned`) or the greedy episode.
     pub fn pick_plan(&mut self, greedy: bool) -> Pick {
         let k = self.rng.gen_range(0..self.tasks.len());
-        if greedy && self.cfg.train.measure_planned {
-            let task = &self.tasks[k];
-            let (plan, _) = self.model.plan(task, &self.cfg.memory);
+        let task = &self.tasks[k];
+        let (plan, infeasible, predicted_ms) = if greedy && self.cfg.train.measure_planned {
+            let (plan, infeasible) = self.model.plan(task, &self.cfg.memory);
             let predicted_ms = self.model.estimate(&task.tables, &plan).1;
-            return Pick {
-                task: k,
-                plan,
-                predicted_ms,
+            (plan, infeasible, predicted_ms)
+        } else {
+            let mode = if greedy { Mode::Greedy } else { Mode::Sample };
+            let u = rollout(&self.model.policy, &self.model.cost, &self.mdps[k], 1, mode);
+            let plan = Plan {
+                devices: task.devices,
+                assignment: u.plans[0].clone(),
             };
+            (plan, u.infeasible[0], u.predicted_cost_ms.double_value(&[0]))
+        };
+        if infeasible {
+            // A plan over a device's memory cannot run (on a GPU it would
+            // fail for want of memory): a heuristic's plan that fits is
+            // measured instead.
+            if let Some(plan) = self.fitting_heuristic_plan(task) {
+                let predicted_ms = self.model.estimate(&task.tables, &plan).1;
+                return Pick {
+                    task: k,
+                    plan,
+                    predicted_ms,
+                };
+            }
         }
-        let mode = if greedy { Mode::Greedy } else { Mode::Sample };
-        let u = rollout(&self.model.policy, &self.model.cost, &self.mdps[k], 1, mode);
         Pick {
             task: k,
-            plan: Plan {
-                devices: self.tasks[k].devices,
-                assignment: u.plans[0].clone(),
-            },
-            predicted_ms: u.predicted_cost_ms.double_value(&[0]),
+            plan,
+            predicted_ms,
         }
+    }
+
+    /// The first of the cheap heuristics' plans for `task` that fits.
+    fn fitting_heuristic_plan(&self, task: &Task) -> Option<Plan> {
+        let ctx = crate::baselines::Context::for_task(task, &self.cfg.memory, self.model.batch);
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        [
+            crate::baselines::Method::SizeLookup,
+            crate::baselines::Method::Lookup,
+            crate::baselines::Method::Torchrec,
+        ]
+        .into_iter()
+        .find_map(|m| crate::baselines::place(m, &ctx, &mut rng))
     }
 
     /// Adds a measured plan to the cost buffer (after the caller made it
@@ -929,10 +954,13 @@ impl<'a> Trainer<'a> {
             (hooks.measured)(&sample)?;
             self.record(pick.predicted_ms, sample);
         }
-        for _ in 0..t.cost_steps {
+        // Up to the round's totals: a checkpoint taken mid-round (a cluster
+        // run stopped while learning) has some of the round's steps done.
+        let round_end = self.counters.iteration + 1;
+        while self.counters.cost_steps < round_end * t.cost_steps && !self.buffer.is_empty() {
             self.cost_step();
         }
-        for _ in 0..t.policy_steps {
+        while self.counters.policy_updates < round_end * t.policy_steps {
             let (k, u) = self.rollout();
             let line = self.policy_update(k, &u, 0);
             (hooks.metrics)(&line)?;
@@ -1134,6 +1162,42 @@ pub(crate) mod tests {
             }
         }
         assert!(differ > 0, "plan never differed from the greedy episode");
+    }
+
+    #[test]
+    fn plans_over_memory_are_never_picked_for_measuring() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, suite) = small_data(dir.path());
+        // Tight memory: 5% more than an even share of the bytes, which the
+        // untrained policy's samples often run out of.
+        let mut task = suite.tasks[0].clone();
+        let bytes: Vec<u64> = task.tables.iter().map(|t| cfg.memory.table_bytes(t)).collect();
+        let even = bytes.iter().sum::<u64>() as f64 / task.devices as f64;
+        task.memory_gb = even * 1.5 / common::table::BYTES_PER_GB;
+        let tasks = vec![task];
+        let mut trainer = Trainer::new(&cfg, &tasks);
+        let task = &tasks[0];
+        let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
+        let u = rollout(&trainer.model.policy, &trainer.model.cost, &mdp, 40, Mode::Sample);
+        assert!(
+            u.infeasible.iter().any(|&x| x),
+            "no sampled episode ran out of memory: the case tests nothing"
+        );
+        for greedy in [false, true, false] {
+            for _ in 0..10 {
+                let pick = trainer.pick_plan(greedy);
+                let mut used = vec![0u64; task.devices];
+                for (t, &d) in pick.plan.assignment.iter().enumerate() {
+                    used[d] += bytes[t];
+                }
+                assert!(
+                    used.iter().all(|&u| u <= task.cap_bytes()),
+                    "a plan over memory was picked: {used:?} > {}",
+                    task.cap_bytes()
+                );
+                assert!(pick.predicted_ms.is_finite());
+            }
+        }
     }
 
     /// The CI training runs: well under a minute each, and the policy must

@@ -221,6 +221,10 @@ fn a_killed_training_run_resumes_with_every_counter_and_measurement() {
     let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
     assert!(ok, "{err}");
     assert!(err.contains("damaged"), "{err}");
+    // Set aside, out of the run's checkpoints, not deleted.
+    let mut aside = newest.clone().into_os_string();
+    aside.push(".damaged");
+    assert!(std::path::Path::new(&aside).join("policy.ot").exists());
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
         .lines()
@@ -257,4 +261,56 @@ fn a_killed_training_run_resumes_with_every_counter_and_measurement() {
         steps.windows(2).all(|w| w[1] > w[0]),
         "env steps keep growing: {steps:?}"
     );
+}
+
+#[test]
+fn measurements_of_a_run_killed_before_its_first_checkpoint_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _) = small_run_config(dir.path(), 6);
+    // Checkpoints only at the end.
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("checkpoint_every = 1000\n");
+    std::fs::write(&cfg, text).unwrap();
+    let run = dir.path().join("run");
+    let log = run.join("cost_buffer.jsonl");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_learner"))
+        .args([
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--run-dir",
+            run.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let logged = || learner::costlog::CostLog::read(&log).map_or(0, |r| r.samples.len());
+    wait_for("four measurements", std::time::Duration::from_secs(60), || {
+        logged() >= 4
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(learner::checkpoint::list(&run).is_empty(), "killed before any checkpoint");
+    let before = logged();
+    assert!(before < 18, "killed before the end");
+
+    // A fresh start refuses to throw the measurements away...
+    let (ok, _, err) = learner(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--run-dir",
+        run.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("measurements") && err.contains("--resume"), "{err}");
+    assert_eq!(logged(), before);
+    // ...and --resume trains on with them: the budget is spent exactly.
+    let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("fresh networks"), "{err}");
+    assert_eq!(logged(), 18);
+    let lines = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 18, "one line per policy update");
+    assert_eq!(learner::checkpoint::list(&run).len(), 1);
 }

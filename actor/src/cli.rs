@@ -95,10 +95,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             seed,
             wait_s,
         } => {
-            anyhow::ensure!(
-                wait_s.is_finite() && wait_s > 0.0,
-                "--wait-s must be a positive number of seconds"
-            );
+            let wait = crate::worker::seconds("--wait-s", wait_s)?;
             let token = common::link::read_token(token_file.as_deref())?.ok_or_else(|| {
                 anyhow::anyhow!(
                     "no cluster token: give --token-file or set {}",
@@ -112,7 +109,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 endpoint: learner,
                 token,
                 seed: seed.unwrap_or_else(rand::random),
-                wait: std::time::Duration::from_secs_f64(wait_s),
+                wait,
             };
             let r = crate::worker::run(&zmq::Context::new(), &opts, &stop)?;
             writeln!(
@@ -201,5 +198,25 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let back = Config::from_toml(&text, std::path::Path::new("resolved.toml")).unwrap();
         assert_eq!(back, Config::default());
+    }
+
+    #[test]
+    fn a_wait_no_duration_holds_is_an_error_naming_the_option() {
+        for wait_s in [1e20, f64::INFINITY, f64::NAN, 0.0] {
+            let e = run(
+                Cli {
+                    command: Command::Run {
+                        learner: "inproc://nobody".into(),
+                        token_file: None,
+                        seed: Some(1),
+                        wait_s,
+                    },
+                },
+                &mut Vec::new(),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("--wait-s"), "{wait_s}: {e}");
+        }
     }
 }

@@ -115,6 +115,9 @@ impl Unroll {
 
 /// Rolls out `episodes` placements of `task` in lockstep (no gradients:
 /// the learner replays the unroll with its own parameters).
+///
+/// Panics where [`try_rollout`] returns an error: for callers whose tasks
+/// and weights are their own (checked where they were made).
 pub fn rollout(
     policy: &PolicyNet,
     cost: &CostNet,
@@ -122,6 +125,34 @@ pub fn rollout(
     episodes: usize,
     mode: Mode,
 ) -> Unroll {
+    try_rollout(policy, cost, task, episodes, mode).unwrap_or_else(|e| panic!("rollout: {e}"))
+}
+
+/// [`rollout`], with an error instead of a panic for an empty task (no
+/// table, no device, no episode) and for probabilities that are not numbers
+/// (weights so large that the policy's logits overflow: libtorch's
+/// `multinomial` refuses them).
+pub fn try_rollout(
+    policy: &PolicyNet,
+    cost: &CostNet,
+    task: &MdpTask,
+    episodes: usize,
+    mode: Mode,
+) -> Result<Unroll, String> {
+    if task.tables() == 0 || task.devices == 0 || episodes == 0 {
+        return Err(format!(
+            "nothing to roll out: {} tables on {} devices, {episodes} episodes",
+            task.tables(),
+            task.devices
+        ));
+    }
+    if task.features.size() != [task.tables() as i64, NUM_FEATURES as i64] {
+        return Err(format!(
+            "features of shape {:?} for {} tables",
+            task.features.size(),
+            task.tables()
+        ));
+    }
     let _guard = tch::no_grad_guard();
     let (m, e, d) = (task.tables(), episodes as i64, task.devices as i64);
     let cost_repr = cost.tables(&task.features);
@@ -174,7 +205,15 @@ pub fn rollout(
         let out = policy.forward(&dev_pol, &cost_feat, &current, &progress);
         let logp = masked_log_softmax(&out.logits, &mask_t);
         let action = match mode {
-            Mode::Sample => logp.exp().multinomial(1, true).squeeze_dim(1),
+            Mode::Sample => logp
+                .exp()
+                .f_multinomial(1, true)
+                .map_err(|e| {
+                    format!(
+                        "sampling step {step}: the policy's probabilities are not numbers ({e})"
+                    )
+                })?
+                .squeeze_dim(1),
             Mode::Greedy => logp.argmax(1, false),
             Mode::GreedyAndSamples { temperature, .. } => {
                 let rng = gumbel_rng.as_mut().expect("seeded above");
@@ -215,17 +254,20 @@ pub fn rollout(
     }
     let plan_of_device = rows.repeat_interleave_self_int(d, 0, None);
     let predicted = cost.overall_cost(&dev_cost.view([e * d, cw]), &plan_of_device, e);
-    Unroll {
+    let stack = |what: &str, parts: &[Tensor]| {
+        Tensor::f_stack(parts, 0).map_err(|e| format!("stacking the unroll's {what}: {e}"))
+    };
+    Ok(Unroll {
         order,
-        actions: Tensor::stack(&actions, 0),
-        behaviour_logp: Tensor::stack(&logps, 0),
-        masks: Tensor::stack(&masks, 0),
-        cost_features: Tensor::stack(&feats, 0),
+        actions: stack("actions", &actions)?,
+        behaviour_logp: stack("log-probabilities", &logps)?,
+        masks: stack("masks", &masks)?,
+        cost_features: stack("cost features", &feats)?,
         predicted_cost_ms: predicted,
         reward_scale,
         infeasible,
         plans,
-    }
+    })
 }
 
 /// One greedy episode of `task` (what [`rollout`] with [`Mode::Greedy`]
@@ -502,5 +544,31 @@ mod tests {
             "{} distinct plans of 64",
             distinct.len()
         );
+    }
+
+    #[test]
+    fn an_empty_task_or_overflowing_weights_are_errors_not_panics() {
+        let (vs, policy, cost) = nets();
+        let mem = MemoryModel::default();
+        let t = tables(6);
+        let no_table = MdpTask::new(&[], 3, u64::MAX, &mem);
+        let e = try_rollout(&policy, &cost, &no_table, 4, Mode::Sample).unwrap_err();
+        assert!(e.contains("0 tables"), "{e}");
+        let no_device = MdpTask::new(&t, 0, u64::MAX, &mem);
+        let e = try_rollout(&policy, &cost, &no_device, 4, Mode::Sample).unwrap_err();
+        assert!(e.contains("0 devices"), "{e}");
+        let task = MdpTask::new(&t, 3, u64::MAX, &mem);
+        let e = try_rollout(&policy, &cost, &task, 0, Mode::Sample).unwrap_err();
+        assert!(e.contains("0 episodes"), "{e}");
+        assert!(try_rollout(&policy, &cost, &task, 4, Mode::Sample).is_ok());
+        // Finite weights (an import accepts them) whose logits overflow:
+        // the probabilities are NaN, which `multinomial` refuses.
+        tch::no_grad(|| {
+            for (_, mut v) in vs.variables() {
+                let _ = v.fill_(1e30);
+            }
+        });
+        let e = try_rollout(&policy, &cost, &task, 4, Mode::Sample).unwrap_err();
+        assert!(e.contains("not numbers"), "{e}");
     }
 }

@@ -14,6 +14,9 @@ fn to_vec<T: tch::kind::Element + Copy>(t: &Tensor) -> Vec<T> {
     Vec::<T>::try_from(&t.contiguous().view([-1])).unwrap_or_default()
 }
 
+/// The most episodes an unroll may hold ([`unroll_from_data`] refuses more).
+pub const MAX_EPISODES: usize = 1 << 16;
+
 /// An unroll of training task `task` as plain data.
 pub fn unroll_to_data(task: u32, u: &Unroll) -> UnrollData {
     let actions: Vec<i64> = to_vec(&u.actions);
@@ -35,7 +38,7 @@ pub fn unroll_to_data(task: u32, u: &Unroll) -> UnrollData {
 /// checking every size, index and number.
 pub fn unroll_from_data(d: &UnrollData, tables: usize, devices: usize) -> Result<Unroll, String> {
     let (m, e) = (tables, d.episodes as usize);
-    if e == 0 || e > 1 << 16 {
+    if e == 0 || e > MAX_EPISODES {
         return Err(format!("{e} episodes"));
     }
     let steps = m * e;
@@ -130,21 +133,39 @@ pub fn import_tensors(vs: &nn::VarStore, named: &[(String, Tensor)]) -> Result<(
 }
 
 /// Copies `arrays` into the store's variables: every variable must be
-/// present with its exact shape and finite values, and nothing else given.
+/// given exactly once with its exact shape and finite values, and nothing
+/// else given. A refused import changes nothing.
 pub fn import(vs: &nn::VarStore, arrays: &[NamedArray]) -> Result<(), String> {
-    let vars = vs.variables();
-    if arrays.len() != vars.len() {
-        return Err(format!(
-            "{} parameters given, the network has {}",
-            arrays.len(),
-            vars.len()
-        ));
+    check_import(vs, arrays)?;
+    copy_in(vs, arrays);
+    Ok(())
+}
+
+/// [`import`] into several stores (say the policy's and the cost
+/// network's), all or nothing: every store's arrays are checked before any
+/// store changes. An error names the store (`what`).
+pub fn import_all(stores: &[(&str, &nn::VarStore, &[NamedArray])]) -> Result<(), String> {
+    for (what, vs, arrays) in stores {
+        check_import(vs, arrays).map_err(|e| format!("{what}: {e}"))?;
     }
-    // Check everything before changing anything.
+    for (_, vs, arrays) in stores {
+        copy_in(vs, arrays);
+    }
+    Ok(())
+}
+
+/// What [`import`] checks: each variable of the store named exactly once,
+/// with its shape and finite values, and no other name.
+fn check_import(vs: &nn::VarStore, arrays: &[NamedArray]) -> Result<(), String> {
+    let vars = vs.variables();
+    let mut seen = std::collections::HashSet::with_capacity(arrays.len());
     for a in arrays {
         let Some(v) = vars.get(&a.name) else {
             return Err(format!("unknown parameter `{}`", a.name));
         };
+        if !seen.insert(a.name.as_str()) {
+            return Err(format!("parameter `{}` given twice", a.name));
+        }
         if v.size() != a.shape || a.shape.iter().product::<i64>() != a.values.len() as i64 {
             return Err(format!(
                 "parameter `{}`: shape {:?} with {} values, expected {:?}",
@@ -158,6 +179,26 @@ pub fn import(vs: &nn::VarStore, arrays: &[NamedArray]) -> Result<(), String> {
             return Err(format!("parameter `{}` holds a non-finite value", a.name));
         }
     }
+    if seen.len() != vars.len() {
+        let mut missing: Vec<&str> = vars
+            .keys()
+            .map(String::as_str)
+            .filter(|n| !seen.contains(n))
+            .collect();
+        missing.sort_unstable();
+        return Err(format!(
+            "{} parameters given, the network has {}; missing: {}",
+            arrays.len(),
+            vars.len(),
+            missing.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// Copies arrays [`check_import`] accepted into the store.
+fn copy_in(vs: &nn::VarStore, arrays: &[NamedArray]) {
+    let vars = vs.variables();
     tch::no_grad(|| {
         for a in arrays {
             let mut v = vars[&a.name].shallow_clone();
@@ -168,7 +209,6 @@ pub fn import(vs: &nn::VarStore, arrays: &[NamedArray]) -> Result<(), String> {
             );
         }
     });
-    Ok(())
 }
 
 #[cfg(test)]
@@ -268,5 +308,50 @@ mod tests {
         import(&b, &sent).unwrap();
         assert_eq!(export(&b), sent);
         assert_eq!(greedy(&pa, &ca), greedy(&pb, &cb));
+    }
+
+    #[test]
+    fn a_name_given_twice_is_refused_though_the_count_matches() {
+        let (a, _, _) = nets(1);
+        let (b, _, _) = nets(2);
+        let orig = export(&b);
+        let mut bad = export(&a);
+        // Parameter 0 twice, parameter 1 missing: as many as the network has.
+        bad[1] = bad[0].clone();
+        let e = import(&b, &bad).unwrap_err();
+        assert!(e.contains("twice"), "{e}");
+        assert_eq!(export(&b), orig, "a refused import changes nothing");
+        let missing = import(&b, &export(&a)[1..]).unwrap_err();
+        assert!(missing.contains(&orig[0].name), "{missing}");
+    }
+
+    /// A policy and a cost network in stores of their own, as the actor
+    /// keeps them.
+    fn split_nets(seed: i64) -> (nn::VarStore, nn::VarStore) {
+        tch::manual_seed(seed);
+        let cfg = ModelConfig::default();
+        let (p, c) = (
+            nn::VarStore::new(Device::Cpu),
+            nn::VarStore::new(Device::Cpu),
+        );
+        PolicyNet::new(&(p.root() / "policy"), &cfg);
+        CostNet::new(&(c.root() / "cost"), &cfg);
+        (p, c)
+    }
+
+    #[test]
+    fn both_networks_import_together_or_not_at_all() {
+        let (sp, sc) = split_nets(1);
+        let (p, c) = split_nets(2);
+        let (orig_p, orig_c) = (export(&p), export(&c));
+        let (new_p, mut bad_c) = (export(&sp), export(&sc));
+        bad_c[0].values[0] = f32::NAN;
+        let e = import_all(&[("policy", &p, &new_p), ("cost", &c, &bad_c)]).unwrap_err();
+        assert!(e.starts_with("cost: "), "{e}");
+        assert_eq!(export(&p), orig_p, "the policy is unchanged too");
+        assert_eq!(export(&c), orig_c);
+        import_all(&[("policy", &p, &new_p), ("cost", &c, &export(&sc))]).unwrap();
+        assert_eq!(export(&p), new_p);
+        assert_eq!(export(&c), export(&sc));
     }
 }

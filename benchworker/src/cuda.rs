@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::config::CudaConfig;
-use common::{Measurement, MemoryModel, Plan, Table};
+use common::{Measurement, MemoryModel, Plan, Table, NUM_BINS};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use cudarc::nccl::result as nccl;
@@ -196,9 +196,63 @@ pub struct CudaOracle {
     mem: MemoryModel,
     gpus: Vec<Gpu>,
     topology: Topology,
-    lookups: HashMap<String, Arc<Lookups>>,
+    lookups: HashMap<LookupKey, Arc<Lookups>>,
     cached_lookups: usize,
     last_spread: Option<Spread>,
+}
+
+/// What a table's generated lookups depend on ([`indices::for_table`]:
+/// the name seeds them; rows, pooling and the reuse bins shape them), and
+/// its dim besides: two tables alike in all of it share their lookups.
+/// Floats by their bits.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct LookupKey {
+    name: String,
+    rows: u64,
+    dim: u32,
+    pooling: u64,
+    bins: [u64; NUM_BINS],
+}
+
+impl LookupKey {
+    fn of(table: &Table) -> LookupKey {
+        LookupKey {
+            name: table.name.clone(),
+            rows: table.rows,
+            dim: table.dim,
+            pooling: table.pooling_factor.to_bits(),
+            bins: table.bins.map(f64::to_bits),
+        }
+    }
+}
+
+/// Refuses a plan whose tables draw more lookups per iteration than the
+/// host keeps at once ([`LOOKUP_CACHE`]): they are all drawn on the host
+/// before a measurement (a pooling factor of 1e5 at a batch of 65536 would
+/// be 6.5e9 of them).
+fn check_lookups(tables: &[Table], batch: u64) -> Result<(), OracleError> {
+    // As `indices::generate` counts them: a pooling that is not a number draws none.
+    let of = |t: &Table| {
+        let pooling = if t.pooling_factor.is_finite() {
+            t.pooling_factor.max(0.0)
+        } else {
+            0.0
+        };
+        batch as f64 * pooling
+    };
+    let total: f64 = tables.iter().map(of).sum();
+    if total > LOOKUP_CACHE as f64 {
+        let widest = tables
+            .iter()
+            .max_by(|a, b| of(a).total_cmp(&of(b)))
+            .map(|t| format!(" (table `{}`: {:.0})", t.name, of(t)))
+            .unwrap_or_default();
+        return Err(err(format!(
+            "the plan needs {total:.0} lookups per iteration at cuda.batch = {batch}{widest}, \
+             more than the {LOOKUP_CACHE} this backend keeps in host memory; lower cuda.batch"
+        )));
+    }
+    Ok(())
 }
 
 /// Checks that the driver, libtorch's CUDA and NCCL are all there, and
@@ -252,6 +306,16 @@ fn open_gpus(cfg: &CudaConfig) -> Result<Vec<Gpu>, OracleError> {
             })
         })
         .collect()
+}
+
+/// A plan on `devices` devices fits a group of `total` GPUs.
+fn group_fits(devices: usize, total: usize) -> Result<(), OracleError> {
+    if devices > total {
+        return Err(err(format!(
+            "the plan needs {devices} GPUs; the group has {total}"
+        )));
+    }
+    Ok(())
 }
 
 /// The stream as NCCL's type.
@@ -356,12 +420,7 @@ impl CudaOracle {
     /// The lookups of `table`, drawn once and kept.
     fn lookups_of(&mut self, table: &Table) -> Arc<Lookups> {
         // The name alone could collide across pools.
-        let key = format!(
-            "{}/{}/{}",
-            table.name,
-            table.rows,
-            table.pooling_factor.to_bits()
-        );
+        let key = LookupKey::of(table);
         if let Some(l) = self.lookups.get(&key) {
             return l.clone();
         }
@@ -403,12 +462,7 @@ impl CudaOracle {
         let gpus: Vec<i32> = self.gpus.iter().map(|g| g.ordinal as i32).collect();
         match &mut self.topology {
             Topology::Group { comms, ranks, .. } => {
-                if devices > ranks.total() {
-                    return Err(err(format!(
-                        "the plan needs {devices} GPUs; the group has {}",
-                        ranks.total()
-                    )));
-                }
+                group_fits(devices, ranks.total())?;
                 Ok(comms)
             }
             Topology::Local { comms } => {
@@ -847,7 +901,13 @@ impl Oracle for CudaOracle {
                 "the group's NCCL communicators failed; it must re-form",
             ));
         }
+        check_lookups(tables, self.cfg.batch)?;
         let leader = matches!(self.topology, Topology::Group { rank: 0, .. });
+        // Before the job reaches the group: a plan too big for it would
+        // fail in `comms` after the broadcast, and abort every communicator.
+        if let Topology::Group { ranks, .. } = &self.topology {
+            group_fits(plan.devices, ranks.total())?;
+        }
         let rounds = if leader {
             self.group_step(|o| {
                 o.broadcast_job(Some(&group::encode_job(tables, plan)))?;
@@ -879,5 +939,53 @@ impl Oracle for CudaOracle {
             Topology::Group { comms, .. } => !comms.0.is_empty(),
             Topology::Local { .. } => true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_table;
+
+    #[test]
+    fn lookups_are_keyed_on_everything_that_shapes_them() {
+        let base = test_table("t", 1000, 32, 4.0, &[(0, 0.5), (3, 0.5)]);
+        let key = LookupKey::of(&base);
+        assert_eq!(key, LookupKey::of(&base.clone()));
+        let mut hotter = base.clone();
+        hotter.bins = test_table("t", 1000, 32, 4.0, &[(0, 0.1), (3, 0.9)]).bins;
+        let mut wider = base.clone();
+        wider.dim = 64;
+        let mut more_rows = base.clone();
+        more_rows.rows = 2000;
+        let mut busier = base.clone();
+        busier.pooling_factor = 8.0;
+        let mut renamed = base.clone();
+        renamed.name = "u".into();
+        for other in [hotter, wider, more_rows, busier, renamed] {
+            assert_ne!(key, LookupKey::of(&other), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn too_many_lookups_are_refused_with_the_batch_named() {
+        let small = test_table("small", 1000, 32, 4.0, &[(0, 1.0)]);
+        let busy = test_table("busy", 1000, 32, 1e5, &[(0, 1.0)]);
+        assert!(check_lookups(&[small.clone(), small.clone()], 65536).is_ok());
+        let e = check_lookups(&[small.clone(), busy], 65536)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cuda.batch = 65536"), "{e}");
+        assert!(e.contains("`busy`"), "{e}");
+        // A pooling that is not a number draws nothing (as the generator).
+        let odd = test_table("odd", 1000, 32, f64::NAN, &[(0, 1.0)]);
+        assert!(check_lookups(&[small, odd], 65536).is_ok());
+    }
+
+    #[test]
+    fn a_plan_wider_than_the_group_does_not_fit() {
+        assert!(group_fits(4, 4).is_ok());
+        let e = group_fits(5, 4).unwrap_err().to_string();
+        assert!(e.contains("needs 5 GPUs; the group has 4"), "{e}");
     }
 }

@@ -786,7 +786,9 @@ fn seconds(field: &str, v: f64) -> std::result::Result<(), String> {
     if (1e-3..=1e6).contains(&v) {
         Ok(())
     } else {
-        Err(format!("{field} = {v} must lie in [0.001, 1000000] seconds"))
+        Err(format!(
+            "{field} = {v} must lie in [0.001, 1000000] seconds"
+        ))
     }
 }
 
@@ -903,16 +905,34 @@ mod tests {
         };
         // Durations libstd cannot hold, or that would never end.
         for v in ["nan", "inf", "1e20", "0.0", "-1.0", "1e-300"] {
-            refused(&format!("[cluster]\nheartbeat_s = {v}\n"), "cluster.heartbeat_s");
-            refused(&format!("[cluster]\njob_timeout_s = {v}\n"), "cluster.job_timeout_s");
-            refused(&format!("[cuda]\njoin_timeout_s = {v}\n"), "cuda.join_timeout_s");
+            refused(
+                &format!("[cluster]\nheartbeat_s = {v}\n"),
+                "cluster.heartbeat_s",
+            );
+            refused(
+                &format!("[cluster]\njob_timeout_s = {v}\n"),
+                "cluster.job_timeout_s",
+            );
+            refused(
+                &format!("[cuda]\njoin_timeout_s = {v}\n"),
+                "cuda.join_timeout_s",
+            );
         }
         for v in ["nan", "inf", "1e20"] {
-            refused(&format!("[cluster]\npeer_timeout_s = {v}\n"), "cluster.peer_timeout_s");
+            refused(
+                &format!("[cluster]\npeer_timeout_s = {v}\n"),
+                "cluster.peer_timeout_s",
+            );
         }
-        refused("[cluster]\npeer_timeout_s = 1.5\n", "cluster.peer_timeout_s");
+        refused(
+            "[cluster]\npeer_timeout_s = 1.5\n",
+            "cluster.peer_timeout_s",
+        );
         for v in ["nan", "inf", "-0.5", "1e9"] {
-            refused(&format!("[model]\nplan_temperature = {v}\n"), "model.plan_temperature");
+            refused(
+                &format!("[model]\nplan_temperature = {v}\n"),
+                "model.plan_temperature",
+            );
         }
         refused("[train]\nepisodes = 70000\n", "train.episodes");
         refused(
@@ -924,8 +944,14 @@ mod tests {
              { tables = 10, devices = 2, memory_gb = 8.0 }]\n",
             "dlrm-10x2",
         );
-        refused("[generate]\nlog10_rows_sigma = 1e308\n", "generate.log10_rows_sigma");
-        refused("[generate]\nrows_pooling_slope = -1e308\n", "generate.rows_pooling_slope");
+        refused(
+            "[generate]\nlog10_rows_sigma = 1e308\n",
+            "generate.log10_rows_sigma",
+        );
+        refused(
+            "[generate]\nrows_pooling_slope = -1e308\n",
+            "generate.rows_pooling_slope",
+        );
         // The edges that work stay accepted.
         let c = Config::from_toml(
             "[cluster]\nheartbeat_s = 0.001\npeer_timeout_s = 1000000\n[model]\nplan_temperature = 0\n",

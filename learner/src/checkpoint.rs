@@ -251,7 +251,12 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["step-1000000", "step-999975", "step-000025.1", "step-000025"]
+            [
+                "step-1000000",
+                "step-999975",
+                "step-000025.1",
+                "step-000025"
+            ]
         );
     }
 }

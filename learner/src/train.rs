@@ -817,7 +817,11 @@ impl<'a> Trainer<'a> {
                 devices: task.devices,
                 assignment: u.plans[0].clone(),
             };
-            (plan, u.infeasible[0], u.predicted_cost_ms.double_value(&[0]))
+            (
+                plan,
+                u.infeasible[0],
+                u.predicted_cost_ms.double_value(&[0]),
+            )
         };
         if infeasible {
             // A plan over a device's memory cannot run (on a GPU it would
@@ -1171,14 +1175,24 @@ pub(crate) mod tests {
         // Tight memory: 5% more than an even share of the bytes, which the
         // untrained policy's samples often run out of.
         let mut task = suite.tasks[0].clone();
-        let bytes: Vec<u64> = task.tables.iter().map(|t| cfg.memory.table_bytes(t)).collect();
+        let bytes: Vec<u64> = task
+            .tables
+            .iter()
+            .map(|t| cfg.memory.table_bytes(t))
+            .collect();
         let even = bytes.iter().sum::<u64>() as f64 / task.devices as f64;
         task.memory_gb = even * 1.5 / common::table::BYTES_PER_GB;
         let tasks = vec![task];
         let mut trainer = Trainer::new(&cfg, &tasks);
         let task = &tasks[0];
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
-        let u = rollout(&trainer.model.policy, &trainer.model.cost, &mdp, 40, Mode::Sample);
+        let u = rollout(
+            &trainer.model.policy,
+            &trainer.model.cost,
+            &mdp,
+            40,
+            Mode::Sample,
+        );
         assert!(
             u.infeasible.iter().any(|&x| x),
             "no sampled episode ran out of memory: the case tests nothing"

@@ -286,12 +286,17 @@ fn measurements_of_a_run_killed_before_its_first_checkpoint_are_kept() {
         .spawn()
         .unwrap();
     let logged = || learner::costlog::CostLog::read(&log).map_or(0, |r| r.samples.len());
-    wait_for("four measurements", std::time::Duration::from_secs(60), || {
-        logged() >= 4
-    });
+    wait_for(
+        "four measurements",
+        std::time::Duration::from_secs(60),
+        || logged() >= 4,
+    );
     child.kill().unwrap();
     child.wait().unwrap();
-    assert!(learner::checkpoint::list(&run).is_empty(), "killed before any checkpoint");
+    assert!(
+        learner::checkpoint::list(&run).is_empty(),
+        "killed before any checkpoint"
+    );
     let before = logged();
     assert!(before < 18, "killed before the end");
 
@@ -303,7 +308,10 @@ fn measurements_of_a_run_killed_before_its_first_checkpoint_are_kept() {
         "--run-dir",
         run.to_str().unwrap(),
     ]);
-    assert!(!ok && err.contains("measurements") && err.contains("--resume"), "{err}");
+    assert!(
+        !ok && err.contains("measurements") && err.contains("--resume"),
+        "{err}"
+    );
     assert_eq!(logged(), before);
     // ...and --resume trains on with them: the budget is spent exactly.
     let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);

@@ -193,6 +193,12 @@ impl Link {
     /// is dropped).
     pub fn send(&mut self, policy_version: u64, message: &Message) -> anyhow::Result<bool> {
         let frame = encode(&self.envelope.next(policy_version), message);
+        anyhow::ensure!(
+            frame.len() <= MAX_FRAME_BYTES,
+            "a {:?} of {} bytes exceeds the frame limit of {MAX_FRAME_BYTES}",
+            message.kind(),
+            frame.len()
+        );
         match self.socket.send(frame, zmq::DONTWAIT) {
             Ok(()) => {
                 self.last_sent = Instant::now();
@@ -361,6 +367,15 @@ impl Hub {
     /// Sends to one peer; false when the peer is gone.
     pub fn send(&mut self, to: &[u8], policy_version: u64, message: &Message) -> bool {
         let frame = encode(&self.envelope.next(policy_version), message);
+        if frame.len() > MAX_FRAME_BYTES {
+            // Not the peer's fault: it stays.
+            tracing::error!(
+                "a {:?} of {} bytes exceeds the frame limit of {MAX_FRAME_BYTES}: not sent",
+                message.kind(),
+                frame.len()
+            );
+            return true;
+        }
         self.socket
             .send_multipart([to, frame.as_slice()], zmq::DONTWAIT)
             .is_ok()

@@ -454,16 +454,22 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 }
                 Ok(())
             })?;
-        if report.bad_unrolls + report.drops.total() + report.refused_peers + report.bad_envelopes
-            > 0
-        {
+        let refused = [
+            report.bad_unrolls,
+            report.uncredited_unrolls,
+            report.drops.total(),
+            report.refused_peers,
+            report.bad_envelopes,
+        ];
+        if refused.iter().sum::<u64>() > 0 {
             tracing::warn!(
-                "{} malformed unrolls, {} undecodable frames, {} refused peers, \
-                 {} messages with a mismatched envelope",
-                report.bad_unrolls,
-                report.drops.total(),
-                report.refused_peers,
-                report.bad_envelopes
+                "{} malformed unrolls, {} unrolls sent without a credit, {} undecodable frames, \
+                 {} refused peers, {} messages with a mismatched envelope",
+                refused[0],
+                refused[1],
+                refused[2],
+                refused[3],
+                refused[4]
             );
         }
         Some((

@@ -76,6 +76,28 @@ const NCCL_ID_BYTES: usize = 128;
 struct Job {
     pick: Pick,
     sent: Instant,
+    /// The benchworker measuring it, and those that failed it before.
+    worker: u64,
+    tried: Vec<u64>,
+}
+
+/// A plan to measure again, with the benchworkers that failed it.
+struct Requeued {
+    pick: Pick,
+    tried: Vec<u64>,
+}
+
+impl Job {
+    /// This job's plan to measure again, its benchworker among those that
+    /// failed it.
+    fn requeued(self) -> Requeued {
+        let mut tried = self.tried;
+        tried.push(self.worker);
+        Requeued {
+            pick: self.pick,
+            tried,
+        }
+    }
 }
 
 /// An unroll waiting for the learner.
@@ -95,6 +117,9 @@ pub struct RuntimeReport {
     pub unrolls_received: u64,
     /// Unrolls refused as malformed (wrong sizes, illegal actions, …).
     pub bad_unrolls: u64,
+    /// Unrolls from an actor that held no credit for them: dropped, so
+    /// that no peer grows the learner's queue beyond its credits.
+    pub uncredited_unrolls: u64,
     pub refused_peers: u64,
     pub failed_jobs: u64,
     /// Jobs handed to another benchworker (theirs went away or timed out).
@@ -141,7 +166,7 @@ pub struct Learner<'t, 'a> {
     /// Jobs out on benchworkers, by id.
     jobs: BTreeMap<u64, Job>,
     /// Jobs to hand out again (their benchworker went away).
-    requeue: VecDeque<Pick>,
+    requeue: VecDeque<Requeued>,
     next_job: u64,
     job_failures: usize,
     /// Unrolls waiting for an update.
@@ -159,6 +184,40 @@ pub struct Learner<'t, 'a> {
 impl<'t, 'a> Learner<'t, 'a> {
     pub fn new(trainer: &'t mut Trainer<'a>, hub: Hub, token: String) -> anyhow::Result<Self> {
         let welcome_config = toml::to_string(trainer.config())?;
+        // The two biggest messages must fit a frame, or no peer could ever
+        // get them (a bigger frame is dropped on the way): said now, once.
+        let fits = |what: &str, m: &Message| {
+            let header = common::protocol::Header {
+                sender: 0,
+                incarnation: 0,
+                seq: 0,
+                policy_version: 0,
+            };
+            let bytes = common::protocol::encode(&header, m).len();
+            anyhow::ensure!(
+                bytes <= common::protocol::MAX_FRAME_BYTES,
+                "{what} take {:.1} MiB on the wire, more than the {} MiB a message may have",
+                bytes as f64 / (1 << 20) as f64,
+                common::protocol::MAX_FRAME_BYTES >> 20
+            );
+            Ok(())
+        };
+        fits(
+            "the networks' weights (the [model] widths and members)",
+            &Message::Weights(Weights {
+                version: 0,
+                policy: export(&trainer.model.policy_vs),
+                cost: export(&trainer.model.cost_vs),
+            }),
+        )?;
+        fits(
+            "the welcome (the configuration and every training task's tables)",
+            &Message::Welcome {
+                peer: 0,
+                config_toml: welcome_config.clone(),
+                tasks: trainer.tasks().to_vec(),
+            },
+        )?;
         Ok(Learner {
             trainer,
             hub,
@@ -212,7 +271,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             self.groups.retain(|_, g| g.leader != who);
             if let Some(job) = peer.job.and_then(|j| self.jobs.remove(&j)) {
                 self.report.requeued_jobs += 1;
-                self.requeue.push_back(job.pick);
+                self.requeue.push_back(job.requeued());
             }
         }
     }
@@ -355,8 +414,13 @@ impl<'t, 'a> Learner<'t, 'a> {
         match (role, message) {
             (Role::Actor, Message::Unroll(data)) => {
                 self.report.unrolls_received += 1;
-                if let Some(p) = self.peers.get_mut(&from) {
-                    p.credits = p.credits.saturating_sub(1);
+                match self.peers.get_mut(&from) {
+                    Some(p) if p.credits > 0 => p.credits -= 1,
+                    _ => {
+                        self.report.uncredited_unrolls += 1;
+                        tracing::warn!("an unroll sent without a credit dropped");
+                        return Ok(());
+                    }
                 }
                 let task = data.task as usize;
                 let checked = match self.trainer.tasks().get(task) {
@@ -381,16 +445,17 @@ impl<'t, 'a> Learner<'t, 'a> {
                 self.release_job(job);
                 // A job re-queued after its benchworker went quiet may come
                 // back twice: the second result is not counted.
-                let Some(Job { pick, .. }) = self.jobs.remove(&job) else {
+                let Some(j) = self.jobs.remove(&job) else {
                     self.report.unexpected += 1;
                     return Ok(());
                 };
-                let task = &self.trainer.tasks()[pick.task];
+                let task = &self.trainer.tasks()[j.pick.task];
                 if let Err(e) = measurement.validate(task.devices) {
                     tracing::warn!("job {job}: malformed measurement: {e}");
-                    self.job_failed(pick, e)?;
+                    self.job_failed(j, e)?;
                     return Ok(());
                 }
+                let pick = j.pick;
                 let sample = CostSample::new(task, &pick.plan, measurement);
                 (hooks.measured)(&sample)?;
                 self.trainer.record(pick.predicted_ms, sample);
@@ -402,7 +467,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 self.release_job(job);
                 if let Some(j) = self.jobs.remove(&job) {
                     tracing::warn!("job {job} failed: {error}");
-                    self.job_failed(j.pick, error)?;
+                    self.job_failed(j, error)?;
                 }
             }
             (
@@ -482,14 +547,14 @@ impl<'t, 'a> Learner<'t, 'a> {
         self.send(to, &message);
     }
 
-    fn job_failed(&mut self, pick: Pick, error: String) -> anyhow::Result<()> {
+    fn job_failed(&mut self, job: Job, error: String) -> anyhow::Result<()> {
         self.report.failed_jobs += 1;
         self.job_failures += 1;
         anyhow::ensure!(
             self.job_failures < MAX_JOB_FAILURES,
             "{MAX_JOB_FAILURES} measurement jobs failed in a row; the last: {error}"
         );
-        self.requeue.push_back(pick);
+        self.requeue.push_back(job.requeued());
         Ok(())
     }
 
@@ -503,21 +568,29 @@ impl<'t, 'a> Learner<'t, 'a> {
             if out >= round_end {
                 return sent;
             }
-            let Some(idle) = self
+            let idle: Vec<(&Vec<u8>, u64)> = self
                 .peers
                 .iter()
-                .find(|(_, p)| p.role == Role::Benchworker && p.job.is_none())
-                .map(|(k, _)| k.clone())
+                .filter(|(_, p)| p.role == Role::Benchworker && p.job.is_none())
+                .map(|(k, p)| (k, p.id))
+                .collect();
+            // A plan to measure again goes to a benchworker that has not
+            // failed it, if one is idle.
+            let tried: &[u64] = self.requeue.front().map_or(&[], |r| &r.tried);
+            let Some((idle, worker)) = idle
+                .iter()
+                .find(|(_, id)| !tried.contains(id))
+                .or(idle.first())
+                .map(|(k, id)| ((*k).clone(), *id))
             else {
                 return sent;
             };
-            let pick = match self.requeue.pop_front() {
-                Some(p) => p,
+            let (pick, tried) = match self.requeue.pop_front() {
+                Some(r) => (r.pick, r.tried),
                 None => {
                     let j = out
                         .saturating_sub(self.trainer.counters.iteration * t.measure_per_iteration);
-                    let greedy = self.trainer.greedy_pick(j);
-                    self.trainer.pick_plan(greedy)
+                    (self.trainer.pick_plan(j), Vec::new())
                 }
             };
             let job = self.next_job;
@@ -532,6 +605,8 @@ impl<'t, 'a> Learner<'t, 'a> {
                 Job {
                     pick,
                     sent: Instant::now(),
+                    worker,
+                    tried,
                 },
             );
             if let Some(p) = self.peers.get_mut(&idle) {
@@ -631,9 +706,10 @@ impl<'t, 'a> Learner<'t, 'a> {
             if let Some(j) = self.jobs.remove(&id) {
                 tracing::warn!("job {id} timed out; another benchworker gets it");
                 self.report.requeued_jobs += 1;
-                self.requeue.push_back(j.pick);
-                // Its benchworker may take new work (queued behind the late job).
-                self.release_job(id);
+                self.requeue.push_back(j.requeued());
+                // Its benchworker stays busy until it answers (a late
+                // answer is not counted, see `handle`): new work would
+                // only wait behind the late job.
             }
         }
         let all: Vec<Vec<u8>> = self.peers.keys().cloned().collect();
@@ -669,7 +745,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             if mark != progress_mark {
                 progress_mark = mark;
                 last_progress = Instant::now();
-            } else if last_progress.elapsed() > STALL_TIMEOUT {
+            } else if last_progress.elapsed() > STALL_TIMEOUT && !self.measuring() {
                 let count = |r: Role| self.peers.values().filter(|p| p.role == r).count();
                 anyhow::bail!(
                     "no progress for {:?}: {} actors and {} benchworkers connected, {} jobs out",
@@ -682,6 +758,13 @@ impl<'t, 'a> Learner<'t, 'a> {
         }
         self.report.drops = self.hub.drops.clone();
         Ok(())
+    }
+
+    /// Whether a benchworker is measuring a job that is not late yet (a
+    /// slow oracle is not a stall).
+    fn measuring(&self) -> bool {
+        let timeout = Duration::from_secs_f64(self.trainer.config().cluster.job_timeout_s);
+        self.jobs.values().any(|j| j.sent.elapsed() <= timeout)
     }
 
     fn progress_mark(&self) -> (usize, usize, usize, u64) {
@@ -846,6 +929,148 @@ mod tests {
     use super::*;
     use common::link::Link;
     use common::protocol::UnrollData;
+
+    /// Raw peers of a learner driven by hand: an unroll beyond the credits
+    /// is dropped, and a plan to measure again goes to a benchworker that
+    /// has not failed it.
+    #[test]
+    fn uncredited_unrolls_are_dropped_and_requeued_plans_avoid_who_failed_them() {
+        use common::protocol::{decode, encode, Header};
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, suite) = crate::train::tests::small_data(dir.path());
+        let mut trainer = Trainer::new(&cfg, &suite.tasks);
+        let ctx = zmq::Context::new();
+        let endpoint = "inproc://by-hand";
+        let hub = Hub::bind(&ctx, endpoint).unwrap();
+        let mut learner = Learner::new(&mut trainer, hub, "right".into()).unwrap();
+        let mut hooks = Hooks::none();
+        let peer = |role: Role| {
+            let socket = ctx.socket(zmq::DEALER).unwrap();
+            socket.connect(endpoint).unwrap();
+            let hello = Message::Hello {
+                role,
+                token: "right".into(),
+            };
+            let header = Header {
+                sender: 0,
+                incarnation: 5,
+                seq: 1,
+                policy_version: 0,
+            };
+            socket.send(encode(&header, &hello), 0).unwrap();
+            socket
+        };
+        // Whatever the learner sent `socket`, by kind.
+        let received = |socket: &zmq::Socket| -> Vec<Message> {
+            let mut got = Vec::new();
+            while socket.poll(zmq::POLLIN, 200).unwrap() > 0 {
+                got.push(decode(&socket.recv_bytes(0).unwrap()).unwrap().1);
+            }
+            got
+        };
+        let (a, b, actor) = (
+            peer(Role::Benchworker),
+            peer(Role::Benchworker),
+            peer(Role::Actor),
+        );
+        let mut welcomed = 0;
+        while welcomed < 3 {
+            let incoming = learner.hub.recv(1000).unwrap().expect("three hellos");
+            learner.handle(incoming, &mut hooks).unwrap();
+            welcomed += 1;
+        }
+        let id_of = |socket: &zmq::Socket| {
+            received(socket)
+                .into_iter()
+                .find_map(|m| match m {
+                    Message::Welcome { peer, .. } => Some(peer),
+                    _ => None,
+                })
+                .expect("a welcome")
+        };
+        let (id_a, id_b, id_actor) = (id_of(&a), id_of(&b), id_of(&actor));
+
+        // The actor holds `actor_credits`; one unroll more is dropped.
+        let credits = cfg.cluster.actor_credits as u64;
+        let unroll = |seq: u64| {
+            let header = Header {
+                sender: id_actor,
+                incarnation: 5,
+                seq,
+                policy_version: 1,
+            };
+            let data = UnrollData {
+                task: 0,
+                episodes: 0,
+                order: Vec::new(),
+                actions: Vec::new(),
+                behaviour_logp: Vec::new(),
+                masks: Vec::new(),
+                cost_features: Vec::new(),
+                predicted_cost_ms: Vec::new(),
+                reward_scale: 1.0,
+                infeasible: Vec::new(),
+            };
+            encode(&header, &Message::Unroll(data))
+        };
+        // A queued unroll holds its credit: mark the actor's as spent.
+        learner
+            .peers
+            .values_mut()
+            .find(|p| p.id == id_actor)
+            .unwrap()
+            .credits = 0;
+        actor.send(unroll(2), 0).unwrap();
+        let incoming = learner.hub.recv(1000).unwrap().unwrap();
+        learner.handle(incoming, &mut hooks).unwrap();
+        assert_eq!(learner.report.uncredited_unrolls, 1);
+        assert_eq!(learner.report.bad_unrolls, 0, "dropped before it was read");
+        assert!(learner.queue.is_empty());
+        assert!(!received(&actor)
+            .iter()
+            .any(|m| matches!(m, Message::Credit { .. })));
+        assert!(credits > 0);
+
+        // `a` failed a plan: measured again, it goes to `b`, though `a`
+        // is idle too; failed by both, it goes to whoever is idle.
+        for (tried, want) in [(vec![id_a], id_b), (vec![id_b], id_a)] {
+            let pick = learner.trainer.pick_plan(0);
+            learner.requeue.push_back(Requeued { pick, tried });
+            assert!(learner.dispatch());
+            let jobs = |s: &zmq::Socket| {
+                received(s)
+                    .into_iter()
+                    .filter(|m| matches!(m, Message::MeasureJob { .. }))
+                    .count()
+            };
+            let (to_a, to_b) = (jobs(&a), jobs(&b));
+            assert_eq!(to_a + to_b, 2, "both idle workers get work");
+            // The requeued job went first, to the one that had not failed it.
+            let first = learner.jobs.values().next().unwrap();
+            assert_eq!(first.worker, want);
+            assert_eq!(first.tried.len(), 1);
+            learner.jobs.clear();
+            for p in learner.peers.values_mut() {
+                p.job = None;
+            }
+        }
+    }
+
+    #[test]
+    fn networks_too_big_to_send_are_refused_before_training() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cfg, suite) = crate::train::tests::small_data(dir.path());
+        cfg.model.cost_table_hidden = 4096;
+        cfg.model.cost_table_out = 4096;
+        let mut trainer = Trainer::new(&cfg, &suite.tasks);
+        let ctx = zmq::Context::new();
+        let hub = Hub::bind(&ctx, "inproc://too-big").unwrap();
+        let e = Learner::new(&mut trainer, hub, "t".into())
+            .err()
+            .expect("weights over the frame limit")
+            .to_string();
+        assert!(e.contains("weights") && e.contains("64 MiB"), "{e}");
+    }
 
     /// Strangers (a wrong token), garbage, messages from peers that never
     /// said hello and messages whose envelope does not match their peer's

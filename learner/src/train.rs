@@ -800,11 +800,30 @@ impl<'a> Trainer<'a> {
         j < (t.measure_greedy_share * t.measure_per_iteration as f64).round() as usize
     }
 
-    /// Draws a training task and one plan for it from the current policy,
-    /// to be measured: a sample, or for `greedy` what `plan` returns
-    /// (`train.measure_planned`) or the greedy episode.
-    pub fn pick_plan(&mut self, greedy: bool) -> Pick {
-        let k = self.rng.gen_range(0..self.tasks.len());
+    /// The seed of the `j`-th pick of the current round: a pick depends on
+    /// its place in the round, not on how many were drawn before it in this
+    /// process, so a run resumed mid-round goes on with the picks it had
+    /// not measured rather than drawing the first ones again.
+    fn pick_seed(&self, j: usize) -> u64 {
+        let mut bytes = Vec::with_capacity(24);
+        for n in [
+            self.cfg.train.seed,
+            self.counters.iteration as u64,
+            j as u64,
+        ] {
+            bytes.extend_from_slice(&n.to_le_bytes());
+        }
+        common::fs::fnv1a(&bytes)
+    }
+
+    /// Draws the round's `j`-th plan to measure (see [`Self::pick_seed`]):
+    /// a training task and one plan for it from the current policy, a
+    /// sample, or for a greedy pick ([`Self::greedy_pick`]) what `plan`
+    /// returns (`train.measure_planned`) or the greedy episode.
+    pub fn pick_plan(&mut self, j: usize) -> Pick {
+        let greedy = self.greedy_pick(j);
+        let seed = self.pick_seed(j);
+        let k = ChaCha8Rng::seed_from_u64(seed).gen_range(0..self.tasks.len());
         let task = &self.tasks[k];
         let (plan, infeasible, predicted_ms) = if greedy && self.cfg.train.measure_planned {
             let (plan, infeasible) = self.model.plan(task, &self.cfg.memory);
@@ -812,6 +831,7 @@ impl<'a> Trainer<'a> {
             (plan, infeasible, predicted_ms)
         } else {
             let mode = if greedy { Mode::Greedy } else { Mode::Sample };
+            tch::manual_seed(seed as i64);
             let u = rollout(&self.model.policy, &self.model.cost, &self.mdps[k], 1, mode);
             let plan = Plan {
                 devices: task.devices,
@@ -952,7 +972,7 @@ impl<'a> Trainer<'a> {
             .len()
             .saturating_sub(self.counters.iteration * t.measure_per_iteration);
         for j in done..done + due {
-            let pick = self.pick_plan(self.greedy_pick(j));
+            let pick = self.pick_plan(j);
             let m = oracle.measure(&self.tasks[pick.task].tables, &pick.plan)?;
             let sample = CostSample::new(&self.tasks[pick.task], &pick.plan, m);
             (hooks.measured)(&sample)?;
@@ -1145,8 +1165,10 @@ pub(crate) mod tests {
         for planned in [true, false] {
             cfg.train.measure_planned = planned;
             let mut trainer = Trainer::new(&cfg, &suite.tasks);
-            for _ in 0..6 {
-                let pick = trainer.pick_plan(true);
+            assert!(trainer.greedy_pick(0));
+            for round in 0..6 {
+                trainer.counters.iteration = round;
+                let pick = trainer.pick_plan(0);
                 let task = &suite.tasks[pick.task];
                 let planned_plan = trainer.model.plan(task, &cfg.memory).0;
                 let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
@@ -1166,6 +1188,29 @@ pub(crate) mod tests {
             }
         }
         assert!(differ > 0, "plan never differed from the greedy episode");
+    }
+
+    #[test]
+    fn a_rounds_picks_depend_on_their_place_not_on_the_picks_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, suite) = small_data(dir.path());
+        let m = cfg.train.measure_per_iteration;
+        let mut whole = Trainer::new(&cfg, &suite.tasks);
+        whole.counters.iteration = 3;
+        let all: Vec<Pick> = (0..m).map(|j| whole.pick_plan(j)).collect();
+        // Resumed after 4 of the round's measurements: the 5th onwards.
+        let mut resumed = Trainer::new(&cfg, &suite.tasks);
+        resumed.counters.iteration = 3;
+        for (j, want) in all.iter().enumerate().skip(4) {
+            let got = resumed.pick_plan(j);
+            assert_eq!((got.task, &got.plan), (want.task, &want.plan), "pick {j}");
+        }
+        // Not one pick over and over: the round covers tasks and plans.
+        let tasks: std::collections::BTreeSet<usize> = all.iter().map(|p| p.task).collect();
+        assert!(tasks.len() > 1, "{tasks:?}");
+        let plans: std::collections::BTreeSet<&Vec<usize>> =
+            all.iter().map(|p| &p.plan.assignment).collect();
+        assert!(plans.len() > m / 2, "{} distinct plans of {m}", plans.len());
     }
 
     #[test]
@@ -1197,9 +1242,10 @@ pub(crate) mod tests {
             u.infeasible.iter().any(|&x| x),
             "no sampled episode ran out of memory: the case tests nothing"
         );
-        for greedy in [false, true, false] {
-            for _ in 0..10 {
-                let pick = trainer.pick_plan(greedy);
+        for round in 0..3 {
+            trainer.counters.iteration = round;
+            for j in 0..cfg.train.measure_per_iteration {
+                let pick = trainer.pick_plan(j);
                 let mut used = vec![0u64; task.devices];
                 for (t, &d) in pick.plan.assignment.iter().enumerate() {
                     used[d] += bytes[t];

@@ -23,10 +23,17 @@
 #                        on sim, 20 on cpu and cuda)
 #   --port P             the learner's TCP port (default: any free port on
 #                        loopback; 5555 with --hostfile or --slurm)
+#   --bind-host ADDR     the address the learner listens on, which every peer
+#                        must reach: an IPv4 address of this host or an
+#                        interface name (eth0); or set EMBSHARD_BIND_HOST
+#                        (default: 127.0.0.1; with --hostfile or --slurm, the
+#                        source address of the default route, else the first
+#                        IPv4 address of `hostname -I`)
 #   --hostfile FILE      start actors and benchworkers over ssh on the hosts
 #                        listed in FILE (one per line, # comments), round
 #                        robin; this checkout must be at the same path there,
-#                        built (checked over ssh before anything starts)
+#                        built, with bash (checked over ssh before anything
+#                        starts); a peer there stops when its ssh session ends
 #   --slurm              start them with srun inside a Slurm allocation (the
 #                        learner runs here, on the first node)
 #   --add-actors N --learner ENDPOINT
@@ -54,6 +61,7 @@ RUN_DIR=""
 ACTORS=2
 BENCHES=1
 PORT=""
+BIND_HOST=${EMBSHARD_BIND_HOST:-}
 HOSTFILE=""
 SLURM=0
 ADD=""
@@ -69,6 +77,7 @@ while [ $# -gt 0 ]; do
     --actors) need $#; ACTORS=$2; shift 2 ;;
     --benchworkers) need $#; BENCHES=$2; shift 2 ;;
     --port) need $#; PORT=$2; shift 2 ;;
+    --bind-host) need $#; BIND_HOST=$2; shift 2 ;;
     --hostfile) need $#; HOSTFILE=$(realpath "$2"); shift 2 ;;
     --slurm) SLURM=1; shift ;;
     --no-eval) EVAL=0; shift ;;
@@ -82,6 +91,9 @@ done
 for n in "$ACTORS" "$BENCHES" ${ADD:+"$ADD"} ${PORT:+"$PORT"}; do
   [[ "$n" =~ ^[0-9]+$ ]] || die "'$n' is not a number"
 done
+# No IPv6: the learner's socket does not enable it.
+[ -z "$BIND_HOST" ] || [[ "$BIND_HOST" =~ ^[A-Za-z0-9._-]+$ ]] ||
+  die "--bind-host/EMBSHARD_BIND_HOST: '$BIND_HOST' is not an IPv4 address or interface name"
 [ -z "$ADD" ] || [ -n "$LEARNER" ] || die "--add-actors needs --learner ENDPOINT"
 [ -n "$ADD" ] || [ -z "$LEARNER" ] || die "--learner goes with --add-actors"
 [ "$BENCHES" -ge 1 ] || [ -n "$ADD" ] || die "training needs at least one benchworker"
@@ -98,22 +110,40 @@ fi
 . "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$EMBSHARD_ROOT"
 BIN=$EMBSHARD_ROOT/target/release
+# What is still running: LEARNER_PID and PIDS are cleared once waited for, so
+# that no signal goes to a recycled PID. KEEP holds the write ends of the
+# pipes on remote peers' ssh stdin (--hostfile): a remote peer stops when its
+# pipe closes (see remote()), whether closed here or by launch.sh's death.
+LEARNER_PID=""
 PIDS=()
+KEEP=()
+close_keep() {
+  local f
+  for f in "${KEEP[@]}"; do exec {f}>&-; done
+  KEEP=()
+}
 # However launch.sh ends, nothing it started outlives it (on success they
 # have all ended already).
 cleanup() {
-  [ -z "${LEARNER_PID:-}" ] || kill -TERM "$LEARNER_PID" 2>/dev/null || true
+  [ -z "$LEARNER_PID" ] || kill -TERM "$LEARNER_PID" 2>/dev/null || true
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  close_keep
+  [ -z "${FIFO_DIR:-}" ] || rm -rf "$FIFO_DIR"
 }
 trap cleanup EXIT
 
 stop_all() {
   trap - INT TERM
   echo "launch: stopping (the learner writes a checkpoint)..." >&2
-  [ -z "${LEARNER_PID:-}" ] || kill -INT "$LEARNER_PID" 2>/dev/null || true
-  [ -z "${LEARNER_PID:-}" ] || wait "$LEARNER_PID" 2>/dev/null || true
+  if [ -n "$LEARNER_PID" ]; then
+    kill -INT "$LEARNER_PID" 2>/dev/null || true
+    wait "$LEARNER_PID" 2>/dev/null || true
+    LEARNER_PID=""
+  fi
   for p in "${PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+  close_keep
   wait 2>/dev/null || true
+  PIDS=()
   exit 130
 }
 
@@ -130,6 +160,7 @@ if [ -n "$ADD" ]; then
   done
   echo "launch: $ADD actors joined $LEARNER (logs in $LOGS)" >&2
   wait
+  PIDS=()
   exit 0
 fi
 
@@ -137,21 +168,28 @@ fi
 # writes to DIR/token: an EMBSHARD_TOKEN meant for --add-actors stays out.
 [ -n "$TOKEN_FILE" ] || unset EMBSHARD_TOKEN
 
+# Words for a remote login shell, whichever it is (sh, bash, zsh, csh, fish):
+# each in single quotes, a ' in it as '\''. Remote commands run under
+# `bash -c SCRIPT NAME ARGS...`, SCRIPT free of newlines and backslashes.
+shq() { local w=("${@//\'/\'\\\'\'}"); printf "'%s' " "${w[@]}"; }
+
 if [ -n "$HOSTFILE" ]; then
-  # Every host that gets a peer answers over ssh and has the binaries at
-  # this checkout's path, before anything starts.
+  # Every host that gets a peer answers over ssh and has bash and the
+  # binaries at this checkout's path, before anything starts.
   USED=$((ACTORS + BENCHES < ${#HOSTS[@]} ? ACTORS + BENCHES : ${#HOSTS[@]}))
   mapfile -t CHECK < <(printf '%s\n' "${HOSTS[@]:0:$USED}" | sort -u)
   for h in "${CHECK[@]}"; do
     status=0
+    # shellcheck disable=SC2016 # "$1" and "$2" expand there
     why=$(ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=5 \
       -o ServerAliveCountMax=2 "$h" \
-      "test -x $(printf %q "$BIN/actor") && test -x $(printf %q "$BIN/benchworker")" 2>&1 </dev/null) ||
+      "bash -c $(shq 'test -x "$1" && test -x "$2"') embshard-check $(shq "$BIN/actor" "$BIN/benchworker")" \
+      2>&1 </dev/null) ||
       status=$?
     case "$status" in
       0) ;;
       255) die "host $h does not answer over ssh (BatchMode): ${why:-no message}" ;;
-      *) die "host $h has no $BIN/actor and benchworker${why:+ ($why)}: check out and build embshard at this same path there (scripts/setup.sh)" ;;
+      *) die "host $h has no bash or no $BIN/actor and benchworker${why:+ ($why)}: check out and build embshard at this same path there (scripts/setup.sh)" ;;
     esac
   done
 fi
@@ -194,11 +232,19 @@ while read -r line; do
 done <<<"$GENERATED"
 [ ${#SUITES[@]} -gt 0 ] || { echo "launch: generate wrote no test suite" >&2; exit 1; }
 
-# Where the learner listens: loopback unless peers run on other hosts.
-HOST=127.0.0.1
+# Where the learner listens: --bind-host, else loopback unless peers run on
+# other hosts; then the address this host reaches the rest of the network
+# from (the default route's source), not whatever `hostname -I` lists first
+# (an IPv6 or a docker bridge address, say).
+HOST=${BIND_HOST:-127.0.0.1}
 if [ -n "$HOSTFILE" ] || [ "$SLURM" = 1 ]; then
-  HOST=$(hostname -I 2>/dev/null | awk '{print $1}') || HOST=""
-  [ -n "$HOST" ] || HOST=$(hostname)
+  if [ -z "$BIND_HOST" ]; then
+    HOST=$(ip -4 route get 1.1.1.1 2>/dev/null |
+      awk '{ for (i = 1; i < NF; i++) if ($i == "src") { print $(i + 1); exit } }') || HOST=""
+    [ -n "$HOST" ] || HOST=$(hostname -I 2>/dev/null |
+      awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$/) { print $i; exit } }') || HOST=""
+    [ -n "$HOST" ] || HOST=$(hostname)
+  fi
   PORT=${PORT:-5555}
 fi
 PORT=${PORT:-0}
@@ -212,7 +258,7 @@ if [ "$RESUME" = 1 ]; then
   # Peers that survived a learner crash know only the old endpoint.
   if [ "$PORT" = 0 ] && [ -f "$RUN_DIR/endpoint.last" ]; then
     OLD=$(cat "$RUN_DIR/endpoint.last")
-    case "$OLD" in tcp://127.0.0.1:*) PORT=${OLD##*:} ;; esac
+    case "$OLD" in "tcp://$HOST:"*) PORT=${OLD##*:} ;; esac
   fi
 else
   TRAIN+=(--config "$CONFIG")
@@ -242,12 +288,40 @@ if [ "$SLURM" = 1 ]; then
   srun --export=ALL --ntasks="$BENCHES" "${BENCH[@]}" >"$LOGS/benchworkers.log" 2>&1 &
   PIDS+=($!)
 elif [ -n "$HOSTFILE" ]; then
-  # The token goes over ssh's stdin, never on a command line.
+  # The token goes over ssh's stdin, never on a command line; then that
+  # stdin stays open, a pipe whose write end only launch.sh holds (in KEEP).
+  # On the remote host, under bash whatever the login shell, the peer runs
+  # beside a watchdog that reads the rest of stdin: when it ends (launch.sh
+  # closed the pipe or died, or the ssh client was killed and sshd closed
+  # the session), the peer gets SIGTERM, its clean stop, and SIGKILL if it
+  # is still there 10 s later. A peer that ends ends its ssh session.
+  # (The script's lines are joined by spaces: no newline goes to csh.)
+  PEER_SH=$(tr '\n' ' ' <<'SH'
+exec 3<&0 </dev/null;
+read -r EMBSHARD_TOKEN <&3; export EMBSHARD_TOKEN;
+"$@" 3<&- & p=$!;
+{ while read -r _; do :; done; kill -TERM $p; i=0;
+  while kill -0 $p; do [ $i -lt 100 ] || kill -KILL $p; sleep 0.1; i=$((i + 1)); done;
+} <&3 >/dev/null 2>&1 & w=$!;
+exec 3<&-; wait $p; s=$?; kill $w 2>/dev/null; exit $s
+SH
+)
+  FIFO_DIR=$(mktemp -d)
   remote() { # remote HOST LOG COMMAND...
-    local host=$1 log=$2; shift 2
-    ssh -o BatchMode=yes "$host" "read -r EMBSHARD_TOKEN; export EMBSHARD_TOKEN; exec $(printf '%q ' "$@")" \
-      <"$TOKEN_FILE" >"$log" 2>&1 &
+    local host=$1 log=$2 r w; shift 2
+    mkfifo -m 600 "$FIFO_DIR/stdin"
+    # shellcheck disable=SC2094 # a pipe: both ends, neither blocks
+    exec {w}<>"$FIFO_DIR/stdin" {r}<"$FIFO_DIR/stdin"
+    rm -f "$FIFO_DIR/stdin"
+    printf '%s\n' "$(<"$TOKEN_FILE")" >&"$w"
+    { # ssh alone reads the pipe; no other peer's write end goes with it
+      close_keep
+      exec ssh -o BatchMode=yes "$host" "bash -c $(shq "$PEER_SH") embshard-peer $(shq "$@")" \
+        <&"$r" {r}<&- {w}>&- >"$log" 2>&1
+    } &
     PIDS+=($!)
+    exec {r}<&-
+    KEEP+=("$w")
   }
   k=0
   for i in $(seq 1 "$ACTORS"); do
@@ -258,6 +332,7 @@ elif [ -n "$HOSTFILE" ]; then
     h=${HOSTS[$((k % ${#HOSTS[@]}))]}; k=$((k + 1))
     remote "$h" "$LOGS/benchworker-$i-$h.log" "${BENCH[@]}"
   done
+  rmdir "$FIFO_DIR"; FIFO_DIR=""
 else
   for i in $(seq 1 "$ACTORS"); do
     "${ACTOR[@]}" --token-file "$TOKEN_FILE" >"$LOGS/actor-$i.log" 2>&1 &
@@ -271,6 +346,7 @@ fi
 
 STATUS=0
 wait "$LEARNER_PID" || STATUS=$?
+LEARNER_PID=""
 trap - INT TERM
 cat "$LOGS/learner.out"
 if [ "$STATUS" != 0 ]; then
@@ -282,7 +358,9 @@ for p in "${PIDS[@]}"; do
   for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
   kill -INT "$p" 2>/dev/null || true
 done
+close_keep # remote peers: ssh clients ignore SIGINT
 wait 2>/dev/null || true
+PIDS=()
 [ "$EVAL" = 1 ] || exit 0
 
 EXTRA=()

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Tests scripts/launch.sh's multi-host modes on this host: a stand-in `ssh`
-# (runs the remote command here, without the caller's cluster token, so the
-# token must come over stdin as launch.sh sends it) and a stand-in `srun`
-# (runs --ntasks copies here) come first on PATH. Each mode trains the small
-# configuration (in a temporary folder) and must: start the peers where the
-# hostfile or srun says, finish training with every measurement, keep the
-# token off every command line; and launch.sh must refuse a mode it cannot
+# (runs the remote command here under sh, not bash, as a login shell would,
+# in a session of its own as sshd does, without the caller's cluster token,
+# so the token must come over stdin as launch.sh sends it; the remote
+# command's stdin ends when the stand-in ends, killed or not, as when sshd
+# closes a session) and a stand-in `srun` (runs --ntasks copies here) come
+# first on PATH. Each mode trains the small configuration (in a temporary
+# folder) and must: start the peers where the hostfile or srun says, finish
+# training with every measurement, keep the token off every command line;
+# when the learner dies mid-run, launch.sh must exit and leave nothing
+# running on the "remote" hosts; and launch.sh must refuse a mode it cannot
 # run (no srun, no hosts, a host that does not answer or lacks the
 # binaries) before starting anything. scripts/test.sh runs it after the cargo
 # tests; it sets up through launch.sh like any user.
@@ -31,7 +35,21 @@ case "$host" in
   down) echo "ssh: connect to host down port 22: Connection refused" >&2; exit 255 ;;
   bare) exit 1 ;; # a host without the binaries: every command fails
 esac
-exec env -u EMBSHARD_TOKEN FAKE_HOST="$host" bash -c "$*"
+# The connection: this client feeds the remote command's stdin through a
+# pipe, and stopping, however, stops feeding it.
+fifo=$(mktemp -u "$FAKE_LOG/ssh-stdin.XXXXXX")
+mkfifo "$fifo"
+env -u EMBSHARD_TOKEN FAKE_HOST="$host" setsid sh -c "$*" <"$fifo" &
+remote=$!
+echo "$remote" >>"$FAKE_LOG/ssh.sessions"
+cat <&0 >"$fifo" &
+feed=$!
+trap 'kill "$feed" 2>/dev/null; exit 255' TERM HUP
+status=0
+wait "$remote" || status=$?
+kill "$feed" 2>/dev/null || true
+rm -f "$fifo"
+exit "$status"
 SH
 cat >"$T/bin/srun" <<'SH'
 #!/usr/bin/env bash
@@ -79,13 +97,46 @@ if launch --run-dir "$T/ssh" --hostfile "$T/hosts" --actors 2 --benchworkers 1 >
   check "hostfile: both actors joined (the token came over ssh's stdin)" \
     test "$(joined "$L/actor-1-nodeA.log" "$L/actor-2-nodeB.log")" -ge 2
   check "hostfile: one check per host, then three peers started, no token on any command" \
-    test "$(grep -c '^-o BatchMode=yes .* node[AB] test -x ' "$T/ssh.args")" = 2 \
-    -a "$(grep -c ' exec ' "$T/ssh.args")" = 3 -a "$(wc -l <"$T/ssh.args")" = 5 \
-    -a "$(no_token "$T/ssh.args" && echo y)" = y
+    test "$(grep -c "^-o BatchMode=yes .* node[AB] bash -c 'test -x .* embshard-check " "$T/ssh.args")" = 2 \
+    -a "$(grep -c "^-o BatchMode=yes node[AB] bash -c '.* embshard-peer '" "$T/ssh.args")" = 3 \
+    -a "$(wc -l <"$T/ssh.args")" = 5 -a "$(no_token "$T/ssh.args" && echo y)" = y
 else
   tail -n 20 "$T/ssh.out" >&2
   fail "hostfile mode exited with an error"
 fi
+
+# Hostfile mode, the learner killed mid-run: launch.sh exits with its
+# status, and its exit trap leaves nothing running in the stand-in ssh's
+# sessions (the remote peers see their ssh stdin end). With --bind-host, the
+# learner listens where it says.
+sed -e 's/^iterations = .*/iterations = 100000/' "$T/small.toml" >"$T/long.toml"
+: >"$T/ssh.sessions"
+PATH="$T/bin:$PATH" "$TIMEOUT" 120 "$ROOT/scripts/launch.sh" --config "$T/long.toml" \
+  --token-file "$T/token" --no-eval --run-dir "$T/crash" --hostfile "$T/hosts" \
+  --actors 2 --benchworkers 1 --bind-host 127.0.0.1 --port 0 >"$T/crash.out" 2>&1 &
+LAUNCH=$!
+L=$T/crash/logs
+for _ in $(seq 1 300); do
+  [ "$(joined "$L"/actor-*.log 2>/dev/null)" -ge 2 ] && break
+  sleep 0.2
+done
+check "hostfile, learner killed: both actors joined first" test "$(joined "$L"/actor-*.log 2>/dev/null)" -ge 2
+check "--bind-host: the learner listened on 127.0.0.1" grep -q '^tcp://127\.0\.0\.1:' "$T/crash/endpoint"
+LEARNER_PID=$(pgrep -f -- "learner train --run-dir $T/crash " || true)
+[ -z "$LEARNER_PID" ] || kill -KILL "$LEARNER_PID"
+STATUS=0
+wait "$LAUNCH" || STATUS=$?
+check "hostfile, learner killed: launch.sh exited with the learner's status" test "$STATUS" = 137
+sessions() { pgrep -s "$(paste -sd, "$T/ssh.sessions")"; }
+for _ in $(seq 1 50); do sessions >/dev/null || break; sleep 0.2; done
+mapfile -t LEFT < <(sessions || true)
+if [ ${#LEFT[@]} -gt 0 ]; then
+  fail "hostfile, learner killed: processes left on the remote hosts: ${LEFT[*]}"
+  kill -KILL "${LEFT[@]}" 2>/dev/null || true
+else
+  echo "test-launch: ok: hostfile, learner killed: nothing left on the remote hosts" >&2
+fi
+[ "$STATUS" = 137 ] || tail -n 20 "$T/crash.out" >&2
 
 # Slurm mode: one srun step for the actors, one for the benchworkers.
 if launch --run-dir "$T/slurm" --slurm --actors 2 --benchworkers 1 >"$T/slurm.out" 2>&1; then

@@ -91,9 +91,11 @@ done
 for n in "$ACTORS" "$BENCHES" ${ADD:+"$ADD"} ${PORT:+"$PORT"}; do
   [[ "$n" =~ ^[0-9]+$ ]] || die "'$n' is not a number"
 done
-# No IPv6: the learner's socket does not enable it.
-[ -z "$BIND_HOST" ] || [[ "$BIND_HOST" =~ ^[A-Za-z0-9._-]+$ ]] ||
-  die "--bind-host/EMBSHARD_BIND_HOST: '$BIND_HOST' is not an IPv4 address or interface name"
+# An IPv4 address or one of this host's interfaces (ZeroMQ binds nothing
+# else; no IPv6: the learner's socket does not enable it).
+[ -z "$BIND_HOST" ] || [[ "$BIND_HOST" =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]] ||
+  { [[ "$BIND_HOST" =~ ^[A-Za-z0-9._-]+$ ]] && [ -e "/sys/class/net/$BIND_HOST" ]; } ||
+  die "--bind-host/EMBSHARD_BIND_HOST: '$BIND_HOST' is neither an IPv4 address nor an interface of this host"
 [ -z "$ADD" ] || [ -n "$LEARNER" ] || die "--add-actors needs --learner ENDPOINT"
 [ -n "$ADD" ] || [ -z "$LEARNER" ] || die "--learner goes with --add-actors"
 [ "$BENCHES" -ge 1 ] || [ -n "$ADD" ] || die "training needs at least one benchworker"
@@ -195,10 +197,12 @@ if [ -n "$HOSTFILE" ]; then
 fi
 
 RUN_DIR=${RUN_DIR:-$EMBSHARD_ROOT/runs/default}
-# A run with a finished checkpoint (what `learner train --resume` accepts) is
+# A run with a finished checkpoint, or one stopped before its first with
+# measurements logged (both what `learner train --resume` takes), is
 # continued with its own configuration and backend.
 RESUME=0
-if compgen -G "$RUN_DIR/checkpoints/step-[0-9]*[0-9]" >/dev/null; then
+if compgen -G "$RUN_DIR/checkpoints/step-[0-9]*[0-9]" >/dev/null ||
+  { [ -s "$RUN_DIR/cost_buffer.jsonl" ] && [ -f "$RUN_DIR/config.toml" ]; }; then
   RESUME=1
   CONFIG=${CONFIG:-$RUN_DIR/config.toml}
   RECORDED=$(cat "$RUN_DIR/backend" 2>/dev/null || echo sim)

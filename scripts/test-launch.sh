@@ -165,6 +165,21 @@ else
   fail "local mode with a stray EMBSHARD_TOKEN exited with an error"
 fi
 
+# A run stopped before its first checkpoint, with measurements logged: a
+# plain launch resumes it (fresh networks, every logged measurement kept).
+mkdir -p "$T/early"
+cp "$T/small.toml" "$T/early/config.toml"
+head -n 3 "$T/local/cost_buffer.jsonl" >"$T/early/cost_buffer.jsonl" 2>/dev/null || true
+if launch --run-dir "$T/early" --actors 1 --benchworkers 1 >"$T/early.out" 2>&1; then
+  check "early stop: resumed, training finished with $WANT measurements" trained "$T/early"
+  check "early stop: the 3 logged measurements kept, first in the log" \
+    cmp -s <(head -n 3 "$T/local/cost_buffer.jsonl") <(head -n 3 "$T/early/cost_buffer.jsonl")
+  check "early stop: fresh networks trained on them" grep -q "fresh networks" "$T/early/logs/learner.log"
+else
+  tail -n 20 "$T/early.out" >&2
+  fail "resuming a run stopped before its first checkpoint exited with an error"
+fi
+
 # Modes that cannot run are refused before anything starts.
 R=0
 refused() { # refused MESSAGE PATH ARGS...
@@ -181,6 +196,8 @@ done
 printf '# nothing but a comment\n' >"$T/comments"
 check "refused: --hostfile and --slurm together" \
   refused "exclude each other" "$T/bin:$PATH" --hostfile "$T/hosts" --slurm
+check "refused: a --bind-host that is no IPv4 address or interface" \
+  refused "neither an IPv4 address nor an interface" "$T/bin:$PATH" --bind-host example.com
 check "refused: a hostfile without hosts" refused "no hosts in" "$T/bin:$PATH" --hostfile "$T/comments"
 check "refused: --slurm without srun" refused "srun not found" "$NO_SRUN" --slurm
 printf 'nodeA\ndown\n' >"$T/hosts-down"

@@ -43,6 +43,24 @@ fn order(name: &str) -> Option<(u64, u64)> {
     (digits(n) && digits(k)).then(|| Some((n.parse().ok()?, k.parse().ok()?)))?
 }
 
+/// The highest `K` of the folders named for `n` updates (`step-N` is 0),
+/// temp and set-aside ones included; `None` when there is none.
+fn newest_at(root: &Path, n: u64) -> Option<u64> {
+    std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            let name = name
+                .strip_suffix(".tmp")
+                .or_else(|| name.strip_suffix(".damaged"))
+                .unwrap_or(&name);
+            order(name).filter(|&(m, _)| m == n).map(|(_, k)| k)
+        })
+        .max()
+}
+
 /// Checkpoint folders of a run, newest first (by their counts, not by
 /// their names' spelling).
 pub fn list(run: &Path) -> Vec<PathBuf> {
@@ -74,15 +92,13 @@ pub fn save(run: &Path, trainer: &Trainer, keep: usize) -> anyhow::Result<PathBu
         }
     }
     // A checkpoint already written at this count stays whole until the
-    // new one is in place: the new one takes the next free name.
+    // new one is in place: the new one is named after the newest of them
+    // (never a name freed by pruning, which would sort below the rest).
     let base = format!("step-{:06}", counters.policy_updates);
-    let name = (0..)
-        .map(|k| match k {
-            0 => base.clone(),
-            k => format!("{base}.{k}"),
-        })
-        .find(|n| !root.join(n).exists())
-        .expect("an unused name");
+    let name = match newest_at(&root, counters.policy_updates as u64) {
+        None => base,
+        Some(k) => format!("{base}.{}", k + 1),
+    };
     let tmp = root.join(format!("{name}.tmp"));
     let dest = root.join(&name);
     if tmp.exists() {
@@ -161,30 +177,33 @@ fn load_one(cfg: &Config, dir: &Path, optimizer: bool) -> anyhow::Result<Loaded>
 }
 
 /// The newest intact checkpoint of a run, for training on from it (`None`
-/// when the run has none). Each damaged checkpoint newer than the one
-/// loaded is set aside (renamed `….damaged`, with a warning), so that it
-/// neither holds one of the kept places nor, readable again some day (a
-/// network file system), passes for newer than what the run goes on from.
-pub fn load_latest(cfg: &Config, run: &Path) -> Option<Loaded> {
+/// when it has none). A checkpoint whose files fail their checksums is set
+/// aside (renamed `….damaged`, with a warning), so that it neither holds
+/// one of the kept places nor, readable again some day (a network file
+/// system), passes for newer than what the run goes on from; the one
+/// before is tried. An intact checkpoint that does not load (a
+/// configuration edited since, a newer format) is an error: nothing is set
+/// aside.
+pub fn load_latest(cfg: &Config, run: &Path) -> anyhow::Result<Option<Loaded>> {
     for dir in list(run) {
-        match load_one(cfg, &dir, true) {
-            Ok(l) => return Some(l),
-            Err(e) => {
-                let mut aside = dir.clone().into_os_string();
-                aside.push(".damaged");
-                let aside = PathBuf::from(aside);
-                tracing::warn!(
-                    "checkpoint {} is damaged ({e:#}): set aside as {}, trying an older one",
-                    dir.display(),
-                    aside.display()
-                );
-                if let Err(e) = std::fs::rename(&dir, &aside) {
-                    tracing::warn!("could not set {} aside: {e}", dir.display());
-                }
-            }
+        if let Err(e) = verify(&dir) {
+            let mut aside = dir.clone().into_os_string();
+            aside.push(".damaged");
+            let aside = PathBuf::from(aside);
+            tracing::warn!(
+                "checkpoint {} is damaged ({e:#}): set aside as {}, trying an older one",
+                dir.display(),
+                aside.display()
+            );
+            std::fs::rename(&dir, &aside)
+                .with_context(|| format!("setting {} aside", dir.display()))?;
+            continue;
         }
+        return load_one(cfg, &dir, true)
+            .map(Some)
+            .with_context(|| format!("loading {}", dir.display()));
     }
-    None
+    Ok(None)
 }
 
 /// A run directory's configuration and its newest intact model.
@@ -258,5 +277,14 @@ mod tests {
                 "step-000025"
             ]
         );
+        // The next at a count follows the newest there, set-aside and
+        // unfinished ones included; a freed lower name is never reused.
+        let root = checkpoints(run.path());
+        assert_eq!(newest_at(&root, 25), Some(2));
+        assert_eq!(newest_at(&root, 50), Some(0));
+        assert_eq!(newest_at(&root, 999975), Some(0));
+        assert_eq!(newest_at(&root, 7), None);
+        std::fs::remove_dir(root.join("step-000025")).unwrap();
+        assert_eq!(newest_at(&root, 25), Some(2));
     }
 }

@@ -126,7 +126,9 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value = "sim")]
     pub backend: benchworker::Backend,
     /// Continue the run in --run-dir from its newest intact checkpoint, with
-    /// its own config.toml and every measurement of its cost-buffer log.
+    /// its own config.toml and every measurement of its cost-buffer log (a
+    /// run stopped before its first checkpoint: fresh networks, trained on
+    /// those measurements).
     #[arg(long)]
     pub resume: bool,
     /// Also accept actors and benchworkers at this ZeroMQ endpoint, e.g.
@@ -331,7 +333,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         if read.skipped > 0 {
             tracing::warn!("{} damaged cost-buffer entries skipped", read.skipped);
         }
-        match checkpoint::load_latest(&cfg, dir) {
+        match checkpoint::load_latest(&cfg, dir)? {
             Some(loaded) => {
                 tracing::info!(
                     "resuming from {} (iteration {}, {} measurements)",
@@ -357,10 +359,16 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                     .map_err(anyhow::Error::msg)?;
                 t
             }
+            None if has_run => anyhow::bail!(
+                "every checkpoint in {} is damaged (each set aside as step-….damaged); \
+                 --resume once more trains fresh networks on the {} logged measurements",
+                dir.display(),
+                read.samples.len()
+            ),
             None => {
-                // Stopped before its first checkpoint (or every one is
-                // damaged): the measurements are what cost the most, so
-                // fresh networks start over on them.
+                // Stopped before its first checkpoint: the measurements
+                // are what cost the most, so fresh networks start over on
+                // them.
                 tracing::warn!(
                     "no intact checkpoint in {}: training starts over from fresh networks, \
                      keeping the {} logged measurements",

@@ -1217,7 +1217,7 @@ pub(crate) mod tests {
     fn plans_over_memory_are_never_picked_for_measuring() {
         let dir = tempfile::tempdir().unwrap();
         let (cfg, suite) = small_data(dir.path());
-        // Tight memory: 5% more than an even share of the bytes, which the
+        // Tight memory: 50% more than an even share of the bytes, which the
         // untrained policy's samples often run out of.
         let mut task = suite.tasks[0].clone();
         let bytes: Vec<u64> = task

@@ -266,7 +266,7 @@ fn a_killed_training_run_resumes_with_every_counter_and_measurement() {
 #[test]
 fn measurements_of_a_run_killed_before_its_first_checkpoint_are_kept() {
     let dir = tempfile::tempdir().unwrap();
-    let (cfg, _) = small_run_config(dir.path(), 6);
+    let (cfg, _) = small_run_config(dir.path(), 40);
     // Checkpoints only at the end.
     let mut text = std::fs::read_to_string(&cfg).unwrap();
     text.push_str("checkpoint_every = 1000\n");
@@ -298,7 +298,7 @@ fn measurements_of_a_run_killed_before_its_first_checkpoint_are_kept() {
         "killed before any checkpoint"
     );
     let before = logged();
-    assert!(before < 18, "killed before the end");
+    assert!(before < 120, "killed before the end");
 
     // A fresh start refuses to throw the measurements away...
     let (ok, _, err) = learner(&[
@@ -317,8 +317,32 @@ fn measurements_of_a_run_killed_before_its_first_checkpoint_are_kept() {
     let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
     assert!(ok, "{err}");
     assert!(err.contains("fresh networks"), "{err}");
-    assert_eq!(logged(), 18);
+    assert_eq!(logged(), 120);
     let lines = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
-    assert_eq!(lines.lines().count(), 18, "one line per policy update");
+    assert_eq!(lines.lines().count(), 120, "one line per policy update");
+    let checkpoints = learner::checkpoint::list(&run);
+    assert_eq!(checkpoints.len(), 1);
+
+    // A checkpoint that is intact but does not fit the configuration (edited
+    // since) is an error, and nothing is set aside.
+    let config = run.join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let edited = text.replace("cost_table_hidden = ", "cost_table_hidden = 1");
+    assert_ne!(edited, text);
+    std::fs::write(&config, &edited).unwrap();
+    let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
+    assert!(!ok && err.contains("loading"), "{err}");
+    assert_eq!(learner::checkpoint::list(&run), checkpoints);
+    std::fs::write(&config, &text).unwrap();
+
+    // Every checkpoint damaged: they are set aside and the resume stops to
+    // say so; resumed once more, fresh networks train on the measurements.
+    std::fs::write(checkpoints[0].join("cost.ot"), b"garbage").unwrap();
+    let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
+    assert!(!ok && err.contains("every checkpoint"), "{err}");
+    assert!(learner::checkpoint::list(&run).is_empty());
+    let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
+    assert!(ok && err.contains("fresh networks"), "{err}");
+    assert_eq!(logged(), 120, "nothing measured twice");
     assert_eq!(learner::checkpoint::list(&run).len(), 1);
 }

@@ -136,8 +136,9 @@ pub struct RuntimeReport {
     /// id or incarnation than its hello's, or a sequence number not above
     /// its last): dropped.
     pub bad_envelopes: u64,
-    /// Policy lag of every unroll learned from.
-    pub lags: Vec<u64>,
+    /// How many unrolls were learned from at each policy lag (a count per
+    /// lag, not a list that grows with the run).
+    pub lags: BTreeMap<u64, u64>,
     /// Weight messages sent to actors.
     pub weights_sent: u64,
     /// NCCL unique ids handed to members of multi-host benchworker groups.
@@ -147,12 +148,25 @@ pub struct RuntimeReport {
 impl RuntimeReport {
     /// The `q`-quantile of the policy lags (0 when there were none).
     pub fn lag_quantile(&self, q: f64) -> u64 {
-        let mut l = self.lags.clone();
-        l.sort_unstable();
-        match l.len() {
-            0 => 0,
-            n => l[((n - 1) as f64 * q).round() as usize],
+        let n = self.learned_from();
+        if n == 0 {
+            return 0;
         }
+        // The rank-th smallest lag, counting from 0.
+        let rank = ((n - 1) as f64 * q).round() as u64;
+        let mut seen = 0;
+        for (&lag, &count) in &self.lags {
+            seen += count;
+            if seen > rank {
+                return lag;
+            }
+        }
+        self.lags.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// Unrolls learned from.
+    pub fn learned_from(&self) -> u64 {
+        self.lags.values().sum()
     }
 }
 
@@ -662,7 +676,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 self.trainer.counters.dropped_unrolls += 1;
             } else {
                 let line = self.trainer.policy_update(q.task, &q.unroll, lag);
-                self.report.lags.push(lag);
+                *self.report.lags.entry(lag).or_default() += 1;
                 (hooks.metrics)(&line)?;
                 self.broadcast();
             }
@@ -930,6 +944,27 @@ mod tests {
     use super::*;
     use common::link::Link;
     use common::protocol::UnrollData;
+
+    #[test]
+    fn lag_quantiles_from_counts_are_those_of_the_sorted_lags() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for n in [1usize, 2, 7, 100, 1001] {
+            let lags: Vec<u64> = (0..n).map(|_| rng.gen_range(0..9)).collect();
+            let mut report = RuntimeReport::default();
+            for &l in &lags {
+                *report.lags.entry(l).or_default() += 1;
+            }
+            let mut sorted = lags.clone();
+            sorted.sort_unstable();
+            for q in [0.0, 0.25, 0.5, 0.9, 0.99, 1.0] {
+                let want = sorted[((n - 1) as f64 * q).round() as usize];
+                assert_eq!(report.lag_quantile(q), want, "n {n}, q {q}");
+            }
+            assert_eq!(report.learned_from(), n as u64);
+        }
+        assert_eq!(RuntimeReport::default().lag_quantile(0.5), 0);
+    }
 
     /// Raw peers of a learner driven by hand: an unroll beyond the credits
     /// is dropped, and a plan to measure again goes to a benchworker that

@@ -95,7 +95,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             seed,
             wait_s,
         } => {
-            let wait = crate::worker::seconds("--wait-s", wait_s)?;
+            let wait = common::link::seconds("--wait-s", wait_s)?;
             let token = common::link::read_token(token_file.as_deref())?.ok_or_else(|| {
                 anyhow::anyhow!(
                     "no cluster token: give --token-file or set {}",

@@ -7,7 +7,7 @@
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use common::link::{sessions, End, Link, Welcome};
+use common::link::{seconds, sessions, End, Link, Welcome};
 use common::protocol::{encode, Header, Message, Role, UnrollData, MAX_FRAME_BYTES};
 use common::table::FEATURE_NAMES;
 use common::Task;
@@ -18,20 +18,6 @@ use tch::{nn, Device};
 use crate::mdp::{try_rollout, MdpTask, Mode};
 use crate::nets::{CostNet, PolicyNet, COST_FEATURES};
 use crate::wire::{import_all, unroll_to_data, MAX_EPISODES};
-
-/// `secs` seconds as a [`Duration`], or an error naming `what` (an option,
-/// a setting) for a value that is not a positive number of seconds a
-/// `Duration` can hold: NaN, infinite, zero, negative, or above about
-/// 1.8e19 (where `Duration::from_secs_f64` panics).
-pub fn seconds(what: &str, secs: f64) -> anyhow::Result<Duration> {
-    match Duration::try_from_secs_f64(secs) {
-        Ok(d) if secs > 0.0 => Ok(d),
-        _ => anyhow::bail!(
-            "{what} must be a positive number of seconds below {:.1e}, not {secs}",
-            u64::MAX as f64
-        ),
-    }
-}
 
 /// How to reach the learner.
 #[derive(Debug, Clone)]

@@ -169,10 +169,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.wait_s.is_finite() && args.wait_s > 0.0,
-        "--wait-s must be a positive number of seconds"
-    );
+    let wait = common::link::seconds("--wait-s", args.wait_s)?;
     let token = common::link::read_token(args.token_file.as_deref())?.with_context(|| {
         format!(
             "no cluster token: give --token-file or set {}",
@@ -184,7 +181,7 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         endpoint: args.learner,
         token,
         backend: args.backend,
-        wait: std::time::Duration::from_secs_f64(args.wait_s),
+        wait,
         group: match (args.group, args.rank, args.group_gpus) {
             (Some(name), Some(rank), Some(gpus)) => {
                 Some(crate::serve::GroupSpec { name, rank, gpus })

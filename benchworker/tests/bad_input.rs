@@ -112,3 +112,20 @@ fn bad_group_arguments_fail_with_what_is_wrong() {
         assert!(!ok && err.contains(want), "{args}: {err}");
     }
 }
+
+#[test]
+fn a_wait_no_duration_can_hold_fails_with_the_option_named() {
+    for wait in ["1e20", "inf", "NaN", "0"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_benchworker"))
+            .args(["serve", "--learner", "tcp://127.0.0.1:9", "--wait-s", wait])
+            .env("EMBSHARD_TOKEN", "t")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{wait}");
+        assert!(
+            err.contains("--wait-s") && !err.contains("panicked"),
+            "{wait}: {err}"
+        );
+    }
+}

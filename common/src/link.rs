@@ -231,6 +231,20 @@ impl Link {
     }
 }
 
+/// `secs` seconds as a [`Duration`], or an error naming `what` (an option,
+/// a setting) for a value that is not a positive number of seconds a
+/// `Duration` can hold: NaN, infinite, zero, negative, or above about
+/// 1.8e19 (where `Duration::from_secs_f64` panics).
+pub fn seconds(what: &str, secs: f64) -> anyhow::Result<Duration> {
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if secs > 0.0 => Ok(d),
+        _ => anyhow::bail!(
+            "{what} must be a positive number of seconds below {:.1e}, not {secs}",
+            u64::MAX as f64
+        ),
+    }
+}
+
 /// A flag that Ctrl-C (SIGINT) or SIGTERM sets, for a clean stop. Only
 /// one handler may exist per process: later calls get a flag nothing sets.
 pub fn stop_on_signal() -> std::sync::Arc<AtomicBool> {

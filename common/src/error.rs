@@ -7,11 +7,12 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    #[error("{path}: {source}")]
+    /// The reason is in the message, not in a source: a chain printed in
+    /// full (`{:#}`) would name it twice.
+    #[error("{path}: {cause}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A CSV record or field is malformed or out of range.
     #[error("{path}:{line}: field `{field}`: {message}")]
@@ -43,7 +44,7 @@ impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            cause: source,
         }
     }
 }

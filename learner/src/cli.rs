@@ -308,7 +308,15 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         if args.config.is_some() {
             tracing::warn!("--resume uses the run's own config.toml; --config is ignored");
         }
-        Config::load_run(&dir.join("config.toml"))?
+        let config = dir.join("config.toml");
+        anyhow::ensure!(
+            config.exists(),
+            "no run to resume in {}: it holds no config.toml (`learner train --config C \
+             --run-dir {}` starts one)",
+            dir.display(),
+            dir.display()
+        );
+        Config::load_run(&config)?
     } else {
         anyhow::ensure!(
             !has_run,

@@ -346,3 +346,21 @@ fn measurements_of_a_run_killed_before_its_first_checkpoint_are_kept() {
     assert_eq!(logged(), 120, "nothing measured twice");
     assert_eq!(learner::checkpoint::list(&run).len(), 1);
 }
+
+#[test]
+fn resuming_where_no_run_is_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("none");
+    let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
+    assert!(!ok && err.contains("no run to resume"), "{err}");
+    // A file's error names the file and its reason once.
+    let (ok, _, err) = learner(&[
+        "train",
+        "--config",
+        dir.path().to_str().unwrap(),
+        "--run-dir",
+        run.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains(dir.path().to_str().unwrap()), "{err}");
+    assert_eq!(err.matches("Is a directory").count(), 1, "{err}");
+}

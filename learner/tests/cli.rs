@@ -169,6 +169,23 @@ fn small_run_config(
     (cfg, data)
 }
 
+/// Starts `learner train` on `cfg` into `run` in the background, its output
+/// thrown away (for a test to kill it).
+fn start_training(cfg: &std::path::Path, run: &std::path::Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_learner"))
+        .args([
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--run-dir",
+            run.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// Waits for `cond` with a deadline, polling.
 fn wait_for(what: &str, deadline: std::time::Duration, cond: impl Fn() -> bool) {
     let start = std::time::Instant::now();
@@ -183,18 +200,7 @@ fn a_killed_training_run_resumes_with_every_counter_and_measurement() {
     let dir = tempfile::tempdir().unwrap();
     let (cfg, _) = small_run_config(dir.path(), 40);
     let run = dir.path().join("run");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_learner"))
-        .args([
-            "train",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--run-dir",
-            run.to_str().unwrap(),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = start_training(&cfg, &run);
     wait_for(
         "a second checkpoint",
         std::time::Duration::from_secs(60),
@@ -273,18 +279,7 @@ fn measurements_of_a_run_killed_before_its_first_checkpoint_are_kept() {
     std::fs::write(&cfg, text).unwrap();
     let run = dir.path().join("run");
     let log = run.join("cost_buffer.jsonl");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_learner"))
-        .args([
-            "train",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--run-dir",
-            run.to_str().unwrap(),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = start_training(&cfg, &run);
     let logged = || learner::costlog::CostLog::read(&log).map_or(0, |r| r.samples.len());
     wait_for(
         "four measurements",

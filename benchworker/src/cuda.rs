@@ -934,6 +934,13 @@ impl Oracle for CudaOracle {
         self.last_spread
     }
 
+    fn max_devices(&self) -> Option<usize> {
+        Some(match &self.topology {
+            Topology::Group { ranks, .. } => ranks.total(),
+            Topology::Local { .. } => self.gpus.len(),
+        })
+    }
+
     fn healthy(&self) -> bool {
         match &self.topology {
             Topology::Group { comms, .. } => !comms.0.is_empty(),

@@ -39,6 +39,12 @@ pub trait Oracle: Send {
         None
     }
 
+    /// The most devices a plan may have here (a `cuda` benchworker's GPUs,
+    /// or its group's); `None`: any number (a model of them, or the CPU).
+    fn max_devices(&self) -> Option<usize> {
+        None
+    }
+
     /// False once the backend cannot measure any more (a multi-host group
     /// whose communicators failed): the benchworker then starts afresh.
     fn healthy(&self) -> bool {

@@ -188,6 +188,23 @@ fn heartbeating<T: Send>(
     })
 }
 
+/// What to tell the user when some of the learner's training tasks have
+/// more devices than this benchworker can measure (`most`): their plans
+/// fail here, and the learner hands them to other benchworkers.
+fn too_wide(tasks: &[Task], most: usize) -> Option<String> {
+    let wide: Vec<&Task> = tasks.iter().filter(|t| t.devices > most).collect();
+    let widest = wide.iter().max_by_key(|t| t.devices)?;
+    Some(format!(
+        "{} of the learner's {} training tasks need more devices than the {most} this \
+         benchworker measures on (up to {}, task `{}`): their plans fail here and go to \
+         other benchworkers (with none wide enough, training stops on their failures)",
+        wide.len(),
+        tasks.len(),
+        widest.devices,
+        widest.name
+    ))
+}
+
 /// One stay with a learner: measure its jobs one at a time, in a thread
 /// of their own so that heartbeats go on during a long measurement.
 /// `pending`: jobs that arrived before the session began (while a group
@@ -202,6 +219,12 @@ fn session(
 ) -> anyhow::Result<End> {
     let heartbeat = Duration::from_secs_f64(welcome.config.cluster.heartbeat_s);
     let timeout = Duration::from_secs_f64(welcome.config.cluster.peer_timeout_s);
+    if let Some(warning) = oracle
+        .max_devices()
+        .and_then(|most| too_wide(&welcome.tasks, most))
+    {
+        tracing::warn!("{warning}");
+    }
     let mut pending: VecDeque<(Header, Message)> = pending.into();
     let mut stopping = false;
     loop {
@@ -426,4 +449,33 @@ fn group_session(
     _stop: &AtomicBool,
 ) -> anyhow::Result<End> {
     Err(crate::oracle::not_built().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(name: &str, devices: usize) -> Task {
+        Task {
+            name: name.into(),
+            devices,
+            memory_gb: 16.0,
+            tables: vec![crate::test_table("t", 1000, 32, 4.0, &[(0, 1.0)])],
+        }
+    }
+
+    #[test]
+    fn tasks_wider_than_the_benchworker_are_named_once_at_welcome() {
+        let tasks = [task("a", 4), task("b", 8), task("c", 4), task("d", 6)];
+        assert_eq!(too_wide(&tasks, 8), None);
+        let w = too_wide(&tasks, 4).unwrap();
+        assert!(w.contains("2 of the learner's 4 training tasks"), "{w}");
+        assert!(
+            w.contains("the 4 this") && w.contains("up to 8, task `b`"),
+            "{w}"
+        );
+        // Any number of devices: nothing to say (sim and cpu).
+        let sim = crate::sim::SimOracle::new(Default::default(), Default::default());
+        assert_eq!(sim.max_devices(), None);
+    }
 }

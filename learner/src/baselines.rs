@@ -6,7 +6,7 @@
 //! to drop.
 
 use common::{MemoryModel, Plan, Table, Task};
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 
 use crate::torchrec;
 
@@ -113,6 +113,22 @@ impl<'a> Context<'a> {
             .map(|t| self.mem.table_bytes(t))
             .collect()
     }
+}
+
+/// The plans that `methods` (heuristics) find for `task`, in that order,
+/// those that find none left out; a heuristic that draws (`random`) draws
+/// from seed 0.
+pub fn plans_for<'a>(
+    task: &'a Task,
+    mem: &'a MemoryModel,
+    batch: u64,
+    methods: &'a [Method],
+) -> impl Iterator<Item = Plan> + 'a {
+    let ctx = Context::for_task(task, mem, batch);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    methods
+        .iter()
+        .filter_map(move |&m| place(m, &ctx, &mut rng))
 }
 
 /// Runs a heuristic. `search` is not one: see [`crate::search::search`].

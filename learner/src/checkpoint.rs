@@ -40,18 +40,28 @@ fn order(name: &str) -> Option<(u64, u64)> {
     let rest = name.strip_prefix("step-")?;
     let (n, k) = rest.split_once('.').unwrap_or((rest, "0"));
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    (digits(n) && digits(k)).then(|| Some((n.parse().ok()?, k.parse().ok()?)))?
+    if !(digits(n) && digits(k)) {
+        return None;
+    }
+    Some((n.parse().ok()?, k.parse().ok()?))
+}
+
+/// The run's checkpoint folders with their names (any name).
+fn folders(root: &Path) -> impl Iterator<Item = (String, PathBuf)> {
+    std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .filter_map(|p| Some((p.file_name()?.to_str()?.to_string(), p)))
 }
 
 /// The highest `K` of the folders named for `n` updates (`step-N` is 0),
 /// temp and set-aside ones included; `None` when there is none.
 fn newest_at(root: &Path, n: u64) -> Option<u64> {
-    std::fs::read_dir(root)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_str()?.to_string();
+    folders(root)
+        .filter_map(|(name, _)| {
             let name = name
                 .strip_suffix(".tmp")
                 .or_else(|| name.strip_suffix(".damaged"))
@@ -64,13 +74,8 @@ fn newest_at(root: &Path, n: u64) -> Option<u64> {
 /// Checkpoint folders of a run, newest first (by their counts, not by
 /// their names' spelling).
 pub fn list(run: &Path) -> Vec<PathBuf> {
-    let mut dirs: Vec<((u64, u64), PathBuf)> = std::fs::read_dir(checkpoints(run))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .filter_map(|p| Some((order(p.file_name()?.to_str()?)?, p)))
+    let mut dirs: Vec<((u64, u64), PathBuf)> = folders(&checkpoints(run))
+        .filter_map(|(name, p)| Some((order(&name)?, p)))
         .collect();
     dirs.sort();
     dirs.into_iter().rev().map(|(_, p)| p).collect()

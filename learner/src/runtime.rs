@@ -897,9 +897,12 @@ pub fn train_cluster(
     for b in &run.bind {
         remote.push(hub.bind_also(b)?);
     }
+    // Checked (the messages fit a frame) before anyone is told where to
+    // connect.
+    let seed = trainer.config().train.seed;
+    let mut learner = Learner::new(trainer, hub, run.token.clone())?;
     bound(&remote)?;
     let threads_stop = AtomicBool::new(false);
-    let seed = trainer.config().train.seed;
     let wait = Duration::from_secs(30);
     std::thread::scope(|s| {
         let actors: Vec<_> = (0..run.actors)
@@ -927,7 +930,6 @@ pub fn train_cluster(
                 s.spawn(move || benchworker::serve::serve(ctx, &opts, stop))
             })
             .collect();
-        let mut learner = Learner::new(trainer, hub, run.token.clone())?;
         let result = learner.run(hooks, stop);
         learner.shutdown(!run.bind.is_empty());
         threads_stop.store(true, Ordering::Relaxed);

@@ -417,17 +417,10 @@ impl Model {
             u.plans.into_iter().zip(u.infeasible).collect()
         };
         if c.plan_heuristics {
-            let ctx = crate::baselines::Context::for_task(task, mem, self.batch);
-            let mut rng = ChaCha8Rng::seed_from_u64(0);
-            for m in [
-                crate::baselines::Method::Lookup,
-                crate::baselines::Method::SizeLookup,
-                crate::baselines::Method::Torchrec,
-            ] {
-                if let Some(p) = crate::baselines::place(m, &ctx, &mut rng) {
-                    candidates.push((p.assignment, false));
-                }
-            }
+            use crate::baselines::Method::{Lookup, SizeLookup, Torchrec};
+            let found =
+                crate::baselines::plans_for(task, mem, self.batch, &[Lookup, SizeLookup, Torchrec]);
+            candidates.extend(found.map(|p| (p.assignment, false)));
         }
         // Moves and search need per-device costs composed into the overall.
         let (moves, searched) = if c.overall_cost == common::config::OverallCost::Composed {
@@ -865,15 +858,11 @@ impl<'a> Trainer<'a> {
 
     /// The first of the cheap heuristics' plans for `task` that fits.
     fn fitting_heuristic_plan(&self, task: &Task) -> Option<Plan> {
-        let ctx = crate::baselines::Context::for_task(task, &self.cfg.memory, self.model.batch);
-        let mut rng = ChaCha8Rng::seed_from_u64(0);
-        [
-            crate::baselines::Method::SizeLookup,
-            crate::baselines::Method::Lookup,
-            crate::baselines::Method::Torchrec,
-        ]
-        .into_iter()
-        .find_map(|m| crate::baselines::place(m, &ctx, &mut rng))
+        use crate::baselines::Method::{Lookup, SizeLookup, Torchrec};
+        let methods = [SizeLookup, Lookup, Torchrec];
+        let first =
+            crate::baselines::plans_for(task, &self.cfg.memory, self.model.batch, &methods).next();
+        first
     }
 
     /// Adds a measured plan to the cost buffer (after the caller made it

@@ -169,17 +169,27 @@ fn small_run_config(
     (cfg, data)
 }
 
+/// `learner train --config CFG --run-dir RUN`'s arguments.
+fn train_args<'a>(cfg: &'a std::path::Path, run: &'a std::path::Path) -> [&'a str; 5] {
+    [
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--run-dir",
+        run.to_str().unwrap(),
+    ]
+}
+
+/// `learner train --run-dir RUN --resume`.
+fn resume(run: &std::path::Path) -> (bool, String, String) {
+    learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"])
+}
+
 /// Starts `learner train` on `cfg` into `run` in the background, its output
 /// thrown away (for a test to kill it).
 fn start_training(cfg: &std::path::Path, run: &std::path::Path) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_learner"))
-        .args([
-            "train",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--run-dir",
-            run.to_str().unwrap(),
-        ])
+        .args(train_args(cfg, run))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -212,19 +222,13 @@ fn a_killed_training_run_resumes_with_every_counter_and_measurement() {
     assert!(logged_before.lines().count() >= 6);
 
     // A plain start refuses to overwrite the run.
-    let (ok, _, err) = learner(&[
-        "train",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--run-dir",
-        run.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = learner(&train_args(&cfg, &run));
     assert!(!ok && err.contains("--resume"), "{err}");
     // Damage the newest checkpoint: the resume falls back to the one before.
     let newest = learner::checkpoint::list(&run).remove(0);
     std::fs::write(newest.join("policy.ot"), b"garbage").unwrap();
 
-    let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
+    let (ok, _, err) = resume(&run);
     assert!(ok, "{err}");
     assert!(err.contains("damaged"), "{err}");
     // Set aside, out of the run's checkpoints, not deleted.
@@ -296,20 +300,14 @@ fn measurements_of_a_run_killed_before_its_first_checkpoint_are_kept() {
     assert!(before < 120, "killed before the end");
 
     // A fresh start refuses to throw the measurements away...
-    let (ok, _, err) = learner(&[
-        "train",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--run-dir",
-        run.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = learner(&train_args(&cfg, &run));
     assert!(
         !ok && err.contains("measurements") && err.contains("--resume"),
         "{err}"
     );
     assert_eq!(logged(), before);
     // ...and --resume trains on with them: the budget is spent exactly.
-    let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
+    let (ok, _, err) = resume(&run);
     assert!(ok, "{err}");
     assert!(err.contains("fresh networks"), "{err}");
     assert_eq!(logged(), 120);
@@ -325,7 +323,7 @@ fn measurements_of_a_run_killed_before_its_first_checkpoint_are_kept() {
     let edited = text.replace("cost_table_hidden = ", "cost_table_hidden = 1");
     assert_ne!(edited, text);
     std::fs::write(&config, &edited).unwrap();
-    let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
+    let (ok, _, err) = resume(&run);
     assert!(!ok && err.contains("loading"), "{err}");
     assert_eq!(learner::checkpoint::list(&run), checkpoints);
     std::fs::write(&config, &text).unwrap();
@@ -333,10 +331,10 @@ fn measurements_of_a_run_killed_before_its_first_checkpoint_are_kept() {
     // Every checkpoint damaged: they are set aside and the resume stops to
     // say so; resumed once more, fresh networks train on the measurements.
     std::fs::write(checkpoints[0].join("cost.ot"), b"garbage").unwrap();
-    let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
+    let (ok, _, err) = resume(&run);
     assert!(!ok && err.contains("every checkpoint"), "{err}");
     assert!(learner::checkpoint::list(&run).is_empty());
-    let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
+    let (ok, _, err) = resume(&run);
     assert!(ok && err.contains("fresh networks"), "{err}");
     assert_eq!(logged(), 120, "nothing measured twice");
     assert_eq!(learner::checkpoint::list(&run).len(), 1);
@@ -346,16 +344,10 @@ fn measurements_of_a_run_killed_before_its_first_checkpoint_are_kept() {
 fn resuming_where_no_run_is_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("none");
-    let (ok, _, err) = learner(&["train", "--run-dir", run.to_str().unwrap(), "--resume"]);
+    let (ok, _, err) = resume(&run);
     assert!(!ok && err.contains("no run to resume"), "{err}");
     // A file's error names the file and its reason once.
-    let (ok, _, err) = learner(&[
-        "train",
-        "--config",
-        dir.path().to_str().unwrap(),
-        "--run-dir",
-        run.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = learner(&train_args(dir.path(), &run));
     assert!(!ok && err.contains(dir.path().to_str().unwrap()), "{err}");
     assert_eq!(err.matches("Is a directory").count(), 1, "{err}");
 }

@@ -372,18 +372,16 @@ fn a_killed_learner_resumes_and_its_peers_come_back_by_themselves() {
 fn ctrl_c_while_the_learner_waits_for_peers_stops_it_with_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = setup(dir.path(), 5, "");
-    // No peers of its own and none come: the learner sits waiting on its
-    // socket when the signal arrives.
+    // No peers of its own and none come: once it has written its endpoint
+    // (after its signal handler is in place, just before its loop starts),
+    // the learner spends its time waiting on its socket, where the signal
+    // finds it.
     let (mut l, _) = fresh_learner(dir.path(), "learner", &cfg, "0", "0");
-    std::thread::sleep(Duration::from_millis(500));
-    for _ in 0..3 {
-        let sent = Command::new("kill")
-            .args(["-INT", &l.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let sent = Command::new("kill")
+        .args(["-INT", &l.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
     l.finish(Duration::from_secs(20));
     let err = std::fs::read_to_string(&l.err).unwrap();
     assert!(err.contains("--resume continues"), "{err}");

@@ -20,6 +20,19 @@ for tool in cargo python3 c++; do
   fi
 done
 
+# Refuses early, with the numbers, when a step would run the disk full: a
+# full disk halfway through pip or cargo leaves only an obscure error.
+need_space() { # DIR GIB WHAT
+  local dir=$1 gib=$2 what=$3 free_kib
+  while [ ! -d "$dir" ]; do dir=$(dirname "$dir"); done
+  free_kib=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
+  if [ -n "$free_kib" ] && [ "$free_kib" -lt $((gib * 1024 * 1024)) ]; then
+    echo "setup: $what needs about $gib GiB free in $dir, which has $((free_kib / 1024)) MiB;" \
+         "free some space and run this again" >&2
+    exit 1
+  fi
+}
+
 torch_ok() {
   "$VENV/bin/python" - "$TORCH_VERSION" 2>/dev/null <<'PY'
 import sys, torch
@@ -29,6 +42,8 @@ PY
 
 if ! torch_ok; then
   echo "setup: installing torch==$TORCH_VERSION into $VENV (a few minutes, ~5 GB)" >&2
+  need_space "$VENV" 6 "installing torch"
+  need_space "${TMPDIR:-/tmp}" 1 "unpacking the torch wheel"
   # A venv without a working pip (an interrupted or failed creation) is rebuilt.
   if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
     rm -rf "$VENV"
@@ -49,5 +64,6 @@ CUDA_FEATURES=(--features embshard-benchworker/cuda,embshard-learner/cuda)
 FEATURES=()
 [ "${EMBSHARD_CUDA:-0}" = 0 ] || FEATURES=("${CUDA_FEATURES[@]}")
 
+[ -d "$EMBSHARD_ROOT/target/release" ] || need_space "$EMBSHARD_ROOT" 4 "the first release build"
 echo "setup: building the release binaries${FEATURES[*]:+ (with the cuda backend)}" >&2
 (cd "$EMBSHARD_ROOT" && cargo build --release --workspace --quiet "${FEATURES[@]}")

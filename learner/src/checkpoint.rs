@@ -88,11 +88,13 @@ pub fn save(run: &Path, trainer: &Trainer, keep: usize) -> anyhow::Result<PathBu
     let counters = trainer.counters_now();
     let counters_json = serde_json::to_vec_pretty(&counters)?;
     // Nothing changed since the newest checkpoint (a stop right after a
-    // round's): it stands for this state already.
+    // round's): it stands for this state already (the clock aside).
     if let Some(newest) = list(run).into_iter().next() {
-        if std::fs::read(newest.join("counters.json")).is_ok_and(|c| c == counters_json)
-            && verify(&newest).is_ok()
-        {
+        let same = std::fs::read(newest.join("counters.json"))
+            .ok()
+            .and_then(|c| serde_json::from_slice::<Counters>(&c).ok())
+            .is_some_and(|c| c.same_state(&counters));
+        if same && verify(&newest).is_ok() {
             return Ok(newest);
         }
     }

@@ -253,7 +253,8 @@ pub struct Metrics {
     pub policy_lag: u64,
     /// Unrolls dropped so far (too old, or acted on a superseded cost net).
     pub dropped_unrolls: usize,
-    /// Seconds since this process started training.
+    /// Seconds of training so far, over every process of the run (a
+    /// resumed run's clock continues from its checkpoint's).
     pub elapsed_s: f64,
 }
 
@@ -706,6 +707,23 @@ pub struct Counters {
     /// Version of the newest published weights.
     pub policy_version: u64,
     pub dropped_unrolls: usize,
+    /// Seconds of training up to this checkpoint, over every process of
+    /// the run (the time between a crash and the resume not counted).
+    pub training_s: f64,
+}
+
+impl Counters {
+    /// Whether two checkpoints hold the same training state: the same
+    /// counters, whatever the clock.
+    pub fn same_state(&self, other: &Counters) -> bool {
+        Counters {
+            training_s: 0.0,
+            ..self.clone()
+        } == Counters {
+            training_s: 0.0,
+            ..other.clone()
+        }
+    }
 }
 
 /// A training run in progress: the networks, their optimizers, the cost
@@ -929,7 +947,7 @@ impl<'a> Trainer<'a> {
             mean_predicted_ms: mean(tally.predicted, tally.measured_n),
             policy_lag: lag,
             dropped_unrolls: self.counters.dropped_unrolls,
-            elapsed_s: self.started.elapsed().as_secs_f64(),
+            elapsed_s: self.training_s(),
         }
     }
 
@@ -938,8 +956,14 @@ impl<'a> Trainer<'a> {
     pub fn counters_now(&self) -> Counters {
         Counters {
             rng_word_pos: self.rng.get_word_pos().to_string(),
+            training_s: self.training_s(),
             ..self.counters.clone()
         }
+    }
+
+    /// Seconds of training so far: the checkpoint's and this process's.
+    pub fn training_s(&self) -> f64 {
+        self.counters.training_s + self.started.elapsed().as_secs_f64()
     }
 
     /// Closes the current round.
@@ -1177,6 +1201,43 @@ pub(crate) mod tests {
             }
         }
         assert!(differ > 0, "plan never differed from the greedy episode");
+    }
+
+    #[test]
+    fn a_checkpoint_carries_the_training_clock_and_is_not_rewritten_for_it_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, suite) = small_data(dir.path());
+        let run = dir.path().join("run");
+        let mut trainer = Trainer::new(&cfg, &suite.tasks);
+        trainer.counters.training_s = 100.0;
+        let first = crate::checkpoint::save(&run, &trainer, 5).unwrap();
+        let newest = |run: &std::path::Path| {
+            crate::checkpoint::load_latest(&cfg, run)
+                .unwrap()
+                .unwrap()
+                .counters
+        };
+        let saved = newest(&run);
+        assert!(saved.training_s >= 100.0, "{}", saved.training_s);
+        // Only the clock moved: the newest checkpoint stands.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(crate::checkpoint::save(&run, &trainer, 5).unwrap(), first);
+        assert_eq!(crate::checkpoint::list(&run).len(), 1);
+        // A counter moved: a new checkpoint, its clock later.
+        trainer.counters.cost_steps += 1;
+        let second = crate::checkpoint::save(&run, &trainer, 5).unwrap();
+        assert_ne!(second, first);
+        let later = newest(&run);
+        assert!(later.training_s > saved.training_s);
+        // A resumed trainer's clock goes on from the checkpoint's.
+        let resumed = Trainer::with(
+            &cfg,
+            &suite.tasks,
+            Model::new(&cfg),
+            Vec::new(),
+            later.clone(),
+        );
+        assert!(resumed.training_s() >= later.training_s);
     }
 
     #[test]

@@ -249,6 +249,12 @@ fn a_killed_training_run_resumes_with_every_counter_and_measurement() {
     );
     assert!(field("iteration").windows(2).all(|w| w[1] >= w[0]));
     assert!(field("policy_version").windows(2).all(|w| w[1] > w[0]));
+    // The training clock goes on from the checkpoint's, not from zero.
+    let clock: Vec<f64> = lines
+        .iter()
+        .map(|l| l["elapsed_s"].as_f64().unwrap())
+        .collect();
+    assert!(clock.windows(2).all(|w| w[1] >= w[0]), "{clock:?}");
     let log = std::fs::read_to_string(run.join("cost_buffer.jsonl")).unwrap();
     // Every measurement logged before the kill is still there and counted,
     // and none is measured twice: the budget is spent exactly. (An entry

@@ -10,6 +10,7 @@ use common::Suite;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::baselines::Method;
+use crate::data::TrainedShapes;
 use crate::eval::{evaluate, Report};
 
 /// The embshard learner: learns to place embedding tables on GPUs.
@@ -221,6 +222,11 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(why) = task.infeasibility(&run_cfg.memory) {
         anyhow::bail!("{}: cannot fit memory: {why}", args.tables.display());
     }
+    if let Some(far) = TrainedShapes::read(&args.checkpoint)
+        .and_then(|s| s.outside(task.tables.len(), task.devices))
+    {
+        tracing::warn!("{far}");
+    }
     // libtorch prepares each kind of operation on its first call; one tiny
     // placement first keeps that out of the placement's own time (both are
     // logged).
@@ -336,6 +342,9 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let train_tasks = crate::data::train_tasks(&cfg)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    if let Some(shapes) = TrainedShapes::of(&train_tasks) {
+        shapes.write(dir)?;
+    }
     let mut trainer = if args.resume {
         let read = CostLog::read(&log_path)?;
         if read.skipped > 0 {
@@ -584,7 +593,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             if args.methods.trim() == "all" {
                 methods.push(Method::Policy);
             }
-            Some(model)
+            Some((model, TrainedShapes::read(run)))
         }
         None if methods.contains(&Method::Policy) => {
             anyhow::bail!("--methods: `policy` needs --checkpoint RUN_DIR")
@@ -603,6 +612,22 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         benchworker::Backend::Cuda => cfg.cuda.batch,
     };
     for suite in &suites {
+        if let Some((_, Some(shapes))) = &model {
+            let far: Vec<String> = suite
+                .tasks
+                .iter()
+                .filter_map(|t| shapes.outside(t.tables.len(), t.devices))
+                .collect();
+            if let Some(first) = far.first() {
+                tracing::warn!(
+                    "{}: {} of its {} tasks lie far outside what the model was trained on; \
+                     the first: {first}",
+                    suite.path.display(),
+                    far.len(),
+                    suite.tasks.len()
+                );
+            }
+        }
         let bar = progress(suite.tasks.len() as u64, &suite.path.display().to_string());
         let report: Report = evaluate(
             suite,
@@ -612,7 +637,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 mem: &cfg.memory,
                 cfg: &cfg.eval,
                 batch,
-                model: model.as_ref(),
+                model: model.as_ref().map(|(m, _)| m),
             },
             || bar.inc(1),
         )

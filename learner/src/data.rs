@@ -73,10 +73,118 @@ pub fn train_tasks(cfg: &Config) -> Result<Vec<common::Task>> {
     Ok(tasks)
 }
 
+/// The shapes of the tasks a model was trained on, kept beside its run
+/// (`trained_shapes.json`) so that `plan` and `eval` can say when a task
+/// lies far outside them: what carries over is the number of tables per
+/// device (README, "Training for the shapes you place").
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TrainedShapes {
+    /// Fewest and most tables of a training task.
+    pub tables: [usize; 2],
+    /// Fewest and most devices of a training task.
+    pub devices: [usize; 2],
+    /// Lowest and highest tables per device of a training task.
+    pub tables_per_device: [f64; 2],
+}
+
+impl TrainedShapes {
+    /// Its file in a run directory.
+    pub const FILE: &'static str = "trained_shapes.json";
+    /// How far past the trained tables per device (as a factor, either
+    /// way) a task is warned about: at twice the density the main job's
+    /// policy lost to a heuristic in some seeds.
+    pub const SLACK: f64 = 1.5;
+
+    /// The shapes of `tasks` (`None` when there are none).
+    pub fn of(tasks: &[common::Task]) -> Option<TrainedShapes> {
+        let range = |v: Vec<usize>| [*v.iter().min().unwrap(), *v.iter().max().unwrap()];
+        let density: Vec<f64> = tasks
+            .iter()
+            .map(|t| t.tables.len() as f64 / t.devices as f64)
+            .collect();
+        (!tasks.is_empty()).then(|| TrainedShapes {
+            tables: range(tasks.iter().map(|t| t.tables.len()).collect()),
+            devices: range(tasks.iter().map(|t| t.devices).collect()),
+            tables_per_device: [
+                density.iter().copied().fold(f64::INFINITY, f64::min),
+                density.iter().copied().fold(0.0, f64::max),
+            ],
+        })
+    }
+
+    /// Writes them into run directory `run`.
+    pub fn write(&self, run: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self).expect("plain numbers serialize");
+        common::fs::write_atomic(&run.join(Self::FILE), text.as_bytes())
+    }
+
+    /// Those of run directory `run`; `None` for a run from before they were
+    /// kept, or an unreadable file (with a warning).
+    pub fn read(run: &Path) -> Option<TrainedShapes> {
+        let path = run.join(Self::FILE);
+        let text = std::fs::read(&path).ok()?;
+        serde_json::from_slice(&text)
+            .inspect_err(|e| tracing::warn!("ignoring {}: {e}", path.display()))
+            .ok()
+    }
+
+    /// Why a task of `tables` tables on `devices` devices lies far outside
+    /// these shapes, or `None` when it does not.
+    pub fn outside(&self, tables: usize, devices: usize) -> Option<String> {
+        let density = tables as f64 / devices.max(1) as f64;
+        let [lo, hi] = self.tables_per_device;
+        if density >= lo / Self::SLACK && density <= hi * Self::SLACK {
+            return None;
+        }
+        Some(format!(
+            "{tables} tables on {devices} devices is {density:.1} per device, and the model \
+             was trained on {lo:.1} to {hi:.1} ({} to {} tables on {} to {} devices): its \
+             plans can lose to the heuristics this far out; compare with `learner eval \
+             --methods all`, or train on such tasks too (train.extra_suites; README, \
+             \"Training for the shapes you place\")",
+            self.tables[0], self.tables[1], self.devices[0], self.devices[1]
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use common::config::SuiteConfig;
+
+    #[test]
+    fn tasks_far_outside_the_trained_tables_per_device_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = generate_pool(&Config::default().generate, 1).unwrap();
+        let task = |tables: usize, devices: usize| common::Task {
+            name: format!("{tables}x{devices}"),
+            devices,
+            memory_gb: 1.0,
+            tables: pool[..tables].to_vec(),
+        };
+        let shapes = TrainedShapes::of(&[task(50, 4), task(100, 8), task(20, 4)]).unwrap();
+        assert_eq!(shapes.tables, [20, 100]);
+        assert_eq!(shapes.devices, [4, 8]);
+        assert_eq!(shapes.tables_per_device, [5.0, 12.5]);
+        shapes.write(dir.path()).unwrap();
+        assert_eq!(TrainedShapes::read(dir.path()), Some(shapes.clone()));
+        // Inside, and within the slack either way: nothing to say.
+        for (t, d) in [(50, 4), (400, 32), (150, 8), (14, 4)] {
+            assert_eq!(shapes.outside(t, d), None, "{t}x{d}");
+        }
+        // Twice the densest and under half the sparsest are named.
+        let far = shapes.outside(200, 8).unwrap();
+        assert!(
+            far.contains("25.0 per device") && far.contains("5.0 to 12.5"),
+            "{far}"
+        );
+        assert!(shapes.outside(4, 2).is_some());
+        // A run from before the file, or a damaged one: no shapes, no error.
+        std::fs::write(dir.path().join(TrainedShapes::FILE), b"{oops").unwrap();
+        assert_eq!(TrainedShapes::read(dir.path()), None);
+        assert_eq!(TrainedShapes::read(&dir.path().join("none")), None);
+        assert_eq!(TrainedShapes::of(&[]), None);
+    }
 
     #[test]
     fn generates_loadable_disjoint_suites_reproducibly() {

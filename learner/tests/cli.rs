@@ -135,6 +135,23 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     assert_eq!(plan.devices, 8);
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["estimate"]["devices"].as_array().unwrap().len(), 8);
+    // Trained on 4 tables per device: 7.5 is far out, and said; 3.75 is not.
+    assert!(
+        err.contains("7.5 per device") && err.contains("trained on 4.0 to 4.0"),
+        "{err}"
+    );
+    let (ok, _, err) = plan_with("16", "64", &run, &[]);
+    assert!(ok && !err.contains("per device"), "{err}");
+    let (ok, _, err) = learner(&[
+        "eval",
+        "--suite",
+        data.join("dlrm-12x3.test.json").to_str().unwrap(),
+        "--methods",
+        "lookup,policy",
+        "--checkpoint",
+        run.to_str().unwrap(),
+    ]);
+    assert!(ok && !err.contains("far outside"), "{err}");
 
     let (ok, stdout, err) = plan_with("8", "64", &run, &["--format", "torchrec"]);
     assert!(ok, "{err}");

@@ -225,7 +225,12 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(far) = TrainedShapes::read(&args.checkpoint)
         .and_then(|s| s.outside(task.tables.len(), task.devices))
     {
-        tracing::warn!("{far}");
+        tracing::warn!(
+            "{far}: its plans can lose to the heuristics this far out; compare them with \
+             `learner eval --methods all --checkpoint {}` on such a suite, or {}",
+            args.checkpoint.display(),
+            TrainedShapes::ADVICE
+        );
     }
     // libtorch prepares each kind of operation on its first call; one tiny
     // placement first keeps that out of the placement's own time (both are
@@ -620,11 +625,12 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 .collect();
             if let Some(first) = far.first() {
                 tracing::warn!(
-                    "{}: {} of its {} tasks lie far outside what the model was trained on; \
-                     the first: {first}",
+                    "{}: {} of its {} tasks lie far outside what the model was trained on \
+                     (the first: {first}), where the policy can lose to the heuristics; {}",
                     suite.path.display(),
                     far.len(),
-                    suite.tasks.len()
+                    suite.tasks.len(),
+                    TrainedShapes::ADVICE
                 );
             }
         }

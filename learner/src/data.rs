@@ -88,6 +88,10 @@ pub struct TrainedShapes {
 }
 
 impl TrainedShapes {
+    /// What to do about a task far outside, for the warnings.
+    pub const ADVICE: &'static str = "train on such tasks too (train.extra_suites; README, \
+         \"Training for the shapes you place\")";
+
     /// Its file in a run directory.
     pub const FILE: &'static str = "trained_shapes.json";
     /// How far past the trained tables per device (as a factor, either
@@ -138,10 +142,7 @@ impl TrainedShapes {
         }
         Some(format!(
             "{tables} tables on {devices} devices is {density:.1} per device, and the model \
-             was trained on {lo:.1} to {hi:.1} ({} to {} tables on {} to {} devices): its \
-             plans can lose to the heuristics this far out; compare with `learner eval \
-             --methods all`, or train on such tasks too (train.extra_suites; README, \
-             \"Training for the shapes you place\")",
+             was trained on {lo:.1} to {hi:.1} ({} to {} tables on {} to {} devices)",
             self.tables[0], self.tables[1], self.devices[0], self.devices[1]
         ))
     }

@@ -151,6 +151,8 @@ mod tests {
                 DeviceCost::new(1.0 + k as f64 / 7.0, 2.0, 0.5, 9.5367431640625e-7),
                 DeviceCost::new(0.5, 1.0, 0.5, 0.25),
             ]),
+            // Logs from before pick numbers were kept have none.
+            pick: (k % 2 == 0).then_some(k),
         }
     }
 

@@ -471,7 +471,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                     return Ok(());
                 }
                 let pick = j.pick;
-                let sample = CostSample::new(task, &pick.plan, measurement);
+                let sample = CostSample::new(task, &pick.plan, measurement).of_pick(pick.index);
                 (hooks.measured)(&sample)?;
                 self.trainer.record(pick.predicted_ms, sample);
                 self.job_failures = 0;
@@ -603,8 +603,14 @@ impl<'t, 'a> Learner<'t, 'a> {
             let (pick, tried) = match self.requeue.pop_front() {
                 Some(r) => (r.pick, r.tried),
                 None => {
-                    let j = out
-                        .saturating_sub(self.trainer.counters.iteration * t.measure_per_iteration);
+                    let first = self.trainer.counters.iteration * t.measure_per_iteration;
+                    let being_measured: Vec<usize> = (self.jobs.values().map(|j| j.pick.index))
+                        .chain(self.requeue.iter().map(|r| r.pick.index))
+                        .collect();
+                    let j = self
+                        .trainer
+                        .next_pick(&being_measured)
+                        .unwrap_or(out.saturating_sub(first));
                     (self.trainer.pick_plan(j), Vec::new())
                 }
             };

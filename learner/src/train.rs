@@ -31,6 +31,12 @@ use crate::vtrace::{from_importance_weights, Clipping};
 pub struct CostSample {
     pub placed: PlacedTables,
     pub measurement: Measurement,
+    /// Which of the run's picks it measured ([`Pick::index`]): a resumed
+    /// round measures the picks it lacks, in whatever order the others came
+    /// back. `None` in logs written before it was kept (their place in the
+    /// log stands for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pick: Option<usize>,
 }
 
 impl CostSample {
@@ -42,6 +48,15 @@ impl CostSample {
                 devices: plan.devices,
             },
             measurement,
+            pick: None,
+        }
+    }
+
+    /// The sample as the measurement of pick `index` ([`Pick::index`]).
+    pub fn of_pick(self, index: usize) -> CostSample {
+        CostSample {
+            pick: Some(index),
+            ..self
         }
     }
 }
@@ -304,6 +319,9 @@ pub struct Pick {
     pub task: usize,
     pub plan: Plan,
     pub predicted_ms: f64,
+    /// Its place in the run: the round × `train.measure_per_iteration` +
+    /// its place in the round.
+    pub index: usize,
 }
 
 /// The two networks, each in its own variable store so that each has its
@@ -832,6 +850,7 @@ impl<'a> Trainer<'a> {
     /// sample, or for a greedy pick ([`Self::greedy_pick`]) what `plan`
     /// returns (`train.measure_planned`) or the greedy episode.
     pub fn pick_plan(&mut self, j: usize) -> Pick {
+        let index = self.counters.iteration * self.cfg.train.measure_per_iteration + j;
         let greedy = self.greedy_pick(j);
         let seed = self.pick_seed(j);
         let k = ChaCha8Rng::seed_from_u64(seed).gen_range(0..self.tasks.len());
@@ -864,6 +883,7 @@ impl<'a> Trainer<'a> {
                     task: k,
                     plan,
                     predicted_ms,
+                    index,
                 };
             }
         }
@@ -871,7 +891,30 @@ impl<'a> Trainer<'a> {
             task: k,
             plan,
             predicted_ms,
+            index,
         }
+    }
+
+    /// The place in the current round of its first pick neither measured
+    /// (in the cost buffer) nor in `out` (being measured, by
+    /// [`Pick::index`]); `None` when every place is. A round resumed after
+    /// a crash thereby measures exactly the picks it lacks, whatever order
+    /// its measurements came back in.
+    pub fn next_pick(&self, out: &[usize]) -> Option<usize> {
+        let m = self.cfg.train.measure_per_iteration;
+        let first = self.counters.iteration * m;
+        let mut taken = vec![false; m];
+        let measured = self
+            .buffer
+            .iter()
+            .enumerate()
+            .map(|(k, s)| s.pick.unwrap_or(k));
+        for i in measured.chain(out.iter().copied()) {
+            if let Some(slot) = i.checked_sub(first).and_then(|j| taken.get_mut(j)) {
+                *slot = true;
+            }
+        }
+        taken.iter().position(|&t| !t)
     }
 
     /// The first of the cheap heuristics' plans for `task` that fits.
@@ -978,16 +1021,14 @@ impl<'a> Trainer<'a> {
         let t = &self.cfg.train;
         self.seed_round();
         // A run resumed mid-round has some of the round's measurements.
-        let due = ((self.counters.iteration + 1) * t.measure_per_iteration)
-            .saturating_sub(self.buffer.len());
-        let done = self
-            .buffer
-            .len()
-            .saturating_sub(self.counters.iteration * t.measure_per_iteration);
-        for j in done..done + due {
+        let first = self.counters.iteration * t.measure_per_iteration;
+        while self.buffer.len() < first + t.measure_per_iteration {
+            let j = self
+                .next_pick(&[])
+                .unwrap_or(self.buffer.len().saturating_sub(first));
             let pick = self.pick_plan(j);
             let m = oracle.measure(&self.tasks[pick.task].tables, &pick.plan)?;
-            let sample = CostSample::new(&self.tasks[pick.task], &pick.plan, m);
+            let sample = CostSample::new(&self.tasks[pick.task], &pick.plan, m).of_pick(pick.index);
             (hooks.measured)(&sample)?;
             self.record(pick.predicted_ms, sample);
         }
@@ -1261,6 +1302,61 @@ pub(crate) mod tests {
         let plans: std::collections::BTreeSet<&Vec<usize>> =
             all.iter().map(|p| &p.plan.assignment).collect();
         assert!(plans.len() > m / 2, "{} distinct plans of {m}", plans.len());
+    }
+
+    #[test]
+    fn a_round_resumed_after_out_of_order_measurements_measures_exactly_the_picks_it_lacks() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, suite) = small_data(dir.path());
+        let m = cfg.train.measure_per_iteration;
+        assert!(m >= 4);
+        let mut sim = benchworker::sim::SimOracle::new(cfg.sim.clone(), cfg.memory);
+        let mut measure = |t: &mut Trainer, j: usize| {
+            let pick = t.pick_plan(j);
+            let task = &t.tasks[pick.task];
+            let got = sim.measure(&task.tables, &pick.plan).unwrap();
+            let sample = CostSample::new(task, &pick.plan, got).of_pick(pick.index);
+            t.record(pick.predicted_ms, sample);
+        };
+        // Round 1, after a full round 0 whose log predates pick numbers
+        // (a sample's place stands for its pick): picks 2 and 0 came back
+        // before the crash, 1 did not.
+        let mut trainer = Trainer::new(&cfg, &suite.tasks);
+        for j in 0..m {
+            measure(&mut trainer, j);
+            trainer.buffer[j].pick = None;
+        }
+        trainer.finish_round();
+        for j in [2, 0] {
+            measure(&mut trainer, j);
+        }
+        assert_eq!(trainer.next_pick(&[]), Some(1));
+        assert_eq!(
+            trainer.next_pick(&[1, m + 1]),
+            Some(3),
+            "picks out are taken"
+        );
+        trainer
+            .iteration(&mut sim, &mut crate::train::Hooks::none())
+            .unwrap();
+        let picks: Vec<usize> = trainer.buffer[m..]
+            .iter()
+            .map(|s| s.pick.unwrap())
+            .collect();
+        let mut sorted = picks.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted,
+            (m..2 * m).collect::<Vec<_>>(),
+            "each once: {picks:?}"
+        );
+        // The missing pick is the one a run without the crash measured.
+        let mut whole = Trainer::new(&cfg, &suite.tasks);
+        whole.counters.iteration = 1;
+        let want = whole.pick_plan(1);
+        let got = &trainer.buffer[m + 2];
+        assert_eq!(got.pick, Some(want.index));
+        assert_eq!(got.placed.assignment, want.plan.assignment);
     }
 
     #[test]

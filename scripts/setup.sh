@@ -21,16 +21,30 @@ for tool in cargo python3 c++; do
 done
 
 # Refuses early, with the numbers, when a step would run the disk full: a
-# full disk halfway through pip or cargo leaves only an obscure error.
-need_space() { # DIR GIB WHAT
-  local dir=$1 gib=$2 what=$3 free_kib
+# full disk halfway through pip or cargo leaves only an obscure error. Where
+# the free space cannot be read, the check is skipped.
+free_kib() { # DIR: free KiB on its file system, or nothing
+  local dir=$1 kib
   while [ ! -d "$dir" ]; do dir=$(dirname "$dir"); done
-  free_kib=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
-  if [ -n "$free_kib" ] && [ "$free_kib" -lt $((gib * 1024 * 1024)) ]; then
-    echo "setup: $what needs about $gib GiB free in $dir, which has $((free_kib / 1024)) MiB;" \
+  kib=$(df -k --output=avail -- "$dir" 2>/dev/null | tail -n 1 | tr -d ' ') || true
+  [[ $kib =~ ^[0-9]+$ ]] || kib=$(df -Pk -- "$dir" 2>/dev/null | awk 'NR == 2 { print $4 }') || true
+  [[ $kib =~ ^[0-9]+$ ]] && echo "$kib"
+  return 0
+}
+need_space() { # DIR GIB WHAT
+  local free
+  free=$(free_kib "$1")
+  if [ -n "$free" ] && [ "$free" -lt $(($2 * 1024 * 1024)) ]; then
+    echo "setup: $3 needs about $2 GiB free in $1, which has $((free / 1024)) MiB;" \
          "free some space and run this again" >&2
     exit 1
   fi
+}
+same_fs() { # DIR DIR: whether both lie on one file system (unknown: yes)
+  local a=$1 b=$2
+  while [ ! -d "$a" ]; do a=$(dirname "$a"); done
+  while [ ! -d "$b" ]; do b=$(dirname "$b"); done
+  [ "$(stat -c %d -- "$a" 2>/dev/null)" = "$(stat -c %d -- "$b" 2>/dev/null)" ]
 }
 
 torch_ok() {
@@ -42,8 +56,15 @@ PY
 
 if ! torch_ok; then
   echo "setup: installing torch==$TORCH_VERSION into $VENV (a few minutes, ~5 GB)" >&2
-  need_space "$VENV" 6 "installing torch"
-  need_space "${TMPDIR:-/tmp}" 1 "unpacking the torch wheel"
+  # torch and its libraries take about 5 GB installed; pip keeps what it
+  # downloads (about 3 GB) in TMPDIR until it is done.
+  PIP_TMP=${TMPDIR:-/tmp}
+  if same_fs "$VENV" "$PIP_TMP"; then
+    need_space "$VENV" 8 "installing torch (with pip's downloads in $PIP_TMP)"
+  else
+    need_space "$VENV" 5 "installing torch"
+    need_space "$PIP_TMP" 3 "pip's downloads of torch"
+  fi
   # A venv without a working pip (an interrupted or failed creation) is rebuilt.
   if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
     rm -rf "$VENV"
@@ -52,7 +73,8 @@ if ! torch_ok; then
       exit 1
     }
   fi
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
+    "torch==$TORCH_VERSION"
   torch_ok || { echo "setup: torch $TORCH_VERSION did not install into $VENV" >&2; exit 1; }
 fi
 
@@ -64,6 +86,7 @@ CUDA_FEATURES=(--features embshard-benchworker/cuda,embshard-learner/cuda)
 FEATURES=()
 [ "${EMBSHARD_CUDA:-0}" = 0 ] || FEATURES=("${CUDA_FEATURES[@]}")
 
-[ -d "$EMBSHARD_ROOT/target/release" ] || need_space "$EMBSHARD_ROOT" 4 "the first release build"
+TARGET_DIR=${CARGO_TARGET_DIR:-$EMBSHARD_ROOT/target}
+[ -x "$TARGET_DIR/release/learner" ] || need_space "$TARGET_DIR" 4 "the first release build"
 echo "setup: building the release binaries${FEATURES[*]:+ (with the cuda backend)}" >&2
 (cd "$EMBSHARD_ROOT" && cargo build --release --workspace --quiet "${FEATURES[@]}")

@@ -291,21 +291,21 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 /// Keeps the lines of a run's `metrics.jsonl` up to update `step` (a
-/// resumed run's curves continue from its checkpoint).
-fn keep_metrics_until(path: &Path, step: usize) -> anyhow::Result<()> {
-    let kept: Vec<String> = std::fs::read_to_string(path)
+/// resumed run's curves continue from its checkpoint); returns the training
+/// clock of the last line kept.
+fn keep_metrics_until(path: &Path, step: usize) -> anyhow::Result<f64> {
+    let kept: Vec<(String, f64)> = std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
-        .filter(|l| {
-            serde_json::from_str::<serde_json::Value>(l)
-                .ok()
-                .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| s as usize <= step)
+        .filter_map(|l| {
+            let v = serde_json::from_str::<serde_json::Value>(l).ok()?;
+            let s = v["step"].as_u64()?;
+            (s as usize <= step).then(|| (format!("{l}\n"), v["elapsed_s"].as_f64().unwrap_or(0.0)))
         })
-        .map(|l| format!("{l}\n"))
         .collect();
-    common::fs::write_atomic(path, kept.concat().as_bytes())?;
-    Ok(())
+    let text: String = kept.iter().map(|(l, _)| l.as_str()).collect();
+    common::fs::write_atomic(path, text.as_bytes())?;
+    Ok(kept.last().map_or(0.0, |(_, e)| *e))
 }
 
 fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -364,8 +364,11 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                     read.samples.len()
                 );
                 let (cost_state, policy_state) = checkpoint::split_optimizer(loaded.optimizer);
-                let counters = loaded.counters;
-                keep_metrics_until(&metrics_path, counters.policy_updates)?;
+                let mut counters = loaded.counters;
+                let clock = keep_metrics_until(&metrics_path, counters.policy_updates)?;
+                // A checkpoint from before the clock was kept reads 0: its
+                // run's curve goes on from its last line.
+                counters.training_s = counters.training_s.max(clock);
                 let mut t = crate::train::Trainer::with(
                     &cfg,
                     &train_tasks,
@@ -617,7 +620,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         benchworker::Backend::Cuda => cfg.cuda.batch,
     };
     for suite in &suites {
-        if let Some((_, Some(shapes))) = &model {
+        if let (Some((_, Some(shapes))), true) = (&model, methods.contains(&Method::Policy)) {
             let far: Vec<String> = suite
                 .tasks
                 .iter()
@@ -689,4 +692,30 @@ fn progress(len: u64, what: &str) -> ProgressBar {
     );
     bar.set_message(what.to_string());
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resumed_runs_metrics_keep_their_lines_and_give_the_last_ones_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let lines = [
+            r#"{"step":1,"elapsed_s":0.5}"#,
+            r#"{"step":2,"elapsed_s":1.25}"#,
+            "torn",
+            r#"{"step":3,"elapsed_s":2.0}"#,
+        ];
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        assert_eq!(keep_metrics_until(&path, 2).unwrap(), 1.25);
+        let kept = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(kept, format!("{}\n{}\n", lines[0], lines[1]));
+        assert_eq!(keep_metrics_until(&path, 0).unwrap(), 0.0);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+        // No file yet: nothing kept, the clock at zero.
+        let none = dir.path().join("none.jsonl");
+        assert_eq!(keep_metrics_until(&none, 5).unwrap(), 0.0);
+    }
 }

@@ -152,7 +152,10 @@ mod tests {
                 DeviceCost::new(0.5, 1.0, 0.5, 0.25),
             ]),
             // Logs from before pick numbers were kept have none.
-            pick: (k % 2 == 0).then_some(k),
+            pick: (k % 2 == 0).then_some(crate::train::PickId {
+                round: k / 3,
+                place: k % 3,
+            }),
         }
     }
 

@@ -33,7 +33,7 @@ use actor::wire::{export, unroll_from_data};
 use common::link::{Hub, Incoming};
 use common::protocol::{DropCounts, Message, Role, Weights};
 
-use crate::train::{CostSample, Hooks, Pick, Trainer};
+use crate::train::{CostSample, Hooks, Pick, PickId, Trainer};
 
 /// Without progress for this long, and with no measurement job out within
 /// `cluster.job_timeout_s`, training stops with an error instead of waiting
@@ -471,7 +471,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                     return Ok(());
                 }
                 let pick = j.pick;
-                let sample = CostSample::new(task, &pick.plan, measurement).of_pick(pick.index);
+                let sample = CostSample::new(task, &pick.plan, measurement).of_pick(pick.id);
                 (hooks.measured)(&sample)?;
                 self.trainer.record(pick.predicted_ms, sample);
                 self.job_failures = 0;
@@ -603,14 +603,9 @@ impl<'t, 'a> Learner<'t, 'a> {
             let (pick, tried) = match self.requeue.pop_front() {
                 Some(r) => (r.pick, r.tried),
                 None => {
-                    let first = self.trainer.counters.iteration * t.measure_per_iteration;
-                    let being_measured: Vec<usize> = (self.jobs.values().map(|j| j.pick.index))
-                        .chain(self.requeue.iter().map(|r| r.pick.index))
-                        .collect();
-                    let j = self
-                        .trainer
-                        .next_pick(&being_measured)
-                        .unwrap_or(out.saturating_sub(first));
+                    let being_measured: Vec<PickId> =
+                        self.jobs.values().map(|j| j.pick.id).collect();
+                    let j = self.trainer.next_pick(&being_measured);
                     (self.trainer.pick_plan(j), Vec::new())
                 }
             };
@@ -1103,6 +1098,19 @@ mod tests {
                 p.job = None;
             }
         }
+
+        // A round resumed with only its second pick measured (the first
+        // had not come back): the two idle workers get the first and third.
+        let pick = learner.trainer.pick_plan(1);
+        let task = &learner.trainer.tasks()[pick.task];
+        let mut sim = benchworker::sim::SimOracle::new(cfg.sim.clone(), cfg.memory);
+        let got = benchworker::Oracle::measure(&mut sim, &task.tables, &pick.plan).unwrap();
+        let sample = CostSample::new(task, &pick.plan, got).of_pick(pick.id);
+        learner.trainer.record(pick.predicted_ms, sample);
+        assert!(learner.dispatch());
+        let mut places: Vec<usize> = learner.jobs.values().map(|j| j.pick.id.place).collect();
+        places.sort_unstable();
+        assert_eq!(places, [0, 2]);
     }
 
     #[test]

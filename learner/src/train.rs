@@ -31,12 +31,11 @@ use crate::vtrace::{from_importance_weights, Clipping};
 pub struct CostSample {
     pub placed: PlacedTables,
     pub measurement: Measurement,
-    /// Which of the run's picks it measured ([`Pick::index`]): a resumed
-    /// round measures the picks it lacks, in whatever order the others came
-    /// back. `None` in logs written before it was kept (their place in the
-    /// log stands for it).
+    /// Which of the run's picks it measured: a resumed round measures the
+    /// picks it lacks, in whatever order the others came back. `None` in
+    /// logs written before it was kept (its place in the log stands for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pick: Option<usize>,
+    pub pick: Option<PickId>,
 }
 
 impl CostSample {
@@ -52,10 +51,10 @@ impl CostSample {
         }
     }
 
-    /// The sample as the measurement of pick `index` ([`Pick::index`]).
-    pub fn of_pick(self, index: usize) -> CostSample {
+    /// The sample as the measurement of pick `id`.
+    pub fn of_pick(self, id: PickId) -> CostSample {
         CostSample {
-            pick: Some(index),
+            pick: Some(id),
             ..self
         }
     }
@@ -319,9 +318,14 @@ pub struct Pick {
     pub task: usize,
     pub plan: Plan,
     pub predicted_ms: f64,
-    /// Its place in the run: the round × `train.measure_per_iteration` +
-    /// its place in the round.
-    pub index: usize,
+    pub id: PickId,
+}
+
+/// A pick's round and its place in the round (see [`Trainer::pick_plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct PickId {
+    pub round: usize,
+    pub place: usize,
 }
 
 /// The two networks, each in its own variable store so that each has its
@@ -850,7 +854,10 @@ impl<'a> Trainer<'a> {
     /// sample, or for a greedy pick ([`Self::greedy_pick`]) what `plan`
     /// returns (`train.measure_planned`) or the greedy episode.
     pub fn pick_plan(&mut self, j: usize) -> Pick {
-        let index = self.counters.iteration * self.cfg.train.measure_per_iteration + j;
+        let id = PickId {
+            round: self.counters.iteration,
+            place: j,
+        };
         let greedy = self.greedy_pick(j);
         let seed = self.pick_seed(j);
         let k = ChaCha8Rng::seed_from_u64(seed).gen_range(0..self.tasks.len());
@@ -883,7 +890,7 @@ impl<'a> Trainer<'a> {
                     task: k,
                     plan,
                     predicted_ms,
-                    index,
+                    id,
                 };
             }
         }
@@ -891,30 +898,33 @@ impl<'a> Trainer<'a> {
             task: k,
             plan,
             predicted_ms,
-            index,
+            id,
         }
     }
 
     /// The place in the current round of its first pick neither measured
-    /// (in the cost buffer) nor in `out` (being measured, by
-    /// [`Pick::index`]); `None` when every place is. A round resumed after
-    /// a crash thereby measures exactly the picks it lacks, whatever order
-    /// its measurements came back in.
-    pub fn next_pick(&self, out: &[usize]) -> Option<usize> {
-        let m = self.cfg.train.measure_per_iteration;
-        let first = self.counters.iteration * m;
-        let mut taken = vec![false; m];
-        let measured = self
-            .buffer
-            .iter()
-            .enumerate()
-            .map(|(k, s)| s.pick.unwrap_or(k));
-        for i in measured.chain(out.iter().copied()) {
-            if let Some(slot) = i.checked_sub(first).and_then(|j| taken.get_mut(j)) {
-                *slot = true;
-            }
-        }
-        taken.iter().position(|&t| !t)
+    /// (in the cost buffer) nor in `out` (being measured). A round resumed
+    /// after a crash thereby measures exactly the picks it lacks, whatever
+    /// order its measurements came back in; one that must make up for
+    /// measurements lost from a damaged log goes on past its
+    /// `train.measure_per_iteration` places (to fresh picks, not the same
+    /// ones again).
+    pub fn next_pick(&self, out: &[PickId]) -> usize {
+        let m = self.cfg.train.measure_per_iteration.max(1);
+        let round = self.counters.iteration;
+        // A sample logged before picks were numbered: its place in the log.
+        let measured = self.buffer.iter().enumerate().map(|(k, s)| {
+            s.pick.unwrap_or(PickId {
+                round: k / m,
+                place: k % m,
+            })
+        });
+        let taken: std::collections::BTreeSet<usize> = measured
+            .chain(out.iter().copied())
+            .filter(|id| id.round == round)
+            .map(|id| id.place)
+            .collect();
+        (0..).find(|j| !taken.contains(j)).unwrap_or(0)
     }
 
     /// The first of the cheap heuristics' plans for `task` that fits.
@@ -1023,12 +1033,10 @@ impl<'a> Trainer<'a> {
         // A run resumed mid-round has some of the round's measurements.
         let first = self.counters.iteration * t.measure_per_iteration;
         while self.buffer.len() < first + t.measure_per_iteration {
-            let j = self
-                .next_pick(&[])
-                .unwrap_or(self.buffer.len().saturating_sub(first));
+            let j = self.next_pick(&[]);
             let pick = self.pick_plan(j);
             let m = oracle.measure(&self.tasks[pick.task].tables, &pick.plan)?;
-            let sample = CostSample::new(&self.tasks[pick.task], &pick.plan, m).of_pick(pick.index);
+            let sample = CostSample::new(&self.tasks[pick.task], &pick.plan, m).of_pick(pick.id);
             (hooks.measured)(&sample)?;
             self.record(pick.predicted_ms, sample);
         }
@@ -1311,52 +1319,69 @@ pub(crate) mod tests {
         let m = cfg.train.measure_per_iteration;
         assert!(m >= 4);
         let mut sim = benchworker::sim::SimOracle::new(cfg.sim.clone(), cfg.memory);
-        let mut measure = |t: &mut Trainer, j: usize| {
+        let measure = |t: &mut Trainer, sim: &mut benchworker::sim::SimOracle, j: usize| {
             let pick = t.pick_plan(j);
             let task = &t.tasks[pick.task];
             let got = sim.measure(&task.tables, &pick.plan).unwrap();
-            let sample = CostSample::new(task, &pick.plan, got).of_pick(pick.index);
+            let sample = CostSample::new(task, &pick.plan, got).of_pick(pick.id);
             t.record(pick.predicted_ms, sample);
         };
-        // Round 1, after a full round 0 whose log predates pick numbers
-        // (a sample's place stands for its pick): picks 2 and 0 came back
-        // before the crash, 1 did not.
+        let id = |round, place| PickId { round, place };
+        // Round 1's measuring alone: its learning counted as done.
+        let measure_round_1 = |t: &mut Trainer, sim: &mut benchworker::sim::SimOracle| {
+            t.counters.cost_steps = 2 * cfg.train.cost_steps;
+            t.counters.policy_updates = 2 * cfg.train.policy_steps;
+            t.iteration(sim, &mut Hooks::none()).unwrap();
+        };
+        let places = |t: &Trainer, round: usize| -> Vec<usize> {
+            let mut p: Vec<usize> = (t.buffer.iter().filter_map(|s| s.pick))
+                .filter(|p| p.round == round)
+                .map(|p| p.place)
+                .collect();
+            p.sort_unstable();
+            p
+        };
+        // A log from before picks were numbered (a sample's place in the
+        // log stands for its pick): round 0 and the first of round 1. Then
+        // pick 2 came back, and the crash came before pick 1.
         let mut trainer = Trainer::new(&cfg, &suite.tasks);
         for j in 0..m {
-            measure(&mut trainer, j);
-            trainer.buffer[j].pick = None;
+            measure(&mut trainer, &mut sim, j);
         }
         trainer.finish_round();
-        for j in [2, 0] {
-            measure(&mut trainer, j);
+        measure(&mut trainer, &mut sim, 0);
+        for s in &mut trainer.buffer {
+            s.pick = None;
         }
-        assert_eq!(trainer.next_pick(&[]), Some(1));
+        measure(&mut trainer, &mut sim, 2);
+        assert_eq!(trainer.next_pick(&[]), 1);
         assert_eq!(
-            trainer.next_pick(&[1, m + 1]),
-            Some(3),
+            trainer.next_pick(&[id(1, 1), id(0, 3)]),
+            3,
             "picks out are taken"
         );
-        trainer
-            .iteration(&mut sim, &mut crate::train::Hooks::none())
-            .unwrap();
-        let picks: Vec<usize> = trainer.buffer[m..]
-            .iter()
-            .map(|s| s.pick.unwrap())
-            .collect();
-        let mut sorted = picks.clone();
-        sorted.sort_unstable();
-        assert_eq!(
-            sorted,
-            (m..2 * m).collect::<Vec<_>>(),
-            "each once: {picks:?}"
-        );
+        measure_round_1(&mut trainer, &mut sim);
+        let want: Vec<usize> = (1..m).collect();
+        assert_eq!(places(&trainer, 1), want, "each missing pick once");
         // The missing pick is the one a run without the crash measured.
         let mut whole = Trainer::new(&cfg, &suite.tasks);
         whole.counters.iteration = 1;
-        let want = whole.pick_plan(1);
+        let pick_1 = whole.pick_plan(1);
         let got = &trainer.buffer[m + 2];
-        assert_eq!(got.pick, Some(want.index));
-        assert_eq!(got.placed.assignment, want.plan.assignment);
+        assert_eq!(got.pick, Some(pick_1.id));
+        assert_eq!(got.placed.assignment, pick_1.plan.assignment);
+
+        // A round 0 that lost a measurement to a damaged log: round 1
+        // makes up for it with a fresh pick past its places.
+        let mut lost = Trainer::new(&cfg, &suite.tasks);
+        for j in 0..m {
+            measure(&mut lost, &mut sim, j);
+        }
+        lost.buffer.remove(1);
+        lost.finish_round();
+        measure_round_1(&mut lost, &mut sim);
+        assert_eq!(lost.buffer.len(), 2 * m);
+        assert_eq!(places(&lost, 1), (0..=m).collect::<Vec<_>>());
     }
 
     #[test]

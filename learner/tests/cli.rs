@@ -152,6 +152,36 @@ fn train_then_plan_writes_a_placement_of_every_table() {
         run.to_str().unwrap(),
     ]);
     assert!(ok && !err.contains("far outside"), "{err}");
+    // A suite of 12 tables on one device, three times the density: said,
+    // when the policy is among the methods.
+    let names: Vec<String> = tables.iter().take(12).map(|t| t.name.clone()).collect();
+    let dense = data.join("dense.json");
+    std::fs::write(
+        &dense,
+        serde_json::json!({"pool": "pool.test.csv", "tasks": [
+            {"name": "dense", "devices": 1, "memory_gb": 1000.0, "tables": names}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let eval_dense = |methods: &str| {
+        learner(&[
+            "eval",
+            "--suite",
+            dense.to_str().unwrap(),
+            "--methods",
+            methods,
+            "--checkpoint",
+            run.to_str().unwrap(),
+        ])
+    };
+    let (ok, _, err) = eval_dense("lookup,policy");
+    assert!(
+        ok && err.contains("1 of its 1 tasks lie far outside"),
+        "{err}"
+    );
+    let (ok, _, err) = eval_dense("lookup");
+    assert!(ok && !err.contains("far outside"), "{err}");
 
     let (ok, stdout, err) = plan_with("8", "64", &run, &["--format", "torchrec"]);
     assert!(ok, "{err}");

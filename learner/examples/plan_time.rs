@@ -1,12 +1,35 @@
 //! Times `Model::plan` (after loading and one warm-up call) for a pool CSV
 //! under several `model.plan_*` settings: min and median over 15 calls.
+//! With a suite instead, times the run's own `plan` settings on each of its
+//! tasks: the median over tasks of each task's median of 5 calls, and the
+//! range.
 //!
 //! cargo run --release --example plan_time -- RUN_DIR TABLES_CSV DEVICES MEMORY_GB
+//! cargo run --release --example plan_time -- RUN_DIR --suite SUITE.json
 fn main() -> anyhow::Result<()> {
     tch::set_num_threads(1);
     let args: Vec<String> = std::env::args().skip(1).collect();
     let run = std::path::Path::new(&args[0]);
     let (cfg, mut model) = learner::checkpoint::load_run(run)?;
+    if args[1] == "--suite" {
+        let suite = common::Suite::load(std::path::Path::new(&args[2]), &cfg.memory)?;
+        let mut per_task: Vec<f64> = suite
+            .tasks
+            .iter()
+            .map(|task| median_of(5, || drop(model.plan(task, &cfg.memory))))
+            .collect();
+        per_task.sort_by(f64::total_cmp);
+        println!(
+            "{} tasks of {}: median {:.2} ms, {:.2} to {:.2} ms, {} over 10 ms",
+            per_task.len(),
+            args[2],
+            per_task[per_task.len() / 2],
+            per_task[0],
+            per_task[per_task.len() - 1],
+            per_task.iter().filter(|&&t| t > 10.0).count()
+        );
+        return Ok(());
+    }
     let task = common::Task {
         name: args[1].clone(),
         devices: args[2].parse()?,
@@ -16,10 +39,11 @@ fn main() -> anyhow::Result<()> {
     // (episodes, moves, heuristics, search budget, search from every candidate)
     for (k, moves, heur, search, every) in [
         (1, 0, false, 0, false),
-        (1, 10, true, 0, false),
-        (1, 10, true, 2000, false),
+        (1, 0, true, 0, false),
+        (1, 0, true, 2000, false),
+        (1, 0, true, 2000, true), // the default
         (1, 10, true, 2000, true),
-        (4, 10, true, 2000, true),
+        (4, 0, true, 2000, true),
     ] {
         model.plan_cfg.plan_search = search;
         model.plan_cfg.plan_search_every_candidate = every;
@@ -83,10 +107,21 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Median ms of `n` calls after one warm-up call.
+fn median_of(n: usize, f: impl FnMut()) -> f64 {
+    times(n, f)[n / 2]
+}
+
 /// Min and median ms of 15 calls after one warm-up call.
-fn timed(mut f: impl FnMut()) -> (f64, f64) {
+fn timed(f: impl FnMut()) -> (f64, f64) {
+    let t = times(15, f);
+    (t[0], t[7])
+}
+
+/// The ms of `n` calls after one warm-up call, sorted.
+fn times(n: usize, mut f: impl FnMut()) -> Vec<f64> {
     f();
-    let mut t: Vec<f64> = (0..15)
+    let mut t: Vec<f64> = (0..n)
         .map(|_| {
             let s = std::time::Instant::now();
             f();
@@ -94,5 +129,5 @@ fn timed(mut f: impl FnMut()) -> (f64, f64) {
         })
         .collect();
     t.sort_by(f64::total_cmp);
-    (t[0], t[7])
+    t
 }

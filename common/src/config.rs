@@ -321,10 +321,10 @@ pub struct ModelConfig {
     pub plan_heuristics: bool,
     /// Temperature of `plan`'s sampled episodes (1: the policy's own).
     pub plan_temperature: f64,
-    /// After choosing, `plan` improves the plan by up to this many single
-    /// table moves, each the one that lowers the predicted cost most
-    /// (hill climbing on the cost network; 0: none, the default: the search
-    /// after them finds as good plans without them, in less time).
+    /// Before each search, `plan` makes up to this many single-table
+    /// moves, each the one that lowers the predicted cost most (hill
+    /// climbing through libtorch). 0, the default: none; the search finds
+    /// about as good plans without them, in less time.
     pub plan_moves: usize,
     /// Then `plan` runs the `search` reference's iterated local search
     /// (moves and swaps off the slowest device, perturbations when stuck)

@@ -1,8 +1,8 @@
 //! Times `Model::plan` (after loading and one warm-up call) for a pool CSV
 //! under several `model.plan_*` settings: min and median over 15 calls.
 //! With a suite instead, times the run's own `plan` settings on each of its
-//! tasks: the median over tasks of each task's median of 5 calls, and the
-//! range.
+//! tasks: the median (the upper one, for an even count) over tasks of each
+//! task's median of 5 calls, the range, and how many tasks took over 10 ms.
 //!
 //! cargo run --release --example plan_time -- RUN_DIR TABLES_CSV DEVICES MEMORY_GB
 //! cargo run --release --example plan_time -- RUN_DIR --suite SUITE.json

@@ -23,9 +23,14 @@ done
 # Refuses early, with the numbers, when a step would run the disk full: a
 # full disk halfway through pip or cargo leaves only an obscure error. Where
 # the free space cannot be read, the check is skipped.
-free_kib() { # DIR: free KiB on its file system, or nothing
-  local dir=$1 kib
+existing_dir() { # PATH: the nearest folder at or above it that exists
+  local dir=$1
   while [ ! -d "$dir" ]; do dir=$(dirname "$dir"); done
+  echo "$dir"
+}
+free_kib() { # DIR: free KiB on its file system, or nothing
+  local dir kib
+  dir=$(existing_dir "$1")
   kib=$(df -k --output=avail -- "$dir" 2>/dev/null | tail -n 1 | tr -d ' ') || true
   [[ $kib =~ ^[0-9]+$ ]] || kib=$(df -Pk -- "$dir" 2>/dev/null | awk 'NR == 2 { print $4 }') || true
   [[ $kib =~ ^[0-9]+$ ]] && echo "$kib"
@@ -41,9 +46,9 @@ need_space() { # DIR GIB WHAT
   fi
 }
 same_fs() { # DIR DIR: whether both lie on one file system (unknown: yes)
-  local a=$1 b=$2
-  while [ ! -d "$a" ]; do a=$(dirname "$a"); done
-  while [ ! -d "$b" ]; do b=$(dirname "$b"); done
+  local a b
+  a=$(existing_dir "$1")
+  b=$(existing_dir "$2")
   [ "$(stat -c %d -- "$a" 2>/dev/null)" = "$(stat -c %d -- "$b" 2>/dev/null)" ]
 }
 

@@ -601,7 +601,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             if args.methods.trim() == "all" {
                 methods.push(Method::Policy);
             }
-            Some((model, TrainedShapes::read(run)))
+            Some(model)
         }
         None if methods.contains(&Method::Policy) => {
             anyhow::bail!("--methods: `policy` needs --checkpoint RUN_DIR")
@@ -619,8 +619,15 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         benchworker::Backend::Cpu => cfg.cpu.batch,
         benchworker::Backend::Cuda => cfg.cuda.batch,
     };
+    // The shapes the model was trained on, to warn about suites far from
+    // them when the policy is evaluated.
+    let shapes = args
+        .checkpoint
+        .as_deref()
+        .filter(|_| methods.contains(&Method::Policy))
+        .and_then(TrainedShapes::read);
     for suite in &suites {
-        if let (Some((_, Some(shapes))), true) = (&model, methods.contains(&Method::Policy)) {
+        if let Some(shapes) = &shapes {
             let far: Vec<String> = suite
                 .tasks
                 .iter()
@@ -646,7 +653,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 mem: &cfg.memory,
                 cfg: &cfg.eval,
                 batch,
-                model: model.as_ref().map(|(m, _)| m),
+                model: model.as_ref(),
             },
             || bar.inc(1),
         )

@@ -17,8 +17,9 @@
 //! The round — measurements, cost steps, policy updates in DreamShard's
 //! proportions — is what checkpoints close. Actors send unrolls under
 //! credits (one back per unroll learned from or dropped; one sent without
-//! a credit is dropped with none back), so no queue grows without bound; new weights go to actors that hold a credit, and to the
-//! others with their next credit.
+//! a credit is dropped with none back), so no queue grows without bound;
+//! new weights go to actors that hold a credit, and to the others with
+//! their next credit.
 //!
 //! [`train_cluster`] runs actors and benchworkers as threads on
 //! `inproc://`; the same loop serves remote peers on `tcp://`.

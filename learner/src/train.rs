@@ -924,7 +924,10 @@ impl<'a> Trainer<'a> {
             .filter(|id| id.round == round)
             .map(|id| id.place)
             .collect();
-        (0..).find(|j| !taken.contains(j)).unwrap_or(0)
+        // Among the first `taken.len() + 1` places one is free.
+        (0..=taken.len())
+            .find(|j| !taken.contains(j))
+            .unwrap_or(taken.len())
     }
 
     /// The first of the cheap heuristics' plans for `task` that fits.
@@ -1268,8 +1271,8 @@ pub(crate) mod tests {
         };
         let saved = newest(&run);
         assert!(saved.training_s >= 100.0, "{}", saved.training_s);
-        // Only the clock moved: the newest checkpoint stands.
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        // Only the clock moved (by a minute): the newest checkpoint stands.
+        trainer.counters.training_s += 60.0;
         assert_eq!(crate::checkpoint::save(&run, &trainer, 5).unwrap(), first);
         assert_eq!(crate::checkpoint::list(&run).len(), 1);
         // A counter moved: a new checkpoint, its clock later.

@@ -1,16 +1,34 @@
 #!/usr/bin/env bash
 # The real-GPU checks of the cuda backend (docs/gpu.md), on a host with at
-# least one NVIDIA GPU: builds the binaries with the cuda backend, then
+# least one NVIDIA GPU:
 #   1. measures one plan of 20 tables on one GPU (D = 1: the compute phases
 #      and a one-rank NCCL all-to-all), next to sim's figures for it;
 #   2. the fusion sweep (one fused call over k tables vs k single-table
-#      calls) on cuda and on sim, for the same mixes.
+#      calls) on cuda and on sim, for the same mixes; every mix is saved
+#      (fusion-BACKEND.jsonl) for a side-by-side reading.
 # Usage: scripts/gpu-check.sh [OUT_DIR]   (default runs/gpu-check)
+#
+# By default it sets up and builds here (scripts/setup.sh with the cuda
+# feature). With EMBSHARD_PREBUILT=DIR it runs the learner and benchworker
+# binaries in DIR instead, built elsewhere against the libtorch of this
+# host's python3 torch (docs/gpu.md, "Prebuilt binaries"), with that
+# libtorch and the NCCL of its wheel on the library path.
 set -euo pipefail
-export EMBSHARD_CUDA=1
-. "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
-cd "$EMBSHARD_ROOT"
-BIN=$EMBSHARD_ROOT/target/release
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [[ -n ${EMBSHARD_PREBUILT:-} ]]; then
+  BIN=$(cd "$EMBSHARD_PREBUILT" && pwd)
+  SITE=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+  # cudarc asks for libnccl.so by that name; the wheel ships libnccl.so.2.
+  NCCL_LINK=$(mktemp -d)
+  ln -s "$SITE/nvidia/nccl/lib/libnccl.so.2" "$NCCL_LINK/libnccl.so"
+  export LD_LIBRARY_PATH=$SITE/torch/lib:$NCCL_LINK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  python3 -c 'import torch; print("torch", torch.__version__)'
+else
+  export EMBSHARD_CUDA=1
+  . "$ROOT/scripts/setup.sh"
+  BIN=$ROOT/target/release
+fi
+cd "$ROOT"
 OUT=${1:-runs/gpu-check}
 mkdir -p "$OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.csv"
@@ -31,6 +49,7 @@ done
 
 # 2. The fusion sweep, same mixes (same seed) on both backends.
 for backend in sim cuda; do
-  "$BIN/benchworker" fusion --backend "$backend" --sizes 1,2,4,8,16,32 --mixes 3 | tee "$OUT/fusion-$backend.txt"
+  "$BIN/benchworker" fusion --backend "$backend" --sizes "${FUSION_SIZES:-1,2,4,8,16,32}" \
+    --mixes "${FUSION_MIXES:-3}" --save "$OUT/fusion-$backend.jsonl" | tee "$OUT/fusion-$backend.txt"
 done
 echo "gpu-check: figures in $OUT" >&2

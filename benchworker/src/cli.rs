@@ -135,6 +135,10 @@ pub struct FusionArgs {
     /// One JSON object per mix instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also write one JSON object per mix to this file (with the table or
+    /// the JSON on stdout).
+    #[arg(long)]
+    pub save: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -264,6 +268,14 @@ fn fusion(args: FusionArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         || bar.inc(1),
     )?;
     bar.finish_and_clear();
+    if let Some(path) = &args.save {
+        let mut lines = String::new();
+        for r in &rows {
+            lines.push_str(&serde_json::to_string(r)?);
+            lines.push('\n');
+        }
+        std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))?;
+    }
     if args.json {
         for r in &rows {
             serde_json::to_writer(&mut *out, r)?;
@@ -423,5 +435,37 @@ mod tests {
         );
         let e = run_measure(t, p, false).unwrap_err().to_string();
         assert!(e.contains("device 7 does not exist"), "{e}");
+    }
+
+    #[test]
+    fn fusion_prints_the_table_and_saves_every_mix() {
+        let dir = tempfile::tempdir().unwrap();
+        let save = dir.path().join("mixes.jsonl");
+        let cli = Cli {
+            command: Command::Fusion(FusionArgs {
+                backend: Backend::Sim,
+                sizes: vec![1, 3],
+                mixes: 2,
+                config: None,
+                seed: 0,
+                json: false,
+                save: Some(save.clone()),
+            }),
+        };
+        let mut out = Vec::new();
+        run(cli, &mut out).unwrap();
+        let table = String::from_utf8(out).unwrap();
+        assert!(table.contains("fused call over k tables"), "{table}");
+        assert_eq!(table.lines().count(), 4, "{table}");
+        let saved = std::fs::read_to_string(&save).unwrap();
+        let rows: Vec<serde_json::Value> = saved
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let sizes: Vec<u64> = rows.iter().map(|r| r["tables"].as_u64().unwrap()).collect();
+        assert_eq!(sizes, [1, 1, 3, 3]);
+        assert!(rows
+            .iter()
+            .all(|r| r["fused_fwd_ms"].as_f64().unwrap() > 0.0));
     }
 }

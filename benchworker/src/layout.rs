@@ -76,18 +76,50 @@ impl DeviceLayout {
         self.tables.is_empty()
     }
 
-    /// For each column of the `[B, S_d]` output, the column of the
-    /// `[B, T_d · widest]` padded layout it comes from: table `i`'s column `c`
-    /// is `i · widest + c`. One gather with it packs the padded kernel output
-    /// into the exchanged layout; one scatter unpacks the gradient.
-    pub fn packed_columns(&self) -> Vec<i64> {
+    /// The device's tables grouped by dim, groups in the order their first
+    /// table comes: each group is one fused weight `[Σ rows, dim]` and one
+    /// `embedding_bag` call.
+    pub fn dim_groups(&self) -> Vec<DimGroup> {
+        let mut groups: Vec<DimGroup> = Vec::new();
+        for (i, &dim) in self.dims.iter().enumerate() {
+            match groups.iter_mut().find(|g| g.dim == dim) {
+                Some(g) => g.members.push(i),
+                None => groups.push(DimGroup {
+                    dim,
+                    members: vec![i],
+                }),
+            }
+        }
+        groups
+    }
+
+    /// For each column of the `[B, S_d]` output (tables in device order),
+    /// its column in the groups' outputs side by side: group after group of
+    /// [`DeviceLayout::dim_groups`], each `[B, T_g · dim_g]` with its tables
+    /// in order. One gather with it packs the groups' outputs into the
+    /// exchanged layout; the inverse scatter unpacks the gradient.
+    pub fn grouped_columns(&self) -> Vec<i64> {
+        let mut start = vec![0u64; self.dims.len()];
+        let mut next = 0;
+        for g in self.dim_groups() {
+            for &i in &g.members {
+                start[i] = next;
+                next += g.dim;
+            }
+        }
         let mut cols = Vec::with_capacity(self.dim_sum as usize);
         for (i, &dim) in self.dims.iter().enumerate() {
-            let base = (i as u64 * self.widest) as i64;
-            cols.extend((0..dim as i64).map(|c| base + c));
+            cols.extend((start[i]..start[i] + dim).map(|c| c as i64));
         }
         cols
     }
+}
+
+/// A device's tables of one dim (positions among the device's tables).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DimGroup {
+    pub dim: u64,
+    pub members: Vec<usize>,
 }
 
 /// One contiguous transfer of the all-to-all, in elements.
@@ -283,17 +315,35 @@ mod tests {
     }
 
     #[test]
-    fn packed_columns_skip_each_tables_padding() {
-        let t = tables(&[4, 2, 3]);
+    fn tables_of_one_dim_are_grouped_and_their_columns_found() {
+        let t = tables(&[4, 2, 4, 3]);
         let plan = Plan {
             devices: 1,
-            assignment: vec![0, 0, 0],
+            assignment: vec![0, 0, 0, 0],
         };
         let l = PlanLayout::new(&t, &plan, 4, 0);
+        let d = &l.devices[0];
+        let groups = d.dim_groups();
+        let shape: Vec<(u64, Vec<usize>)> =
+            groups.into_iter().map(|g| (g.dim, g.members)).collect();
+        assert_eq!(shape, [(4, vec![0, 2]), (2, vec![1]), (3, vec![3])]);
+        // Side by side: tables 0 and 2 (dim 4), then 1 (dim 2), then 3.
         assert_eq!(
-            l.devices[0].packed_columns(),
-            vec![0, 1, 2, 3, 4, 5, 8, 9, 10]
+            d.grouped_columns(),
+            [0, 1, 2, 3, 8, 9, 4, 5, 6, 7, 10, 11, 12]
         );
+        // One dim: the columns stay where they are.
+        let same = PlanLayout::new(
+            &tables(&[8, 8]),
+            &Plan {
+                devices: 1,
+                assignment: vec![0, 0],
+            },
+            4,
+            0,
+        );
+        let cols = same.devices[0].grouped_columns();
+        assert_eq!(cols, (0..16).collect::<Vec<i64>>());
     }
 
     /// Where task table `t`'s output for global sample `b`, column `c`, lies

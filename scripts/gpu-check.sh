@@ -12,21 +12,25 @@
 # feature). With EMBSHARD_PREBUILT=DIR it runs the learner and benchworker
 # binaries in DIR instead, built elsewhere against the libtorch of this
 # host's python3 torch (docs/gpu.md, "Prebuilt binaries"), with that
-# libtorch and the NCCL of its wheel on the library path.
+# libtorch and the NCCL of its wheel on the library path. DIR is taken from
+# where the script is called; OUT_DIR from the repository's root.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ -n ${EMBSHARD_PREBUILT:-} ]]; then
   BIN=$(cd "$EMBSHARD_PREBUILT" && pwd)
   SITE=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
   # cudarc asks for libnccl.so by that name; the wheel ships libnccl.so.2.
+  NCCL=$SITE/nvidia/nccl/lib/libnccl.so.2
+  [[ -e $NCCL ]] || { echo "gpu-check: no $NCCL (torch's NCCL) on this host" >&2; exit 1; }
   NCCL_LINK=$(mktemp -d)
-  ln -s "$SITE/nvidia/nccl/lib/libnccl.so.2" "$NCCL_LINK/libnccl.so"
+  trap 'rm -rf "$NCCL_LINK"' EXIT
+  ln -s "$NCCL" "$NCCL_LINK/libnccl.so"
   export LD_LIBRARY_PATH=$SITE/torch/lib:$NCCL_LINK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   python3 -c 'import torch; print("torch", torch.__version__)'
 else
   export EMBSHARD_CUDA=1
   . "$ROOT/scripts/setup.sh"
-  BIN=$ROOT/target/release
+  BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
 fi
 cd "$ROOT"
 OUT=${1:-runs/gpu-check}

@@ -3,9 +3,9 @@
 //! `cuda` feature; see docs/gpu.md for running it.
 //!
 //! One iteration of a plan on `D` GPUs, each a [`FusedDevice`] (one fused
-//! `embedding_bag` over its tables for the whole batch, fp16 or fp32 weights
-//! as `memory.precision` says, the `memory.optimizer` update in the
-//! backward):
+//! `embedding_bag` per distinct dim over its tables of that dim for the
+//! whole batch, fp16 or fp32 weights as `memory.precision` says, the
+//! `memory.optimizer` update in the backward):
 //!
 //! | phase      | what runs on device `d`, timed by CUDA events on its stream |
 //! |------------|--------------------------------------------------------------|

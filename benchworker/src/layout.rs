@@ -56,15 +56,12 @@ pub struct DeviceLayout {
     /// Task indices of its tables, in fused order.
     pub tables: Vec<usize>,
     pub dims: Vec<u64>,
-    /// Rows of each table in the fused weight (capped) and where they start.
+    /// Rows of each table (capped): what its fused weight holds of it.
     pub rows: Vec<u64>,
-    pub first_row: Vec<u64>,
     /// First column of each table in the device's `[B, S_d]` output.
     pub first_col: Vec<u64>,
     /// `S_d`: the sum of its tables' dims.
     pub dim_sum: u64,
-    /// The widest of its tables: the fused weight is `[Σ rows, widest]`.
-    pub widest: u64,
 }
 
 impl DeviceLayout {
@@ -158,10 +155,8 @@ impl PlanLayout {
                     .collect();
                 DeviceLayout {
                     tables: group.clone(),
-                    first_row: prefix_sums(&rows),
                     first_col: prefix_sums(&dims),
                     dim_sum: dims.iter().sum(),
-                    widest: dims.iter().copied().max().unwrap_or(0),
                     dims,
                     rows,
                 }
@@ -302,11 +297,10 @@ mod tests {
         let d0 = &l.devices[0];
         assert_eq!(d0.tables, vec![0, 2, 3]);
         assert_eq!(d0.rows, vec![100, 101, 101]); // capped at 101
-        assert_eq!(d0.first_row, vec![0, 100, 201]);
         assert_eq!(d0.first_col, vec![0, 16, 48]);
-        assert_eq!((d0.dim_sum, d0.widest, d0.total_rows()), (56, 32, 302));
+        assert_eq!((d0.dim_sum, d0.total_rows()), (56, 302));
         assert!(l.devices[1].is_empty());
-        assert_eq!((l.devices[1].dim_sum, l.devices[1].widest), (0, 0));
+        assert_eq!(l.devices[1].dim_sum, 0);
         assert_eq!(l.devices[2].tables, vec![1]);
         assert_eq!(l.total_dims(), 120);
         // No cap: the tables' own rows.

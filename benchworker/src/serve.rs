@@ -189,15 +189,15 @@ fn heartbeating<T: Send>(
 }
 
 /// What to tell the user when some of the learner's training tasks have
-/// more devices than this benchworker can measure (`most`): their plans
-/// fail here, and the learner hands them to other benchworkers.
+/// more devices than this benchworker can measure (`most`): the learner
+/// hands their plans to other benchworkers, wide enough ones.
 fn too_wide(tasks: &[Task], most: usize) -> Option<String> {
     let wide: Vec<&Task> = tasks.iter().filter(|t| t.devices > most).collect();
     let widest = wide.iter().max_by_key(|t| t.devices)?;
     Some(format!(
         "{} of the learner's {} training tasks need more devices than the {most} this \
-         benchworker measures on (up to {}, task `{}`): their plans fail here and go to \
-         other benchworkers (with none wide enough, training stops on their failures)",
+         benchworker measures on (up to {}, task `{}`): their plans go to wider \
+         benchworkers (with none, they fail here and training stops on their failures)",
         wide.len(),
         tasks.len(),
         widest.devices,
@@ -219,12 +219,17 @@ fn session(
 ) -> anyhow::Result<End> {
     let heartbeat = Duration::from_secs_f64(welcome.config.cluster.heartbeat_s);
     let timeout = Duration::from_secs_f64(welcome.config.cluster.peer_timeout_s);
-    if let Some(warning) = oracle
-        .max_devices()
-        .and_then(|most| too_wide(&welcome.tasks, most))
-    {
+    let most = oracle.max_devices();
+    if let Some(warning) = most.and_then(|most| too_wide(&welcome.tasks, most)) {
         tracing::warn!("{warning}");
     }
+    // The learner sends plans wider than this to other benchworkers.
+    link.send(
+        0,
+        &Message::Ready {
+            max_devices: most.map(|m| m as u32),
+        },
+    )?;
     let mut pending: VecDeque<(Header, Message)> = pending.into();
     let mut stopping = false;
     loop {

@@ -20,7 +20,7 @@ use crate::{Measurement, Task};
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"EMBS";
 /// Bumped on any incompatible change of the messages below.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 /// The largest frame a peer accepts (weights of the default networks are
 /// about 200 KiB; a welcome carries the training tasks).
 pub const MAX_FRAME_BYTES: usize = 64 << 20;
@@ -145,6 +145,11 @@ pub enum Message {
     /// A group member asks for its group's unique id (answered with
     /// [`Message::NcclId`] as soon as rank 0 has posted one).
     NcclJoin { group: String },
+    /// A benchworker, once it has set up its backend for the stay: the most
+    /// devices a plan may have there (a `cuda` benchworker's GPUs, or its
+    /// group's), `None` for any number. The learner sends wider plans to
+    /// others.
+    Ready { max_devices: Option<u32> },
 }
 
 /// Message kinds as they appear in the frame prefix.
@@ -165,6 +170,7 @@ pub enum Kind {
     Ack = 12,
     NcclId = 13,
     NcclJoin = 14,
+    Ready = 15,
 }
 
 impl Message {
@@ -184,6 +190,7 @@ impl Message {
             Message::Ack { .. } => Kind::Ack,
             Message::NcclId { .. } => Kind::NcclId,
             Message::NcclJoin { .. } => Kind::NcclJoin,
+            Message::Ready { .. } => Kind::Ready,
         }
     }
 }
@@ -370,6 +377,9 @@ mod tests {
             Message::NcclJoin {
                 group: "rack-a".into(),
             },
+            Message::Ready {
+                max_devices: Some(8),
+            },
         ]
     }
 
@@ -377,7 +387,7 @@ mod tests {
     fn every_kind_round_trips() {
         let all = every_kind();
         let kinds: std::collections::BTreeSet<Kind> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 14, "one message of each kind");
+        assert_eq!(kinds.len(), 15, "one message of each kind");
         for m in all {
             let frame = encode(&header(), &m);
             assert_eq!(frame[6], m.kind() as u8);

@@ -61,6 +61,9 @@ struct Peer {
     version_sent: u64,
     /// The multi-host group whose NCCL unique id this group member waits for.
     awaits_group: Option<String>,
+    /// The most devices a plan may have for this benchworker (its
+    /// [`Message::Ready`]); `None`: any, or not said yet.
+    max_devices: Option<usize>,
 }
 
 /// A multi-host benchworker group's unique id, as its rank 0 posted it.
@@ -379,6 +382,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                     credits: 0,
                     version_sent: 0,
                     awaits_group: None,
+                    max_devices: None,
                 },
             );
             let welcome = Message::Welcome {
@@ -523,6 +527,13 @@ impl<'t, 'a> Learner<'t, 'a> {
                     self.hand_group_id(&member, &group);
                 }
             }
+            (Role::Benchworker, Message::Ready { max_devices }) => {
+                let id = peer.id;
+                peer.max_devices = max_devices.map(|m| m as usize);
+                if let Some(m) = max_devices {
+                    tracing::info!("Benchworker {id} measures plans of up to {m} devices");
+                }
+            }
             (Role::GroupMember, Message::NcclJoin { group }) => {
                 if self.groups.contains_key(&group) {
                     self.hand_group_id(&from, &group);
@@ -574,7 +585,12 @@ impl<'t, 'a> Learner<'t, 'a> {
         Ok(())
     }
 
-    /// Hands plans of the current round to idle benchworkers.
+    /// Hands plans of the current round to idle benchworkers, each to one
+    /// that can measure a plan of its width: a plan to measure again first
+    /// (it waits for such a benchworker to be idle), then the round's first
+    /// free picks whose tasks an idle one can take. A plan no benchworker
+    /// here is wide enough for goes to any: it fails there with the reason,
+    /// and failures enough in a row stop the training with it.
     fn dispatch(&mut self) -> bool {
         let t = &self.trainer.config().train;
         let round_end = (self.trainer.counters.iteration + 1) * t.measure_per_iteration;
@@ -584,32 +600,56 @@ impl<'t, 'a> Learner<'t, 'a> {
             if out >= round_end {
                 return sent;
             }
-            let idle: Vec<(&Vec<u8>, u64)> = self
+            let idle: Vec<(Vec<u8>, u64, Option<usize>)> = self
                 .peers
                 .iter()
                 .filter(|(_, p)| p.role == Role::Benchworker && p.job.is_none())
-                .map(|(k, p)| (k, p.id))
+                .map(|(k, p)| (k.clone(), p.id, p.max_devices))
                 .collect();
-            // A plan to measure again goes to a benchworker that has not
-            // failed it, if one is idle.
-            let tried: &[u64] = self.requeue.front().map_or(&[], |r| &r.tried);
-            let Some((idle, worker)) = idle
-                .iter()
-                .find(|(_, id)| !tried.contains(id))
-                .or(idle.first())
-                .map(|(k, id)| ((*k).clone(), *id))
-            else {
+            if idle.is_empty() {
                 return sent;
+            }
+            let widest = self
+                .peers
+                .values()
+                .filter(|p| p.role == Role::Benchworker)
+                .try_fold(0, |w, p| p.max_devices.map(|m| w.max(m)));
+            let takes = |max: Option<usize>, devices: usize| {
+                let fits = |most: Option<usize>| most.is_none_or(|m| devices <= m);
+                fits(max) || !fits(widest)
             };
-            let (pick, tried) = match self.requeue.pop_front() {
-                Some(r) => (r.pick, r.tried),
+            let (pick, tried) = match self.requeue.front() {
+                Some(r) => {
+                    if !idle.iter().any(|w| takes(w.2, r.pick.plan.devices)) {
+                        return sent;
+                    }
+                    let r = self.requeue.pop_front().expect("a requeued plan");
+                    (r.pick, r.tried)
+                }
                 None => {
                     let being_measured: Vec<PickId> =
                         self.jobs.values().map(|j| j.pick.id).collect();
-                    let j = self.trainer.next_pick(&being_measured);
+                    let free = self.trainer.free_picks(&being_measured);
+                    let Some(j) = free.into_iter().find(|&j| {
+                        let devices = self.trainer.pick_devices(j);
+                        idle.iter().any(|w| takes(w.2, devices))
+                    }) else {
+                        return sent;
+                    };
                     (self.trainer.pick_plan(j), Vec::new())
                 }
             };
+            // Among those that can take it, one that has not failed it.
+            let can: Vec<&(Vec<u8>, u64, Option<usize>)> = idle
+                .iter()
+                .filter(|w| takes(w.2, pick.plan.devices))
+                .collect();
+            let (to, worker) = can
+                .iter()
+                .find(|w| !tried.contains(&w.1))
+                .or(can.first())
+                .map(|w| (&w.0, w.1))
+                .expect("an idle benchworker takes it");
             let job = self.next_job;
             self.next_job += 1;
             let message = Message::MeasureJob {
@@ -626,10 +666,10 @@ impl<'t, 'a> Learner<'t, 'a> {
                     tried,
                 },
             );
-            if let Some(p) = self.peers.get_mut(&idle) {
+            if let Some(p) = self.peers.get_mut(to) {
                 p.job = Some(job);
             }
-            self.send(&idle, &message);
+            self.send(to, &message);
             sent = true;
         }
     }
@@ -968,6 +1008,157 @@ mod tests {
             assert_eq!(report.learned_from(), n as u64);
         }
         assert_eq!(RuntimeReport::default().lag_quantile(0.5), 0);
+    }
+
+    /// Plans go to benchworkers that can measure their width: a narrow one
+    /// gets the round's first pick it can take, a wide plan waits for a
+    /// wide benchworker, and one that no benchworker is wide enough for
+    /// goes to any (to fail there with the reason).
+    #[test]
+    fn plans_go_to_benchworkers_wide_enough_for_them() {
+        use common::protocol::{decode, encode, Header};
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, suite) = crate::train::tests::small_data(dir.path());
+        // Tasks of 4 devices and of 2, alternately.
+        let mut tasks = suite.tasks.clone();
+        for t in tasks.iter_mut().skip(1).step_by(2) {
+            t.devices = 2;
+        }
+        let mut trainer = Trainer::new(&cfg, &tasks);
+        let ctx = zmq::Context::new();
+        let endpoint = "inproc://by-width";
+        let hub = Hub::bind(&ctx, endpoint).unwrap();
+        let mut learner = Learner::new(&mut trainer, hub, "right".into()).unwrap();
+        let mut hooks = Hooks::none();
+        let send = |socket: &zmq::Socket, sender, incarnation, seq, m: &Message| {
+            let header = Header {
+                sender,
+                incarnation,
+                seq,
+                policy_version: 0,
+            };
+            socket.send(encode(&header, m), 0).unwrap();
+        };
+        let hello = Message::Hello {
+            role: Role::Benchworker,
+            token: "right".into(),
+        };
+        let (narrow, wide) = (
+            ctx.socket(zmq::DEALER).unwrap(),
+            ctx.socket(zmq::DEALER).unwrap(),
+        );
+        for (socket, incarnation) in [(&narrow, 5), (&wide, 6)] {
+            socket.connect(endpoint).unwrap();
+            send(socket, 0, incarnation, 1, &hello);
+            let incoming = learner.hub.recv(1000).unwrap().expect("a hello");
+            learner.handle(incoming, &mut hooks).unwrap();
+        }
+        let received = |socket: &zmq::Socket| -> Vec<Message> {
+            let mut got = Vec::new();
+            while socket.poll(zmq::POLLIN, 200).unwrap() > 0 {
+                got.push(decode(&socket.recv_bytes(0).unwrap()).unwrap().1);
+            }
+            got
+        };
+        let id_of = |socket: &zmq::Socket| {
+            received(socket)
+                .into_iter()
+                .find_map(|m| match m {
+                    Message::Welcome { peer, .. } => Some(peer),
+                    _ => None,
+                })
+                .expect("a welcome")
+        };
+        let (id_narrow, id_wide) = (id_of(&narrow), id_of(&wide));
+        let mut seq = 2;
+        let mut say_width = |learner: &mut Learner, narrow_max: u32, wide_max: u32| {
+            for (socket, id, incarnation, max) in [
+                (&narrow, id_narrow, 5, narrow_max),
+                (&wide, id_wide, 6, wide_max),
+            ] {
+                let ready = Message::Ready {
+                    max_devices: Some(max),
+                };
+                send(socket, id, incarnation, seq, &ready);
+                let incoming = learner.hub.recv(1000).unwrap().expect("a ready");
+                learner.handle(incoming, &mut hooks).unwrap();
+            }
+            seq += 1;
+        };
+        say_width(&mut learner, 2, 4);
+        let width = |task: u32| tasks[task as usize].devices;
+        let jobs = |socket: &zmq::Socket| -> Vec<u32> {
+            received(socket)
+                .into_iter()
+                .filter_map(|m| match m {
+                    Message::MeasureJob { task, .. } => Some(task),
+                    _ => None,
+                })
+                .collect()
+        };
+        let set_job = |learner: &mut Learner, id: u64, job: Option<u64>| {
+            learner.peers.values_mut().find(|p| p.id == id).unwrap().job = job;
+        };
+        let reset = |learner: &mut Learner| {
+            learner.jobs.clear();
+            for p in learner.peers.values_mut() {
+                p.job = None;
+            }
+        };
+
+        // The wide one busy: the narrow one gets the first pick of a
+        // 2-device task.
+        set_job(&mut learner, id_wide, Some(u64::MAX));
+        assert!(learner.dispatch());
+        let sent = jobs(&narrow);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(width(sent[0]), 2);
+        let first_narrow = (0..)
+            .find(|&j| learner.trainer.pick_devices(j) == 2)
+            .unwrap();
+        let job = learner.jobs.values().next().unwrap();
+        assert_eq!((job.worker, job.pick.id.place), (id_narrow, first_narrow));
+
+        // A 4-device plan to measure again waits for the wide one ...
+        reset(&mut learner);
+        set_job(&mut learner, id_wide, Some(u64::MAX));
+        let wide_place = (0..)
+            .find(|&j| learner.trainer.pick_devices(j) == 4)
+            .unwrap();
+        let pick = learner.trainer.pick_plan(wide_place);
+        learner.requeue.push_back(Requeued {
+            pick,
+            tried: Vec::new(),
+        });
+        assert!(
+            !learner.dispatch(),
+            "nothing to send before the wide one is idle"
+        );
+        assert!(jobs(&narrow).is_empty());
+        assert_eq!(learner.requeue.len(), 1);
+        // ... and goes to it first once it is idle; the narrow one gets
+        // only 2-device plans.
+        set_job(&mut learner, id_wide, None);
+        assert!(learner.dispatch());
+        assert!(learner.requeue.is_empty());
+        assert_eq!(width(jobs(&wide)[0]), 4);
+        let to_narrow = jobs(&narrow);
+        assert!(!to_narrow.is_empty());
+        assert!(to_narrow.iter().all(|&t| width(t) == 2), "{to_narrow:?}");
+
+        // No benchworker can take 4 devices any more: such a plan goes to
+        // either, where it fails with the reason.
+        reset(&mut learner);
+        say_width(&mut learner, 2, 2);
+        let pick = learner.trainer.pick_plan(wide_place);
+        learner.requeue.push_back(Requeued {
+            pick,
+            tried: Vec::new(),
+        });
+        assert!(learner.dispatch());
+        assert!(learner.requeue.is_empty());
+        let first = [jobs(&narrow), jobs(&wide)].concat();
+        assert!(first.iter().any(|&t| width(t) == 4), "{first:?}");
     }
 
     /// Raw peers of a learner driven by hand: an unroll beyond the credits

@@ -860,7 +860,7 @@ impl<'a> Trainer<'a> {
         };
         let greedy = self.greedy_pick(j);
         let seed = self.pick_seed(j);
-        let k = ChaCha8Rng::seed_from_u64(seed).gen_range(0..self.tasks.len());
+        let k = self.pick_task(j);
         let task = &self.tasks[k];
         let (plan, infeasible, predicted_ms) = if greedy && self.cfg.train.measure_planned {
             let (plan, infeasible) = self.model.plan(task, &self.cfg.memory);
@@ -910,6 +910,22 @@ impl<'a> Trainer<'a> {
     /// `train.measure_per_iteration` places (to fresh picks, not the same
     /// ones again).
     pub fn next_pick(&self, out: &[PickId]) -> usize {
+        self.free_picks(out)[0]
+    }
+
+    /// The training task pick `j` of this round measures a plan of.
+    pub fn pick_task(&self, j: usize) -> usize {
+        ChaCha8Rng::seed_from_u64(self.pick_seed(j)).gen_range(0..self.tasks.len())
+    }
+
+    /// The devices of pick `j`'s plan: its task's.
+    pub fn pick_devices(&self, j: usize) -> usize {
+        self.tasks[self.pick_task(j)].devices
+    }
+
+    /// This round's places neither measured nor in `out`, ascending: every
+    /// free place of the round's `measure_per_iteration`, and at least one.
+    pub fn free_picks(&self, out: &[PickId]) -> Vec<usize> {
         let m = self.cfg.train.measure_per_iteration.max(1);
         let round = self.counters.iteration;
         // A sample logged before picks were numbered: its place in the log.
@@ -925,9 +941,9 @@ impl<'a> Trainer<'a> {
             .map(|id| id.place)
             .collect();
         // Among the first `taken.len() + 1` places one is free.
-        (0..=taken.len())
-            .find(|j| !taken.contains(j))
-            .unwrap_or(taken.len())
+        (0..m.max(taken.len() + 1))
+            .filter(|j| !taken.contains(j))
+            .collect()
     }
 
     /// The first of the cheap heuristics' plans for `task` that fits.

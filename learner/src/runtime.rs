@@ -188,6 +188,9 @@ pub struct Learner<'t, 'a> {
     requeue: VecDeque<Requeued>,
     next_job: u64,
     job_failures: usize,
+    /// Since when a plan has waited for a benchworker wider than any
+    /// connected one.
+    wide_since: Option<Instant>,
     /// Unrolls waiting for an update.
     queue: VecDeque<Queued>,
     /// The version published when the current round's cost steps were done:
@@ -248,6 +251,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             requeue: VecDeque::new(),
             next_job: 1,
             job_failures: 0,
+            wide_since: None,
             queue: VecDeque::new(),
             round_version: None,
             weights_cache: None,
@@ -588,17 +592,43 @@ impl<'t, 'a> Learner<'t, 'a> {
     /// Hands plans of the current round to idle benchworkers, each to one
     /// that can measure a plan of its width: a plan to measure again first
     /// (it waits for such a benchworker to be idle), then the round's first
-    /// free picks whose tasks an idle one can take. A plan no benchworker
-    /// here is wide enough for goes to any: it fails there with the reason,
-    /// and failures enough in a row stop the training with it.
+    /// free picks whose tasks an idle one can take. A plan wider than every
+    /// benchworker connected waits `cluster.peer_timeout_s` for a wide one
+    /// to join, then goes to any: it fails there with the reason, and
+    /// failures enough in a row stop the training with it.
     fn dispatch(&mut self) -> bool {
+        let c = &self.trainer.config().cluster;
+        let patience = Duration::from_secs_f64(c.peer_timeout_s);
+        let waited = self.wide_since.is_some_and(|t| t.elapsed() >= patience);
+        let (sent, too_wide) = self.dispatch_some(waited);
+        match (too_wide, self.wide_since) {
+            (None, _) => self.wide_since = None,
+            (Some((devices, widest)), None) => {
+                tracing::warn!(
+                    "a plan of {devices} devices waits for a benchworker that wide (those \
+                     connected measure up to {widest}); in {:.0} s it goes to a narrower one \
+                     and fails there",
+                    patience.as_secs_f64()
+                );
+                self.wide_since = Some(Instant::now());
+            }
+            (Some(_), Some(_)) => {}
+        }
+        sent
+    }
+
+    /// [`Learner::dispatch`]'s work: whether it sent a job, and the devices
+    /// of a plan left waiting for a benchworker wider than any connected
+    /// (with the widest connected), if one is. `waited`: such plans have
+    /// waited long enough and go to any benchworker.
+    fn dispatch_some(&mut self, waited: bool) -> (bool, Option<(usize, usize)>) {
         let t = &self.trainer.config().train;
         let round_end = (self.trainer.counters.iteration + 1) * t.measure_per_iteration;
         let mut sent = false;
         loop {
             let out = self.trainer.buffer.len() + self.jobs.len();
             if out >= round_end {
-                return sent;
+                return (sent, None);
             }
             let idle: Vec<(Vec<u8>, u64, Option<usize>)> = self
                 .peers
@@ -607,21 +637,25 @@ impl<'t, 'a> Learner<'t, 'a> {
                 .map(|(k, p)| (k.clone(), p.id, p.max_devices))
                 .collect();
             if idle.is_empty() {
-                return sent;
+                return (sent, None);
             }
             let widest = self
                 .peers
                 .values()
                 .filter(|p| p.role == Role::Benchworker)
                 .try_fold(0, |w, p| p.max_devices.map(|m| w.max(m)));
+            let fits = |most: Option<usize>, devices: usize| most.is_none_or(|m| devices <= m);
             let takes = |max: Option<usize>, devices: usize| {
-                let fits = |most: Option<usize>| most.is_none_or(|m| devices <= m);
-                fits(max) || !fits(widest)
+                fits(max, devices) || (waited && !fits(widest, devices))
+            };
+            let too_wide = |devices: usize| {
+                (!fits(widest, devices)).then(|| (devices, widest.unwrap_or_default()))
             };
             let (pick, tried) = match self.requeue.front() {
                 Some(r) => {
-                    if !idle.iter().any(|w| takes(w.2, r.pick.plan.devices)) {
-                        return sent;
+                    let devices = r.pick.plan.devices;
+                    if !idle.iter().any(|w| takes(w.2, devices)) {
+                        return (sent, too_wide(devices));
                     }
                     let r = self.requeue.pop_front().expect("a requeued plan");
                     (r.pick, r.tried)
@@ -629,12 +663,18 @@ impl<'t, 'a> Learner<'t, 'a> {
                 None => {
                     let being_measured: Vec<PickId> =
                         self.jobs.values().map(|j| j.pick.id).collect();
+                    let mut waiting = None;
                     let free = self.trainer.free_picks(&being_measured);
-                    let Some(j) = free.into_iter().find(|&j| {
+                    let first = free.into_iter().find(|&j| {
                         let devices = self.trainer.pick_devices(j);
-                        idle.iter().any(|w| takes(w.2, devices))
-                    }) else {
-                        return sent;
+                        let taken = idle.iter().any(|w| takes(w.2, devices));
+                        if !taken && waiting.is_none() {
+                            waiting = too_wide(devices);
+                        }
+                        taken
+                    });
+                    let Some(j) = first else {
+                        return (sent, waiting);
                     };
                     (self.trainer.pick_plan(j), Vec::new())
                 }
@@ -1146,8 +1186,9 @@ mod tests {
         assert!(!to_narrow.is_empty());
         assert!(to_narrow.iter().all(|&t| width(t) == 2), "{to_narrow:?}");
 
-        // No benchworker can take 4 devices any more: such a plan goes to
-        // either, where it fails with the reason.
+        // No benchworker can take 4 devices any more: such a plan waits
+        // for one to join, then goes to either, where it fails with the
+        // reason.
         reset(&mut learner);
         say_width(&mut learner, 2, 2);
         let pick = learner.trainer.pick_plan(wide_place);
@@ -1155,6 +1196,10 @@ mod tests {
             pick,
             tried: Vec::new(),
         });
+        assert!(!learner.dispatch());
+        assert!(learner.wide_since.is_some(), "waiting for a wide one");
+        assert!([jobs(&narrow), jobs(&wide)].concat().is_empty());
+        learner.wide_since = Some(Instant::now() - Duration::from_secs(3600));
         assert!(learner.dispatch());
         assert!(learner.requeue.is_empty());
         let first = [jobs(&narrow), jobs(&wide)].concat();

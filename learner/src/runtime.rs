@@ -61,9 +61,22 @@ struct Peer {
     version_sent: u64,
     /// The multi-host group whose NCCL unique id this group member waits for.
     awaits_group: Option<String>,
-    /// The most devices a plan may have for this benchworker (its
-    /// [`Message::Ready`]); `None`: any, or not said yet.
+    /// A benchworker that said [`Message::Ready`]: only those get jobs.
+    ready: bool,
+    /// The most devices a plan may have for this benchworker (said with
+    /// its [`Message::Ready`]); `None`: any.
     max_devices: Option<usize>,
+}
+
+/// What [`Learner::dispatch`] left waiting for a benchworker's width.
+enum Waiting {
+    /// Nothing.
+    No,
+    /// No benchworker was idle to tell.
+    Unknown,
+    /// A plan of this many devices, wider than every benchworker (the
+    /// widest of them measures up to the second).
+    TooWide(usize, usize),
 }
 
 /// A multi-host benchworker group's unique id, as its rank 0 posted it.
@@ -386,6 +399,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                     credits: 0,
                     version_sent: 0,
                     awaits_group: None,
+                    ready: false,
                     max_devices: None,
                 },
             );
@@ -533,6 +547,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             }
             (Role::Benchworker, Message::Ready { max_devices }) => {
                 let id = peer.id;
+                peer.ready = true;
                 peer.max_devices = max_devices.map(|m| m as usize);
                 if let Some(m) = max_devices {
                     tracing::info!("Benchworker {id} measures plans of up to {m} devices");
@@ -600,10 +615,10 @@ impl<'t, 'a> Learner<'t, 'a> {
         let c = &self.trainer.config().cluster;
         let patience = Duration::from_secs_f64(c.peer_timeout_s);
         let waited = self.wide_since.is_some_and(|t| t.elapsed() >= patience);
-        let (sent, too_wide) = self.dispatch_some(waited);
-        match (too_wide, self.wide_since) {
-            (None, _) => self.wide_since = None,
-            (Some((devices, widest)), None) => {
+        let (sent, waiting) = self.dispatch_some(waited);
+        match (waiting, self.wide_since) {
+            (Waiting::No, _) => self.wide_since = None,
+            (Waiting::TooWide(devices, widest), None) => {
                 tracing::warn!(
                     "a plan of {devices} devices waits for a benchworker that wide (those \
                      connected measure up to {widest}); in {:.0} s it goes to a narrower one \
@@ -612,44 +627,44 @@ impl<'t, 'a> Learner<'t, 'a> {
                 );
                 self.wide_since = Some(Instant::now());
             }
-            (Some(_), Some(_)) => {}
+            (Waiting::TooWide(..), Some(_)) | (Waiting::Unknown, _) => {}
         }
         sent
     }
 
-    /// [`Learner::dispatch`]'s work: whether it sent a job, and the devices
-    /// of a plan left waiting for a benchworker wider than any connected
-    /// (with the widest connected), if one is. `waited`: such plans have
-    /// waited long enough and go to any benchworker.
-    fn dispatch_some(&mut self, waited: bool) -> (bool, Option<(usize, usize)>) {
+    /// [`Learner::dispatch`]'s work: whether it sent a job, and what waits
+    /// for a benchworker's width. `waited`: plans wider than every
+    /// benchworker have waited long enough and go to any.
+    fn dispatch_some(&mut self, waited: bool) -> (bool, Waiting) {
         let t = &self.trainer.config().train;
         let round_end = (self.trainer.counters.iteration + 1) * t.measure_per_iteration;
         let mut sent = false;
         loop {
             let out = self.trainer.buffer.len() + self.jobs.len();
             if out >= round_end {
-                return (sent, None);
+                return (sent, Waiting::No);
             }
             let idle: Vec<(Vec<u8>, u64, Option<usize>)> = self
                 .peers
                 .iter()
-                .filter(|(_, p)| p.role == Role::Benchworker && p.job.is_none())
+                .filter(|(_, p)| p.role == Role::Benchworker && p.ready && p.job.is_none())
                 .map(|(k, p)| (k.clone(), p.id, p.max_devices))
                 .collect();
             if idle.is_empty() {
-                return (sent, None);
+                return (sent, Waiting::Unknown);
             }
             let widest = self
                 .peers
                 .values()
-                .filter(|p| p.role == Role::Benchworker)
+                .filter(|p| p.role == Role::Benchworker && p.ready)
                 .try_fold(0, |w, p| p.max_devices.map(|m| w.max(m)));
             let fits = |most: Option<usize>, devices: usize| most.is_none_or(|m| devices <= m);
             let takes = |max: Option<usize>, devices: usize| {
                 fits(max, devices) || (waited && !fits(widest, devices))
             };
-            let too_wide = |devices: usize| {
-                (!fits(widest, devices)).then(|| (devices, widest.unwrap_or_default()))
+            let too_wide = |devices: usize| match widest {
+                Some(w) if devices > w => Waiting::TooWide(devices, w),
+                _ => Waiting::No,
             };
             let (pick, tried) = match self.requeue.front() {
                 Some(r) => {
@@ -663,12 +678,12 @@ impl<'t, 'a> Learner<'t, 'a> {
                 None => {
                     let being_measured: Vec<PickId> =
                         self.jobs.values().map(|j| j.pick.id).collect();
-                    let mut waiting = None;
+                    let mut waiting = Waiting::No;
                     let free = self.trainer.free_picks(&being_measured);
                     let first = free.into_iter().find(|&j| {
                         let devices = self.trainer.pick_devices(j);
                         let taken = idle.iter().any(|w| takes(w.2, devices));
-                        if !taken && waiting.is_none() {
+                        if !taken && matches!(waiting, Waiting::No) {
                             waiting = too_wide(devices);
                         }
                         taken
@@ -1265,6 +1280,20 @@ mod tests {
                 .expect("a welcome")
         };
         let (id_a, id_b, id_actor) = (id_of(&a), id_of(&b), id_of(&actor));
+        // Only benchworkers that said they are ready get jobs.
+        assert!(!learner.dispatch());
+        for (socket, id) in [(&a, id_a), (&b, id_b)] {
+            let header = Header {
+                sender: id,
+                incarnation: 5,
+                seq: 2,
+                policy_version: 0,
+            };
+            let ready = Message::Ready { max_devices: None };
+            socket.send(encode(&header, &ready), 0).unwrap();
+            let incoming = learner.hub.recv(1000).unwrap().expect("a ready");
+            learner.handle(incoming, &mut hooks).unwrap();
+        }
 
         let unroll = |seq: u64| {
             let header = Header {
@@ -1598,6 +1627,13 @@ mod tests {
                     unique_id: id.to_vec(),
                 };
                 link.send(0, &post).unwrap();
+                link.send(
+                    0,
+                    &Message::Ready {
+                        max_devices: Some(3),
+                    },
+                )
+                .unwrap();
                 posted.send(()).unwrap();
                 let mut oracle =
                     benchworker::build(benchworker::Backend::Sim, &welcome.config).unwrap();

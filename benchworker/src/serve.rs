@@ -207,8 +207,9 @@ fn too_wide(tasks: &[Task], most: usize) -> Option<String> {
 
 /// One stay with a learner: measure its jobs one at a time, in a thread
 /// of their own so that heartbeats go on during a long measurement.
+/// The learner hands it jobs once it says it is ready, at the start.
 /// `pending`: jobs that arrived before the session began (while a group
-/// formed), measured first.
+/// re-formed), measured first.
 fn session(
     link: &mut Link,
     welcome: &Welcome,
@@ -223,16 +224,18 @@ fn session(
     if let Some(warning) = most.and_then(|most| too_wide(&welcome.tasks, most)) {
         tracing::warn!("{warning}");
     }
-    // The learner sends plans wider than this to other benchworkers.
-    link.send(
-        0,
-        &Message::Ready {
-            max_devices: most.map(|m| m as u32),
-        },
-    )?;
+    // Jobs come from now on; plans wider than this go to others.
+    let ready = Message::Ready {
+        max_devices: most.map(|m| m as u32),
+    };
+    let mut said_ready = false;
     let mut pending: VecDeque<(Header, Message)> = pending.into();
     let mut stopping = false;
     loop {
+        if !said_ready {
+            // Not sent while the learner is unreachable: again next turn.
+            said_ready = link.send(0, &ready)?;
+        }
         if let Some(end) = link.tend(stop, heartbeat, timeout)? {
             return Ok(end);
         }

@@ -61,6 +61,8 @@ struct Peer {
     version_sent: u64,
     /// The multi-host group whose NCCL unique id this group member waits for.
     awaits_group: Option<String>,
+    /// When its hello came.
+    joined: Instant,
     /// A benchworker that said [`Message::Ready`]: only those get jobs.
     ready: bool,
     /// The most devices a plan may have for this benchworker (said with
@@ -70,10 +72,9 @@ struct Peer {
 
 /// What [`Learner::dispatch`] left waiting for a benchworker's width.
 enum Waiting {
-    /// Nothing.
+    /// Nothing, or nothing it could tell (no benchworker idle, or one
+    /// still setting up that may be wide enough).
     No,
-    /// No benchworker was idle to tell.
-    Unknown,
     /// A plan of this many devices, wider than every benchworker (the
     /// widest of them measures up to the second).
     TooWide(usize, usize),
@@ -201,8 +202,10 @@ pub struct Learner<'t, 'a> {
     requeue: VecDeque<Requeued>,
     next_job: u64,
     job_failures: usize,
-    /// Since when a plan has waited for a benchworker wider than any
-    /// connected one.
+    /// Since when plans have waited for a benchworker wider than any
+    /// connected one; cleared when a benchworker says how wide it is (the
+    /// widest may have changed). Once `cluster.peer_timeout_s` old, such
+    /// plans go to any benchworker, to fail there with the reason.
     wide_since: Option<Instant>,
     /// Unrolls waiting for an update.
     queue: VecDeque<Queued>,
@@ -399,6 +402,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                     credits: 0,
                     version_sent: 0,
                     awaits_group: None,
+                    joined: Instant::now(),
                     ready: false,
                     max_devices: None,
                 },
@@ -547,10 +551,14 @@ impl<'t, 'a> Learner<'t, 'a> {
             }
             (Role::Benchworker, Message::Ready { max_devices }) => {
                 let id = peer.id;
-                peer.ready = true;
-                peer.max_devices = max_devices.map(|m| m as usize);
-                if let Some(m) = max_devices {
-                    tracing::info!("Benchworker {id} measures plans of up to {m} devices");
+                let max_devices = max_devices.map(|m| m as usize);
+                if !peer.ready || peer.max_devices != max_devices {
+                    peer.ready = true;
+                    peer.max_devices = max_devices;
+                    self.wide_since = None;
+                    if let Some(m) = max_devices {
+                        tracing::info!("Benchworker {id} measures plans of up to {m} devices");
+                    }
                 }
             }
             (Role::GroupMember, Message::NcclJoin { group }) => {
@@ -605,29 +613,27 @@ impl<'t, 'a> Learner<'t, 'a> {
     }
 
     /// Hands plans of the current round to idle benchworkers, each to one
-    /// that can measure a plan of its width: a plan to measure again first
+    /// that can measure a plan of its width (the narrowest such, so that
+    /// wide ones stay free for wide plans): a plan to measure again first
     /// (it waits for such a benchworker to be idle), then the round's first
     /// free picks whose tasks an idle one can take. A plan wider than every
-    /// benchworker connected waits `cluster.peer_timeout_s` for a wide one
-    /// to join, then goes to any: it fails there with the reason, and
-    /// failures enough in a row stop the training with it.
+    /// benchworker connected, none of them still setting up, waits
+    /// `cluster.peer_timeout_s` for a wide one to join, then goes to any:
+    /// it fails there with the reason, and failures enough in a row stop
+    /// the training with it.
     fn dispatch(&mut self) -> bool {
         let c = &self.trainer.config().cluster;
         let patience = Duration::from_secs_f64(c.peer_timeout_s);
         let waited = self.wide_since.is_some_and(|t| t.elapsed() >= patience);
         let (sent, waiting) = self.dispatch_some(waited);
-        match (waiting, self.wide_since) {
-            (Waiting::No, _) => self.wide_since = None,
-            (Waiting::TooWide(devices, widest), None) => {
-                tracing::warn!(
-                    "a plan of {devices} devices waits for a benchworker that wide (those \
-                     connected measure up to {widest}); in {:.0} s it goes to a narrower one \
-                     and fails there",
-                    patience.as_secs_f64()
-                );
-                self.wide_since = Some(Instant::now());
-            }
-            (Waiting::TooWide(..), Some(_)) | (Waiting::Unknown, _) => {}
+        if let (Waiting::TooWide(devices, widest), None) = (waiting, self.wide_since) {
+            tracing::warn!(
+                "a plan of {devices} devices waits for a benchworker that wide (those \
+                 connected measure up to {widest}); in {:.0} s it goes to a narrower one \
+                 and fails there",
+                patience.as_secs_f64()
+            );
+            self.wide_since = Some(Instant::now());
         }
         sent
     }
@@ -651,7 +657,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 .map(|(k, p)| (k.clone(), p.id, p.max_devices))
                 .collect();
             if idle.is_empty() {
-                return (sent, Waiting::Unknown);
+                return (sent, Waiting::No);
             }
             let widest = self
                 .peers
@@ -662,7 +668,13 @@ impl<'t, 'a> Learner<'t, 'a> {
             let takes = |max: Option<usize>, devices: usize| {
                 fits(max, devices) || (waited && !fits(widest, devices))
             };
+            // A benchworker still setting up may be the wide one.
+            let setting_up = self
+                .peers
+                .values()
+                .any(|p| p.role == Role::Benchworker && !p.ready);
             let too_wide = |devices: usize| match widest {
+                Some(w) if devices > w && setting_up => Waiting::No,
                 Some(w) if devices > w => Waiting::TooWide(devices, w),
                 _ => Waiting::No,
             };
@@ -694,15 +706,12 @@ impl<'t, 'a> Learner<'t, 'a> {
                     (self.trainer.pick_plan(j), Vec::new())
                 }
             };
-            // Among those that can take it, one that has not failed it.
-            let can: Vec<&(Vec<u8>, u64, Option<usize>)> = idle
+            // Among those that can take it, one that has not failed it, the
+            // narrowest.
+            let (to, worker) = idle
                 .iter()
                 .filter(|w| takes(w.2, pick.plan.devices))
-                .collect();
-            let (to, worker) = can
-                .iter()
-                .find(|w| !tried.contains(&w.1))
-                .or(can.first())
+                .min_by_key(|w| (tried.contains(&w.1), w.2.unwrap_or(usize::MAX)))
                 .map(|w| (&w.0, w.1))
                 .expect("an idle benchworker takes it");
             let job = self.next_job;
@@ -859,8 +868,14 @@ impl<'t, 'a> Learner<'t, 'a> {
                 last_progress = Instant::now();
             } else if last_progress.elapsed() > STALL_TIMEOUT && !self.measuring() {
                 let count = |r: Role| self.peers.values().filter(|p| p.role == r).count();
+                let ready = self
+                    .peers
+                    .values()
+                    .filter(|p| p.role == Role::Benchworker && p.ready)
+                    .count();
                 anyhow::bail!(
-                    "no progress for {:?}: {} actors and {} benchworkers connected, {} jobs out",
+                    "no progress for {:?}: {} actors and {} benchworkers connected ({ready} \
+                     ready), {} jobs out",
                     STALL_TIMEOUT,
                     count(Role::Actor),
                     count(Role::Benchworker),
@@ -872,11 +887,16 @@ impl<'t, 'a> Learner<'t, 'a> {
         Ok(())
     }
 
-    /// Whether a benchworker is measuring a job that is not late yet (a
-    /// slow oracle is not a stall).
+    /// Whether a benchworker is measuring a job that is not late yet, or
+    /// setting up its backend since its hello for no longer than a job may
+    /// take (a slow oracle, or a multi-host group forming, is not a stall).
     fn measuring(&self) -> bool {
         let timeout = Duration::from_secs_f64(self.trainer.config().cluster.job_timeout_s);
         self.jobs.values().any(|j| j.sent.elapsed() <= timeout)
+            || self
+                .peers
+                .values()
+                .any(|p| p.role == Role::Benchworker && !p.ready && p.joined.elapsed() <= timeout)
     }
 
     fn progress_mark(&self) -> (usize, usize, usize, u64) {
@@ -1125,6 +1145,17 @@ mod tests {
                 .expect("a welcome")
         };
         let (id_narrow, id_wide) = (id_of(&narrow), id_of(&wide));
+        // Benchworkers setting up are no stall, unless it takes them longer
+        // than a job may.
+        assert!(learner.measuring());
+        let long_ago = Instant::now() - Duration::from_secs_f64(cfg.cluster.job_timeout_s + 1.0);
+        for p in learner.peers.values_mut() {
+            p.joined = long_ago;
+        }
+        assert!(!learner.measuring());
+        for p in learner.peers.values_mut() {
+            p.joined = Instant::now();
+        }
         let mut seq = 2;
         let mut say_width = |learner: &mut Learner, narrow_max: u32, wide_max: u32| {
             for (socket, id, incarnation, max) in [
@@ -1141,6 +1172,7 @@ mod tests {
             seq += 1;
         };
         say_width(&mut learner, 2, 4);
+        assert!(!learner.measuring(), "both ready, no job out");
         let width = |task: u32| tasks[task as usize].devices;
         let jobs = |socket: &zmq::Socket| -> Vec<u32> {
             received(socket)
@@ -1219,6 +1251,34 @@ mod tests {
         assert!(learner.requeue.is_empty());
         let first = [jobs(&narrow), jobs(&wide)].concat();
         assert!(first.iter().any(|&t| width(t) == 4), "{first:?}");
+        // The wait is over for the next one too (it failed, say) ...
+        reset(&mut learner);
+        let pick = learner.trainer.pick_plan(wide_place);
+        learner.requeue.push_back(Requeued {
+            pick,
+            tried: Vec::new(),
+        });
+        assert!(learner.dispatch());
+        assert!(learner.requeue.is_empty() && learner.wide_since.is_some());
+        // ... until a benchworker says a new width: the widest may be wider.
+        say_width(&mut learner, 2, 3);
+        assert!(learner.wide_since.is_none());
+
+        // While a benchworker sets up, it may be the wide one: the wait
+        // does not begin.
+        reset(&mut learner);
+        let late = ctx.socket(zmq::DEALER).unwrap();
+        late.connect(endpoint).unwrap();
+        send(&late, 0, 7, 1, &hello);
+        let incoming = learner.hub.recv(1000).unwrap().expect("a hello");
+        learner.handle(incoming, &mut hooks).unwrap();
+        let pick = learner.trainer.pick_plan(wide_place);
+        learner.requeue.push_back(Requeued {
+            pick,
+            tried: Vec::new(),
+        });
+        assert!(!learner.dispatch());
+        assert!(learner.wide_since.is_none());
     }
 
     /// Raw peers of a learner driven by hand: an unroll beyond the credits

@@ -1064,6 +1064,43 @@ mod tests {
     use common::link::Link;
     use common::protocol::UnrollData;
 
+    /// Whatever the learner sent `socket` until it fell silent for 200 ms.
+    fn received(socket: &zmq::Socket) -> Vec<Message> {
+        let mut got = Vec::new();
+        while socket.poll(zmq::POLLIN, 200).unwrap() > 0 {
+            got.push(
+                common::protocol::decode(&socket.recv_bytes(0).unwrap())
+                    .unwrap()
+                    .1,
+            );
+        }
+        got
+    }
+
+    /// The peer id the learner's welcome to `socket` gave.
+    fn id_of(socket: &zmq::Socket) -> u64 {
+        received(socket)
+            .into_iter()
+            .find_map(|m| match m {
+                Message::Welcome { peer, .. } => Some(peer),
+                _ => None,
+            })
+            .expect("a welcome")
+    }
+
+    /// Sends `m` on `socket` in an envelope with these fields.
+    fn send_as(socket: &zmq::Socket, sender: u64, incarnation: u64, seq: u64, m: &Message) {
+        let header = common::protocol::Header {
+            sender,
+            incarnation,
+            seq,
+            policy_version: 0,
+        };
+        socket
+            .send(common::protocol::encode(&header, m), 0)
+            .unwrap();
+    }
+
     #[test]
     fn lag_quantiles_from_counts_are_those_of_the_sorted_lags() {
         use rand::{Rng, SeedableRng};
@@ -1091,7 +1128,6 @@ mod tests {
     /// goes to any (to fail there with the reason).
     #[test]
     fn plans_go_to_benchworkers_wide_enough_for_them() {
-        use common::protocol::{decode, encode, Header};
         let dir = tempfile::tempdir().unwrap();
         let (cfg, suite) = crate::train::tests::small_data(dir.path());
         // Tasks of 4 devices and of 2, alternately.
@@ -1105,15 +1141,7 @@ mod tests {
         let hub = Hub::bind(&ctx, endpoint).unwrap();
         let mut learner = Learner::new(&mut trainer, hub, "right".into()).unwrap();
         let mut hooks = Hooks::none();
-        let send = |socket: &zmq::Socket, sender, incarnation, seq, m: &Message| {
-            let header = Header {
-                sender,
-                incarnation,
-                seq,
-                policy_version: 0,
-            };
-            socket.send(encode(&header, m), 0).unwrap();
-        };
+        let send = send_as;
         let hello = Message::Hello {
             role: Role::Benchworker,
             token: "right".into(),
@@ -1128,22 +1156,6 @@ mod tests {
             let incoming = learner.hub.recv(1000).unwrap().expect("a hello");
             learner.handle(incoming, &mut hooks).unwrap();
         }
-        let received = |socket: &zmq::Socket| -> Vec<Message> {
-            let mut got = Vec::new();
-            while socket.poll(zmq::POLLIN, 200).unwrap() > 0 {
-                got.push(decode(&socket.recv_bytes(0).unwrap()).unwrap().1);
-            }
-            got
-        };
-        let id_of = |socket: &zmq::Socket| {
-            received(socket)
-                .into_iter()
-                .find_map(|m| match m {
-                    Message::Welcome { peer, .. } => Some(peer),
-                    _ => None,
-                })
-                .expect("a welcome")
-        };
         let (id_narrow, id_wide) = (id_of(&narrow), id_of(&wide));
         // Benchworkers setting up are no stall, unless it takes them longer
         // than a job may.
@@ -1286,7 +1298,7 @@ mod tests {
     /// has not failed it.
     #[test]
     fn uncredited_unrolls_are_dropped_and_requeued_plans_avoid_who_failed_them() {
-        use common::protocol::{decode, encode, Header};
+        use common::protocol::{encode, Header};
         let dir = tempfile::tempdir().unwrap();
         let (cfg, suite) = crate::train::tests::small_data(dir.path());
         let mut trainer = Trainer::new(&cfg, &suite.tasks);
@@ -1311,14 +1323,6 @@ mod tests {
             socket.send(encode(&header, &hello), 0).unwrap();
             socket
         };
-        // Whatever the learner sent `socket`, by kind.
-        let received = |socket: &zmq::Socket| -> Vec<Message> {
-            let mut got = Vec::new();
-            while socket.poll(zmq::POLLIN, 200).unwrap() > 0 {
-                got.push(decode(&socket.recv_bytes(0).unwrap()).unwrap().1);
-            }
-            got
-        };
         let (a, b, actor) = (
             peer(Role::Benchworker),
             peer(Role::Benchworker),
@@ -1330,27 +1334,12 @@ mod tests {
             learner.handle(incoming, &mut hooks).unwrap();
             welcomed += 1;
         }
-        let id_of = |socket: &zmq::Socket| {
-            received(socket)
-                .into_iter()
-                .find_map(|m| match m {
-                    Message::Welcome { peer, .. } => Some(peer),
-                    _ => None,
-                })
-                .expect("a welcome")
-        };
         let (id_a, id_b, id_actor) = (id_of(&a), id_of(&b), id_of(&actor));
         // Only benchworkers that said they are ready get jobs.
         assert!(!learner.dispatch());
         for (socket, id) in [(&a, id_a), (&b, id_b)] {
-            let header = Header {
-                sender: id,
-                incarnation: 5,
-                seq: 2,
-                policy_version: 0,
-            };
             let ready = Message::Ready { max_devices: None };
-            socket.send(encode(&header, &ready), 0).unwrap();
+            send_as(socket, id, 5, 2, &ready);
             let incoming = learner.hub.recv(1000).unwrap().expect("a ready");
             learner.handle(incoming, &mut hooks).unwrap();
         }
@@ -1506,18 +1495,12 @@ mod tests {
             // envelope is wrong: each a Shutdown, which acted on would make
             // the learner forget it; then a right one.
             let misfit = s.spawn(|| {
-                use common::protocol::{decode, encode, Header};
+                use common::protocol::decode;
                 let socket = ctx.socket(zmq::DEALER).unwrap();
                 socket.connect(endpoint).unwrap();
                 let incarnation = 77;
                 let send = |sender, incarnation, seq, m: &Message| {
-                    let header = Header {
-                        sender,
-                        incarnation,
-                        seq,
-                        policy_version: 0,
-                    };
-                    socket.send(encode(&header, m), 0).unwrap();
+                    send_as(&socket, sender, incarnation, seq, m)
                 };
                 let hello = Message::Hello {
                     role: Role::Actor,

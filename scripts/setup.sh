@@ -31,8 +31,7 @@ existing_dir() { # PATH: the nearest folder at or above it that exists
 free_kib() { # DIR: free KiB on its file system, or nothing
   local dir kib
   dir=$(existing_dir "$1")
-  kib=$(df -k --output=avail -- "$dir" 2>/dev/null | tail -n 1 | tr -d ' ') || true
-  [[ $kib =~ ^[0-9]+$ ]] || kib=$(df -Pk -- "$dir" 2>/dev/null | awk 'NR == 2 { print $4 }') || true
+  kib=$(df -Pk -- "$dir" 2>/dev/null | awk 'NR == 2 { print $4 }') || true
   [[ $kib =~ ^[0-9]+$ ]] && echo "$kib"
   return 0
 }

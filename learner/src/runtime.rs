@@ -674,8 +674,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 .values()
                 .any(|p| p.role == Role::Benchworker && !p.ready);
             let too_wide = |devices: usize| match widest {
-                Some(w) if devices > w && setting_up => Waiting::No,
-                Some(w) if devices > w => Waiting::TooWide(devices, w),
+                Some(w) if devices > w && !setting_up => Waiting::TooWide(devices, w),
                 _ => Waiting::No,
             };
             let (pick, tried) = match self.requeue.front() {

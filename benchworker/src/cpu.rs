@@ -178,7 +178,7 @@ impl Oracle for CpuOracle {
         self.last_spread = None;
         let lookups: f64 = tables
             .iter()
-            .map(|t| self.cfg.batch as f64 * t.pooling_factor)
+            .map(|t| indices::lookups_per_batch(t, self.cfg.batch))
             .sum();
         if lookups > MAX_LOOKUPS {
             return Err(OracleError::Backend {
@@ -273,11 +273,12 @@ impl DeviceWork {
         cfg: &CpuConfig,
         weight: Tensor,
     ) -> Result<Self, TchError> {
-        let batch = cfg.batch as usize;
-        let lookups: Vec<Lookups> = group
+        let lookups = group
             .iter()
-            .map(|&t| indices::for_table(cfg.seed, &tables[t], batch, cfg.max_rows))
-            .collect();
+            .map(|&t| {
+                indices::for_table(cfg.seed, &tables[t], cfg.batch, cfg.max_rows, Device::Cpu)
+            })
+            .collect::<Result<Vec<Lookups>, _>>()?;
         let mut first_row = 0i64;
         let parts: Vec<(&Lookups, i64)> = group
             .iter()
@@ -288,15 +289,15 @@ impl DeviceWork {
                 part
             })
             .collect();
-        let fused = indices::fuse(&parts);
+        let fused = indices::fuse(&parts)?;
         let (_, dim) = weight_shape(tables, group, cfg.max_rows);
         Ok(DeviceWork {
             tables: group.to_vec(),
             dims: group.iter().map(|&t| tables[t].dim as i64).collect(),
             weight,
-            indices: Tensor::f_from_slice(&fused.indices)?,
-            offsets: Tensor::f_from_slice(&fused.offsets)?,
-            bags: Tensor::f_from_slice(&fused.bag_ids())?,
+            indices: fused.indices,
+            offsets: fused.offsets,
+            bags: fused.bags,
             grad: Tensor::f_zeros([group.len() as i64 * cfg.batch as i64, dim], F32)?,
         })
     }
@@ -616,7 +617,11 @@ mod tests {
             let out = w.forward().unwrap();
             let mut first_row = 0;
             for (i, &t) in w.tables.iter().enumerate() {
-                let l = indices::for_table(c.seed, &tables[t], batch, c.max_rows);
+                let l =
+                    indices::for_table(c.seed, &tables[t], batch as u64, c.max_rows, Device::Cpu)
+                        .unwrap()
+                        .to_host()
+                        .unwrap();
                 for (b, len) in l.bag_lengths().into_iter().enumerate() {
                     let start = l.offsets[b] as usize;
                     let rows = Tensor::from_slice(&l.indices[start..start + len]) + first_row;

@@ -16,11 +16,10 @@
 //!
 //! `cuda.warmup` unmeasured iterations, then each phase's median over
 //! `cuda.repeats` (DreamShard: 5 and 10), with an optional L2 flush before
-//! each. The lookups come from [`crate::indices`], the generator the `cpu`
-//! backend uses, so both measure the same traffic; they are drawn on the
-//! host once per table (kept between measurements), uploaded once per
-//! measurement, and stay on the device: the timed work never touches the
-//! host.
+//! each. The lookups come from [`crate::indices`], generated on each GPU
+//! by the ops the `cpu` backend runs, so both measure the same traffic
+//! (checked when the backend starts); they are made once per measurement,
+//! before anything is timed, and the timed work never touches the host.
 //!
 //! Work is launched on each device's default stream, which libtorch uses
 //! too; NCCL runs on the same streams, so kernels, exchanges and events are
@@ -41,7 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::config::CudaConfig;
-use common::{Measurement, MemoryModel, Plan, Table, NUM_BINS};
+use common::{Measurement, MemoryModel, Plan, Table};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use cudarc::nccl::result as nccl;
@@ -58,9 +57,10 @@ use crate::timing::{self, Phases};
 const BACKEND: &str = "cuda";
 /// Value of the output gradients (it does not matter; a normal float).
 const GRAD_VALUE: f64 = 1e-3;
-/// Lookups kept on the host between measurements before the cache is
-/// emptied (about 8 bytes each, with their offsets).
-const LOOKUP_CACHE: usize = 1 << 29;
+/// Most lookups of one iteration over all the plan's tables: a device holds
+/// them with their bags and the backward's sort keys and pieces (about 40
+/// bytes each), next to its weights.
+const MAX_LOOKUPS: f64 = (1u64 << 29) as f64;
 /// How often a wait on the GPU checks NCCL for a failed peer.
 const POLL: Duration = Duration::from_micros(200);
 
@@ -196,52 +196,16 @@ pub struct CudaOracle {
     mem: MemoryModel,
     gpus: Vec<Gpu>,
     topology: Topology,
-    lookups: HashMap<LookupKey, Arc<Lookups>>,
-    cached_lookups: usize,
     last_spread: Option<Spread>,
 }
 
-/// What a table's generated lookups depend on ([`indices::for_table`]:
-/// the name seeds them; rows, pooling and the reuse bins shape them), and
-/// its dim besides: two tables alike in all of it share their lookups.
-/// Floats by their bits.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct LookupKey {
-    name: String,
-    rows: u64,
-    dim: u32,
-    pooling: u64,
-    bins: [u64; NUM_BINS],
-}
-
-impl LookupKey {
-    fn of(table: &Table) -> LookupKey {
-        LookupKey {
-            name: table.name.clone(),
-            rows: table.rows,
-            dim: table.dim,
-            pooling: table.pooling_factor.to_bits(),
-            bins: table.bins.map(f64::to_bits),
-        }
-    }
-}
-
-/// Refuses a plan whose tables draw more lookups per iteration than the
-/// host keeps at once ([`LOOKUP_CACHE`]): they are all drawn on the host
-/// before a measurement (a pooling factor of 1e5 at a batch of 65536 would
-/// be 6.5e9 of them).
+/// Refuses a plan whose tables draw more lookups per iteration than a
+/// device is asked to hold ([`MAX_LOOKUPS`]): a pooling factor of 1e5 at a
+/// batch of 65536 would be 6.5e9 of them.
 fn check_lookups(tables: &[Table], batch: u64) -> Result<(), OracleError> {
-    // As `indices::generate` counts them: a pooling that is not a number draws none.
-    let of = |t: &Table| {
-        let pooling = if t.pooling_factor.is_finite() {
-            t.pooling_factor.max(0.0)
-        } else {
-            0.0
-        };
-        batch as f64 * pooling
-    };
+    let of = |t: &Table| indices::lookups_per_batch(t, batch);
     let total: f64 = tables.iter().map(of).sum();
-    if total > LOOKUP_CACHE as f64 {
+    if total > MAX_LOOKUPS {
         let widest = tables
             .iter()
             .max_by(|a, b| of(a).total_cmp(&of(b)))
@@ -249,7 +213,7 @@ fn check_lookups(tables: &[Table], batch: u64) -> Result<(), OracleError> {
             .unwrap_or_default();
         return Err(err(format!(
             "the plan needs {total:.0} lookups per iteration at cuda.batch = {batch}{widest}, \
-             more than the {LOOKUP_CACHE} this backend keeps in host memory; lower cuda.batch"
+             more than the {MAX_LOOKUPS:.0} this backend generates; lower cuda.batch"
         )));
     }
     Ok(())
@@ -293,6 +257,7 @@ fn open_gpus(cfg: &CudaConfig) -> Result<Vec<Gpu>, OracleError> {
         .into_iter()
         .map(|ordinal| {
             let ctx = CudaContext::new(ordinal).map_err(driver_err("context"))?;
+            indices::same_on(Device::Cuda(ordinal)).map_err(err)?;
             let flush = if cfg.flush_l2 {
                 let n = (cfg.flush_mib << 20) as i64 / 4;
                 Some(Tensor::f_zeros([n], (Kind::Float, Device::Cuda(ordinal))).map_err(tch_err)?)
@@ -345,8 +310,6 @@ impl CudaOracle {
             mem,
             gpus,
             topology,
-            lookups: HashMap::new(),
-            cached_lookups: 0,
             last_spread: None,
         }
     }
@@ -417,33 +380,6 @@ impl CudaOracle {
         Ok(Self::with(cfg, mem, gpus, topology))
     }
 
-    /// The lookups of `table`, drawn once and kept.
-    fn lookups_of(&mut self, table: &Table) -> Arc<Lookups> {
-        // The name alone could collide across pools.
-        let key = LookupKey::of(table);
-        if let Some(l) = self.lookups.get(&key) {
-            return l.clone();
-        }
-        let cap = if self.cfg.max_rows == 0 {
-            u64::MAX
-        } else {
-            self.cfg.max_rows
-        };
-        let l = Arc::new(indices::for_table(
-            self.cfg.seed,
-            table,
-            self.cfg.batch as usize,
-            cap,
-        ));
-        if self.cached_lookups + l.len() > LOOKUP_CACHE {
-            self.lookups.clear();
-            self.cached_lookups = 0;
-        }
-        self.cached_lookups += l.len();
-        self.lookups.insert(key, l.clone());
-        l
-    }
-
     /// Plan devices this process drives, as (plan device, local GPU).
     fn local_devices(&self, devices: usize) -> Vec<(usize, usize)> {
         match &self.topology {
@@ -495,6 +431,10 @@ impl CudaOracle {
         self.comms(plan.devices)?;
         let layout = PlanLayout::new(tables, plan, self.cfg.batch, self.cfg.max_rows);
         let local = self.local_devices(plan.devices);
+        let cap = match self.cfg.max_rows {
+            0 => u64::MAX,
+            cap => cap,
+        };
         let (precision, optimizer) = (self.mem.precision, self.mem.optimizer);
         let learning_rate = self.cfg.learning_rate;
         let spec = move |ordinal| FusedSpec {
@@ -507,14 +447,18 @@ impl CudaOracle {
         let mut work = Vec::with_capacity(local.len());
         for &(d, g) in &local {
             let dev = &layout.devices[d];
-            let lookups: Vec<Arc<Lookups>> = dev
-                .tables
-                .iter()
-                .map(|&t| self.lookups_of(&tables[t]))
-                .collect();
-            let refs: Vec<&Lookups> = lookups.iter().map(|l| l.as_ref()).collect();
             let ordinal = self.gpus[g].ordinal;
             let on = (Kind::Float, Device::Cuda(ordinal));
+            let lookups = dev
+                .tables
+                .iter()
+                .map(|&t| {
+                    let (seed, batch) = (self.cfg.seed, self.cfg.batch);
+                    indices::for_table(seed, &tables[t], batch, cap, on.1)
+                })
+                .collect::<Result<Vec<Lookups>, _>>()
+                .map_err(tch_err)?;
+            let refs: Vec<&Lookups> = lookups.iter().collect();
             let fused = if dev.is_empty() {
                 None
             } else {
@@ -953,26 +897,6 @@ impl Oracle for CudaOracle {
 mod tests {
     use super::*;
     use crate::test_table;
-
-    #[test]
-    fn lookups_are_keyed_on_everything_that_shapes_them() {
-        let base = test_table("t", 1000, 32, 4.0, &[(0, 0.5), (3, 0.5)]);
-        let key = LookupKey::of(&base);
-        assert_eq!(key, LookupKey::of(&base.clone()));
-        let mut hotter = base.clone();
-        hotter.bins = test_table("t", 1000, 32, 4.0, &[(0, 0.1), (3, 0.9)]).bins;
-        let mut wider = base.clone();
-        wider.dim = 64;
-        let mut more_rows = base.clone();
-        more_rows.rows = 2000;
-        let mut busier = base.clone();
-        busier.pooling_factor = 8.0;
-        let mut renamed = base.clone();
-        renamed.name = "u".into();
-        for other in [hotter, wider, more_rows, busier, renamed] {
-            assert_ne!(key, LookupKey::of(&other), "{other:?}");
-        }
-    }
 
     #[test]
     fn too_many_lookups_are_refused_with_the_batch_named() {

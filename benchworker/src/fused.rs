@@ -157,7 +157,7 @@ impl Group {
             })
             .collect();
         let parts: Vec<(&Lookups, i64)> = lookups.iter().copied().zip(first_row.clone()).collect();
-        let fused = indices::fuse(&parts);
+        let fused = indices::fuse(&parts)?.to(spec.device)?;
         let total: i64 = rows.iter().sum();
         let dev = spec.device;
         let weight_kind = match spec.precision {
@@ -171,8 +171,7 @@ impl Group {
             Optimizer::Adagrad => State::Adagrad(f32_zeros(&[total, dim])?),
             Optimizer::Adam => State::Adam(f32_zeros(&[total, dim])?, f32_zeros(&[total, dim])?),
         };
-        let upload = |v: &[i64]| Tensor::f_from_slice(v)?.f_to_device(dev);
-        let indices = upload(&fused.indices)?;
+        let indices = fused.indices.shallow_clone();
         let sort_keys = if total <= i64::from(i32::MAX) {
             indices.f_to_kind(Kind::Int)?
         } else {
@@ -189,9 +188,9 @@ impl Group {
             weight: Tensor::f_full([total, dim], WEIGHT_INIT, (weight_kind, dev))?,
             state,
             indices,
-            offsets: upload(&fused.offsets)?,
+            offsets: fused.offsets,
             sort_keys,
-            bags: upload(&fused.bag_ids())?,
+            bags: fused.bags,
             unique,
             piece_starts,
             piece_rows,
@@ -394,6 +393,7 @@ impl FusedDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::indices::HostLookups;
     use crate::layout::PlanLayout;
     use common::{Plan, Table};
 
@@ -409,29 +409,29 @@ mod tests {
     fn setup(
         precision: Precision,
         optimizer: Optimizer,
-    ) -> (DeviceLayout, Vec<Lookups>, FusedDevice) {
-        let tables = vec![
+    ) -> (DeviceLayout, Vec<HostLookups>, FusedDevice) {
+        setup_with(&three_tables(), precision, optimizer)
+    }
+
+    fn three_tables() -> Vec<Table> {
+        vec![
             table("a", 40, 8, 3.0),
             table("b", 25, 4, 1.5),
             table("c", 60, 8, 5.0),
-        ];
-        setup_with(&tables, precision, optimizer)
+        ]
     }
 
     fn setup_with(
         tables: &[Table],
         precision: Precision,
         optimizer: Optimizer,
-    ) -> (DeviceLayout, Vec<Lookups>, FusedDevice) {
+    ) -> (DeviceLayout, Vec<HostLookups>, FusedDevice) {
         let plan = Plan {
             devices: 1,
             assignment: vec![0; tables.len()],
         };
         let layout = PlanLayout::new(tables, &plan, BATCH, 0).devices[0].clone();
-        let lookups: Vec<Lookups> = tables
-            .iter()
-            .map(|t| indices::for_table(3, t, BATCH as usize, u64::MAX))
-            .collect();
+        let lookups = lookups_of(tables);
         let spec = FusedSpec {
             device: Device::Cpu,
             precision,
@@ -450,7 +450,15 @@ mod tests {
             g.weight.copy_(&w);
             next += n;
         }
-        (layout, lookups, fused)
+        let host = lookups.iter().map(|l| l.to_host().unwrap()).collect();
+        (layout, host, fused)
+    }
+
+    fn lookups_of(tables: &[Table]) -> Vec<Lookups> {
+        tables
+            .iter()
+            .map(|t| indices::for_table(3, t, BATCH, u64::MAX, Device::Cpu).unwrap())
+            .collect()
     }
 
     fn values(t: &Tensor) -> Vec<f32> {
@@ -465,7 +473,11 @@ mod tests {
     }
 
     /// Each table looked up alone, its own rows and dim, concatenated.
-    fn naive_forward(layout: &DeviceLayout, lookups: &[Lookups], weights: &[Vec<f32>]) -> Vec<f32> {
+    fn naive_forward(
+        layout: &DeviceLayout,
+        lookups: &[HostLookups],
+        weights: &[Vec<f32>],
+    ) -> Vec<f32> {
         let mut out = vec![0f32; BATCH as usize * layout.dim_sum as usize];
         for (i, l) in lookups.iter().enumerate() {
             let dim = layout.dims[i] as usize;
@@ -511,7 +523,7 @@ mod tests {
     /// `grad` (`[B, S]`).
     fn naive_weight_grad(
         layout: &DeviceLayout,
-        lookups: &[Lookups],
+        lookups: &[HostLookups],
         grad: &[f32],
     ) -> Vec<Vec<f32>> {
         let mut g: Vec<Vec<f32>> = (0..lookups.len())
@@ -541,7 +553,7 @@ mod tests {
     }
 
     /// SGD's step leaves `before - 0.5 · gradient` in every table.
-    fn assert_sgd_step(layout: &DeviceLayout, lookups: &[Lookups], fused: &mut FusedDevice) {
+    fn assert_sgd_step(layout: &DeviceLayout, lookups: &[HostLookups], fused: &mut FusedDevice) {
         let before = weights(fused, layout);
         let grad = output_grad(layout);
         fused.backward(&grad).unwrap();
@@ -648,7 +660,8 @@ mod tests {
 
     #[test]
     fn mismatched_lookups_are_errors() {
-        let (layout, lookups, _) = setup(Precision::Fp32, Optimizer::Sgd);
+        let (layout, _, _) = setup(Precision::Fp32, Optimizer::Sgd);
+        let lookups = lookups_of(&three_tables());
         let spec = FusedSpec {
             device: Device::Cpu,
             precision: Precision::Fp32,

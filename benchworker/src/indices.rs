@@ -1,59 +1,129 @@
 //! Synthetic lookups that follow a table's features, for the backends that
-//! run a real kernel (`cpu` now, `cuda` later). Pure Rust, no libtorch, so
-//! every backend draws the same lookups for the same seed.
+//! run a real kernel (`cpu` and `cuda`), generated with libtorch ops on the
+//! device that looks them up.
 //!
 //! What a table's features promise, and how they are honoured:
 //! - `pooling_factor`, the mean lookups per sample: a batch holds exactly
-//!   `round(B · pooling)` lookups, each dropped into a uniformly chosen bag,
-//!   so bag lengths are Binomial(N, 1/B) ≈ Poisson(pooling) and may be 0;
-//! - `bin_0..bin_16`, the reuse histogram (DESIGN §1): unique rows are drawn
-//!   one after another, each with an access count from the bins (`bin_0`: 1,
-//!   `bin_k`: uniform in `(2^(k-1), 2^k]`), until the counts reach the batch's
-//!   lookups, so there are about `N / mean_reuse` unique rows. The bins are
-//!   measured at the trace's batch (65536); keeping the *ratio* of lookups to
-//!   unique rows at a smaller batch keeps the share of lookups that hit hot
-//!   rows, which is what locality costs depend on;
-//! - `rows`: unique rows are a random sample of `[0, min(rows, row_cap))`.
-//!   When the cap leaves fewer rows than the bins ask for, the remaining
-//!   lookups repeat existing rows in proportion to their counts.
+//!   `N = round(B · pooling)` lookups, each dropped into a uniformly chosen
+//!   bag, so bag lengths are Binomial(N, 1/B) ≈ Poisson(pooling) and may be 0;
+//! - `bin_0..bin_16`, the reuse histogram (DESIGN §1): unique rows take
+//!   access counts drawn from the bins (`bin_0`: 1, `bin_k`: uniform in
+//!   `(2^(k-1), 2^k]`), one after another, until the counts reach `N`, so
+//!   there are about `N / mean_reuse` unique rows. The bins are measured at
+//!   the trace's batch (65536); keeping the *ratio* of lookups to unique rows
+//!   at a smaller batch keeps the share of lookups that hit hot rows, which is
+//!   what locality costs depend on;
+//! - `rows`: the unique rows are spread over `[0, min(rows, row_cap))` by a
+//!   permutation of the rows (`a·j + b mod rows`, `a` coprime to `rows`, both
+//!   from the table's seed), so no two are the same. When the cap leaves fewer
+//!   rows than the bins ask for, the remaining lookups repeat drawn lookups,
+//!   so rows are repeated in proportion to their counts.
+//!
+//! The draws come from a counter-based generator: draw `i` of a stream is a
+//! 32-bit hash of `i` and the stream's key, computed by integer tensor ops
+//! that are exact on every device (a 32-bit value times a multiplier below
+//! 2^31 stays below 2^63). So a GPU generates its lookups itself, without a
+//! round trip through the host, and the `cpu` and `cuda` backends, running the
+//! same ops, look up the same rows bit for bit ([`same_on`] checks a device).
 //!
 //! The lookups of a table depend only on the seed, the table and the batch
 //! (see [`table_seed`]), never on the plan, so two plans are measured on the
 //! same traffic.
 
-use rand::distributions::WeightedIndex;
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use tch::{Device, Kind, TchError, Tensor};
 
 use common::{Table, NUM_BINS};
 
-/// One batch of lookups in `embedding_bag`'s layout (`include_last_offset =
-/// false`): bag `b` holds `indices[offsets[b]..offsets[b + 1]]`, the last bag
-/// running to the end.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// Draws are 32-bit: `[0, SPAN)`.
+const SPAN: i64 = 1 << 32;
+const MASK: i64 = SPAN - 1;
+/// The hash's multipliers (Wellons' `hash32` search): both below 2^31, so a
+/// 32-bit value times one of them is exact in an i64 tensor.
+const MUL: [i64; 2] = [0x21f0_aaad, 0x735a_2d97];
+/// Most lookups of one table in one batch: draws scaled to `[0, n)` multiply
+/// a 32-bit draw by `n`, which must stay below 2^63.
+pub const MAX_TABLE_LOOKUPS: i64 = i32::MAX as i64;
+/// Rows beyond this many are not told apart (no weight is ever that large);
+/// keeps `a·j mod rows + b` below 2^63.
+const MAX_ROWS: u64 = 1 << 62;
+
+/// The independent streams of one table's draws.
+#[derive(Debug, Clone, Copy)]
+enum Stream {
+    /// The bin of each unique row's access count.
+    Bin = 1,
+    /// The count within its bin.
+    Count,
+    /// Which drawn lookup a lookup beyond the capped rows repeats.
+    Repeat,
+    /// The bag of each lookup.
+    Bag,
+    /// The row permutation.
+    Rows,
+    /// The order of the lookups within their bag.
+    Place,
+}
+
+/// One batch of lookups on a device, in `embedding_bag`'s layout
+/// (`include_last_offset = false`): bag `b` holds
+/// `indices[offsets[b]..offsets[b + 1]]`, the last bag running to the end.
+#[derive(Debug)]
 pub struct Lookups {
-    /// Row of each lookup, bag after bag.
-    pub indices: Vec<i64>,
-    /// Start of each bag in `indices`.
-    pub offsets: Vec<i64>,
+    /// Row of each lookup, bag after bag, `[lookups]` i64.
+    pub indices: Tensor,
+    /// Start of each bag in `indices`, `[bags]` i64.
+    pub offsets: Tensor,
+    /// The bag of each lookup (`offset2bag`), `[lookups]` i64.
+    pub bags: Tensor,
 }
 
 impl Lookups {
     /// Number of bags.
-    pub fn bags(&self) -> usize {
-        self.offsets.len()
+    pub fn bags(&self) -> i64 {
+        self.offsets.size()[0]
     }
 
     /// Number of lookups.
-    pub fn len(&self) -> usize {
-        self.indices.len()
+    pub fn len(&self) -> i64 {
+        self.indices.size()[0]
     }
 
     pub fn is_empty(&self) -> bool {
-        self.indices.is_empty()
+        self.len() == 0
     }
 
+    /// These lookups on `device` (themselves when they are there already).
+    pub fn to(self, device: Device) -> Result<Lookups, TchError> {
+        if self.indices.device() == device {
+            return Ok(self);
+        }
+        Ok(Lookups {
+            indices: self.indices.f_to_device(device)?,
+            offsets: self.offsets.f_to_device(device)?,
+            bags: self.bags.f_to_device(device)?,
+        })
+    }
+
+    /// A copy in host memory.
+    pub fn to_host(&self) -> Result<HostLookups, TchError> {
+        let host = |t: &Tensor| Vec::<i64>::try_from(&t.f_to_device(Device::Cpu)?);
+        Ok(HostLookups {
+            indices: host(&self.indices)?,
+            offsets: host(&self.offsets)?,
+            bags: host(&self.bags)?,
+        })
+    }
+}
+
+/// [`Lookups`] copied to the host, to check or compare them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HostLookups {
+    pub indices: Vec<i64>,
+    pub offsets: Vec<i64>,
+    pub bags: Vec<i64>,
+}
+
+impl HostLookups {
     /// Length of each bag.
     pub fn bag_lengths(&self) -> Vec<usize> {
         let ends = self
@@ -68,24 +138,37 @@ impl Lookups {
             .map(|(&s, e)| (e - s) as usize)
             .collect()
     }
-
-    /// `offset2bag`: the bag each lookup belongs to.
-    pub fn bag_ids(&self) -> Vec<i64> {
-        let mut bags = Vec::with_capacity(self.len());
-        for (b, n) in self.bag_lengths().into_iter().enumerate() {
-            bags.resize(bags.len() + n, b as i64);
-        }
-        bags
-    }
 }
+
+/// SplitMix64's finaliser.
+fn splitmix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// A stable seed for one table's lookups: FNV-1a of the name mixed with the
 /// run's seed by SplitMix64 (std's hasher is not stable across releases).
 pub fn table_seed(seed: u64, name: &str) -> u64 {
-    let mut z = common::fs::fnv1a(name.as_bytes()) ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    splitmix(common::fs::fnv1a(name.as_bytes()) ^ seed.wrapping_mul(GOLDEN))
+}
+
+/// A stream's key: added to the counter before the first hash, and xored
+/// between the two.
+#[derive(Debug, Clone, Copy)]
+struct Key {
+    add: i64,
+    xor: i64,
+}
+
+fn key(table_seed: u64, stream: Stream) -> Key {
+    let z = splitmix(table_seed ^ (stream as u64).wrapping_mul(GOLDEN));
+    Key {
+        add: (z & MASK as u64) as i64,
+        xor: (z >> 32) as i64,
+    }
 }
 
 /// Rows a table's lookups may use: its hash size, capped.
@@ -93,136 +176,262 @@ pub fn capped_rows(table: &Table, row_cap: u64) -> u64 {
     table.rows.min(row_cap).max(1)
 }
 
-/// One batch of `batch` samples of `table`, deterministic for `seed`.
-pub fn for_table(seed: u64, table: &Table, batch: usize, row_cap: u64) -> Lookups {
-    let mut rng = ChaCha8Rng::seed_from_u64(table_seed(seed, &table.name));
-    generate(&mut rng, table, batch, row_cap)
-}
-
-/// One batch of `batch` samples of `table` whose rows lie in
-/// `[0, min(rows, row_cap))`.
-pub fn generate<R: Rng>(rng: &mut R, table: &Table, batch: usize, row_cap: u64) -> Lookups {
+/// Lookups of `table` in a batch of `batch` samples: `round(B · pooling)`,
+/// none for a pooling factor that is not a non-negative number.
+pub fn lookups_per_batch(table: &Table, batch: u64) -> f64 {
     let pooling = if table.pooling_factor.is_finite() {
         table.pooling_factor.max(0.0)
     } else {
         0.0
     };
-    let total = (batch as f64 * pooling).round() as usize;
-    let lengths = bag_lengths(rng, batch, total);
-    let mut indices = lookup_rows(rng, table, total, capped_rows(table, row_cap));
-    indices.shuffle(rng);
-    let mut offsets = Vec::with_capacity(batch);
-    let mut start = 0i64;
-    for len in lengths {
-        offsets.push(start);
-        start += len as i64;
-    }
-    Lookups { indices, offsets }
+    (batch as f64 * pooling).round()
 }
 
-/// Lengths of `batch` bags holding `total` lookups together: each lookup
-/// falls into a uniformly chosen bag.
-fn bag_lengths<R: Rng>(rng: &mut R, batch: usize, total: usize) -> Vec<usize> {
-    let mut lengths = vec![0usize; batch];
-    if batch == 0 {
-        return lengths;
-    }
-    for _ in 0..total {
-        lengths[rng.gen_range(0..batch)] += 1;
-    }
-    lengths
+fn xorshift(x: &Tensor, shift: i64) -> Result<Tensor, TchError> {
+    x.f_bitwise_xor_tensor(&x.f_bitwise_right_shift_tensor_scalar(shift)?)
 }
 
-/// The multiset of `total` looked-up rows (unshuffled), shaped by the bins.
-fn lookup_rows<R: Rng>(rng: &mut R, table: &Table, total: usize, rows: u64) -> Vec<i64> {
-    if total == 0 {
-        return Vec::new();
-    }
-    let counts = access_counts(rng, &table.bins, total, rows);
-    let unique = rand::seq::index::sample(rng, rows as usize, counts.len());
-    let mut out = Vec::with_capacity(total);
-    for (row, &c) in unique.iter().zip(&counts) {
-        out.resize(out.len() + c, row as i64);
-    }
-    // The row cap left too few rows: repeat rows in proportion to their counts.
-    let drawn = out.len();
-    while out.len() < total {
-        let pick = out[rng.gen_range(0..drawn)];
-        out.push(pick);
+/// `x · c mod 2^32` for `x < 2^32`, `c < 2^31`.
+fn mul32(x: &Tensor, c: i64) -> Result<Tensor, TchError> {
+    x.f_mul_scalar(c)?.f_bitwise_and(MASK)
+}
+
+/// A bijective 32-bit hash of values in `[0, 2^32)`.
+fn hash(x: &Tensor) -> Result<Tensor, TchError> {
+    let x = mul32(&xorshift(x, 16)?, MUL[0])?;
+    let x = mul32(&xorshift(&x, 15)?, MUL[1])?;
+    xorshift(&x, 15)
+}
+
+/// Draws `i` (an i64 tensor of counters below 2^32) of a stream: uniform
+/// in `[0, 2^32)`.
+fn draw(key: Key, i: &Tensor) -> Result<Tensor, TchError> {
+    let x = i.f_add_scalar(key.add)?.f_bitwise_and(MASK)?;
+    hash(&hash(&x)?.f_bitwise_xor(key.xor)?)
+}
+
+/// Draws `0..count` of a stream.
+fn draws(key: Key, count: i64, device: Device) -> Result<Tensor, TchError> {
+    draw(key, &Tensor::f_arange(count, (Kind::Int64, device))?)
+}
+
+/// A draw scaled to `[0, n)` for `n ≤ 2^31`: `⌊u · n / 2^32⌋`.
+fn below(u: &Tensor, n: i64) -> Result<Tensor, TchError> {
+    u.f_mul_scalar(n)?.f_bitwise_right_shift_tensor_scalar(32)
+}
+
+/// Where the bins' cumulative shares fall among 32-bit draws: draw `u`
+/// picks bin `#{j : thresholds[j] ≤ u}`. Bins that are not positive
+/// numbers have no share; past the last bin with one, the thresholds are
+/// `2^32`, so rounding never picks an empty bin. No share at all: bin 0.
+fn bin_thresholds(bins: &[f64; NUM_BINS]) -> [i64; NUM_BINS - 1] {
+    let weights = bins.map(|b| if b.is_finite() && b > 0.0 { b } else { 0.0 });
+    let total: f64 = weights.iter().sum();
+    let mut out = [SPAN; NUM_BINS - 1];
+    let Some(last) = weights.iter().rposition(|&w| w > 0.0) else {
+        return out;
+    };
+    let mut acc = 0.0;
+    for (j, t) in out.iter_mut().enumerate().take(last) {
+        acc += weights[j];
+        *t = ((acc / total) * SPAN as f64).floor().min(SPAN as f64) as i64;
     }
     out
 }
 
-/// Access counts of successive unique rows, drawn from the bins, summing to
-/// `total` unless `rows` unique rows run out first (the last is truncated).
-fn access_counts<R: Rng>(
-    rng: &mut R,
-    bins: &[f64; NUM_BINS],
-    total: usize,
-    rows: u64,
-) -> Vec<usize> {
-    let weights = bins.map(|b| if b.is_finite() && b > 0.0 { b } else { 0.0 });
-    let pick = WeightedIndex::new(weights).ok();
-    let mut counts = Vec::new();
-    let mut sum = 0usize;
-    while sum < total && (counts.len() as u64) < rows {
-        let k = pick.as_ref().map_or(0, |w| rng.sample(w));
-        let c = match k {
-            0 => 1,
-            _ => rng.gen_range((1usize << (k - 1)) + 1..=1usize << k),
-        };
-        let c = c.min(total - sum);
-        counts.push(c);
-        sum += c;
+/// The permutation `j ↦ (a·j + b) mod rows` of `[0, rows)`: `a` in
+/// `[1, min(rows, 2^31))` coprime to `rows` (so `a·j` for `j < 2^31` is exact),
+/// `b` in `[0, rows)`, both from the table's seed.
+fn row_permutation(table_seed: u64, rows: u64) -> (i64, i64) {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
     }
-    counts
+    let z = splitmix(table_seed ^ (Stream::Rows as u64).wrapping_mul(GOLDEN));
+    let span = rows.min(1 << 31);
+    let mut a = if span > 1 { 1 + z % (span - 1) } else { 1 };
+    while gcd(a, rows) != 1 {
+        a = if a + 1 < span { a + 1 } else { 1 };
+    }
+    let b = splitmix(z) % rows;
+    (a as i64, b as i64)
 }
 
-/// The reuse histogram of a batch of lookups, in the bins' convention: the
-/// share of unique rows whose access count lies in `(2^(k-1), 2^k]`.
-pub fn reuse_histogram(indices: &[i64]) -> [f64; NUM_BINS] {
-    let mut sorted = indices.to_vec();
-    sorted.sort_unstable();
-    let mut hist = [0.0; NUM_BINS];
-    let mut unique = 0usize;
-    for run in sorted.chunk_by(|a, b| a == b) {
-        let c = run.len();
-        // ceil(log2(c)) for c ≥ 1.
-        let k = (usize::BITS - (c - 1).leading_zeros()) as usize;
-        hist[k.min(NUM_BINS - 1)] += 1.0;
-        unique += 1;
-    }
-    if unique > 0 {
-        hist.iter_mut().for_each(|h| *h /= unique as f64);
-    }
-    hist
+/// The lower end of each bin's counts: `[0, 1, 2, 4, …, 2^15]`, so bin
+/// `k`'s count is `lo + 1 + ⌊u · lo / 2^32⌋`, 1 for bin 0 and in
+/// `(lo, 2·lo]` otherwise.
+fn bin_floors() -> [i64; NUM_BINS] {
+    std::array::from_fn(|k| if k == 0 { 0 } else { 1 << (k - 1) })
 }
 
-/// Number of distinct rows among `indices`.
-pub fn unique_rows(indices: &[i64]) -> usize {
-    let mut sorted = indices.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    sorted.len()
+/// One batch of `batch` samples of `table` on `device`, deterministic for
+/// `seed`, with rows in `[0, min(rows, row_cap))`.
+pub fn for_table(
+    seed: u64,
+    table: &Table,
+    batch: u64,
+    row_cap: u64,
+    device: Device,
+) -> Result<Lookups, TchError> {
+    let bad = |m: String| Err(TchError::Kind(m));
+    let n = lookups_per_batch(table, batch);
+    if n > MAX_TABLE_LOOKUPS as f64 {
+        return bad(format!(
+            "table `{}`: {n:.0} lookups in a batch of {batch}, more than the \
+             {MAX_TABLE_LOOKUPS} one table may draw",
+            table.name
+        ));
+    }
+    if batch > MAX_TABLE_LOOKUPS as u64 {
+        return bad(format!("a batch of {batch} samples"));
+    }
+    let (n, batch) = (n as i64, batch as i64);
+    let on = (Kind::Int64, device);
+    if n == 0 {
+        return Ok(Lookups {
+            indices: Tensor::f_zeros([0], on)?,
+            offsets: Tensor::f_zeros([batch], on)?,
+            bags: Tensor::f_zeros([0], on)?,
+        });
+    }
+    let seed = table_seed(seed, &table.name);
+    let rows = capped_rows(table, row_cap).min(MAX_ROWS);
+    // Every count is at least 1: at most `n` unique rows, and at most `rows`.
+    let slots = n.min(rows as i64);
+
+    // Each slot's access count, from its bin.
+    let u = draws(key(seed, Stream::Bin), slots, device)?;
+    let mut bin = Tensor::f_zeros([slots], on)?;
+    for t in bin_thresholds(&table.bins)
+        .into_iter()
+        .filter(|&t| t < SPAN)
+    {
+        bin = bin.f_add(&u.f_ge(t)?.f_to_kind(Kind::Int64)?)?;
+    }
+    let floors = Tensor::f_from_slice(&bin_floors())?.f_to_device(device)?;
+    let lo = floors.f_index_select(0, &bin)?;
+    let within = draws(key(seed, Stream::Count), slots, device)?
+        .f_mul(&lo)?
+        .f_bitwise_right_shift_tensor_scalar(32)?;
+    let count = lo.f_add_scalar(1)?.f_add(&within)?;
+    // Counts run until they reach `n`: the one that crosses it is cut,
+    // those after it are 0.
+    let before = count.f_cumsum(0, Kind::Int64)?.f_sub(&count)?;
+    let used = before
+        .f_neg()?
+        .f_add_scalar(n)?
+        .f_clamp_min(0)?
+        .f_minimum(&count)?;
+    let drawn = used.f_sum(Kind::Int64)?.int64_value(&[]);
+
+    // The slots' rows, each repeated its count times, slot after slot.
+    let (a, b) = row_permutation(seed, rows);
+    let unique = Tensor::f_arange(slots, on)?
+        .f_mul_scalar(a)?
+        .f_remainder(rows as i64)?
+        .f_add_scalar(b)?
+        .f_remainder(rows as i64)?;
+    let mut looked_up = unique.f_repeat_interleave_self_tensor(&used, 0, drawn)?;
+    if drawn < n {
+        // Too few rows for the counts: repeat drawn lookups.
+        let pick = below(&draws(key(seed, Stream::Repeat), n - drawn, device)?, drawn)?;
+        let extra = looked_up.f_index_select(0, &pick)?;
+        looked_up = Tensor::f_cat(&[looked_up, extra], 0)?;
+    }
+
+    // Each lookup into a uniformly chosen bag, in a random place there: the
+    // lookups sorted by (bag, a draw), keys that are all distinct (the hash
+    // is a bijection), so every device sorts them into the same order.
+    let bag = below(&draws(key(seed, Stream::Bag), n, device)?, batch)?;
+    let place = draws(key(seed, Stream::Place), n, device)?;
+    let (sorted, order) = bag
+        .f_bitwise_left_shift_tensor_scalar(32)?
+        .f_bitwise_or_tensor(&place)?
+        .f_sort(0, false)?;
+    let lengths = bag.f_bincount(None::<Tensor>, batch)?;
+    Ok(Lookups {
+        indices: looked_up.f_index_select(0, &order)?,
+        offsets: lengths.f_cumsum(0, Kind::Int64)?.f_sub(&lengths)?,
+        bags: sorted.f_bitwise_right_shift_tensor_scalar(32)?,
+    })
 }
 
 /// Several tables' lookups as one fused call over their concatenated weight:
-/// `parts[j] = (lookups of table j, first row of table j in the weight)`.
-/// Bags are table-major (table 0's bags, then table 1's, …), so the pooled
-/// output reshapes to `[tables, batch, dim]`.
-pub fn fuse(parts: &[(&Lookups, i64)]) -> Lookups {
-    let n: usize = parts.iter().map(|(l, _)| l.len()).sum();
-    let bags: usize = parts.iter().map(|(l, _)| l.bags()).sum();
-    let mut out = Lookups {
-        indices: Vec::with_capacity(n),
-        offsets: Vec::with_capacity(bags),
-    };
-    for (l, row_offset) in parts {
-        let base = out.indices.len() as i64;
-        out.offsets.extend(l.offsets.iter().map(|o| o + base));
-        out.indices.extend(l.indices.iter().map(|i| i + row_offset));
+/// `parts[j] = (lookups of table j, first row of table j in the weight)`, on
+/// one device. Bags are table-major (table 0's bags, then table 1's, …), so
+/// the pooled output reshapes to `[tables, batch, dim]`.
+pub fn fuse(parts: &[(&Lookups, i64)]) -> Result<Lookups, TchError> {
+    if parts.is_empty() {
+        return Err(TchError::Kind("fusing the lookups of no table".into()));
     }
-    out
+    let (mut indices, mut offsets, mut bags) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut lookups, mut first_bag) = (0, 0);
+    for (l, first_row) in parts {
+        indices.push(l.indices.f_add_scalar(*first_row)?);
+        offsets.push(l.offsets.f_add_scalar(lookups)?);
+        bags.push(l.bags.f_add_scalar(first_bag)?);
+        lookups += l.len();
+        first_bag += l.bags();
+    }
+    Ok(Lookups {
+        indices: Tensor::f_cat(&indices, 0)?,
+        offsets: Tensor::f_cat(&offsets, 0)?,
+        bags: Tensor::f_cat(&bags, 0)?,
+    })
+}
+
+/// Tables whose lookups [`same_on`] compares: every path of the generator
+/// (a cold table, hot bins, rows capped below the counts, empty bins).
+fn probe_tables() -> Vec<Table> {
+    let table = |name: &str, rows: u64, pooling: f64, bins: &[(usize, f64)]| {
+        let mut b = [0.0; NUM_BINS];
+        for &(k, v) in bins {
+            b[k] = v;
+        }
+        Table {
+            name: name.into(),
+            rows,
+            dim: 16,
+            pooling_factor: pooling,
+            bins: b,
+        }
+    };
+    vec![
+        table("probe_cold", 10_000_000, 3.0, &[(0, 0.9), (1, 0.1)]),
+        table(
+            "probe_hot",
+            1_000_000,
+            20.0,
+            &[(0, 0.3), (6, 0.4), (15, 0.3)],
+        ),
+        table("probe_capped", 50, 8.0, &[(0, 0.5), (3, 0.5)]),
+        table("probe_none", 1000, 2.0, &[]),
+    ]
+}
+
+/// Checks that `device` generates the same lookups as the CPU (integer ops
+/// that differ between devices would make two backends measure different
+/// traffic). Names the first table that differs.
+pub fn same_on(device: Device) -> Result<(), String> {
+    const SEED: u64 = 7;
+    const BATCH: u64 = 4096;
+    for t in probe_tables() {
+        let host = |d| {
+            for_table(SEED, &t, BATCH, 1 << 20, d)
+                .and_then(|l| l.to_host())
+                .map_err(|e| format!("lookups of `{}` on {d:?}: {e}", t.name))
+        };
+        if host(device)? != host(Device::Cpu)? {
+            return Err(format!(
+                "the lookups of `{}` generated on {device:?} differ from the CPU's",
+                t.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -233,12 +442,154 @@ mod tests {
         crate::test_table(name, rows, 16, pooling, bins)
     }
 
+    fn host(seed: u64, t: &Table, batch: u64, cap: u64) -> HostLookups {
+        for_table(seed, t, batch, cap, Device::Cpu)
+            .unwrap()
+            .to_host()
+            .unwrap()
+    }
+
+    /// The reuse histogram of a batch of lookups, in the bins' convention:
+    /// the share of unique rows whose access count lies in `(2^(k-1), 2^k]`.
+    fn reuse_histogram(indices: &[i64]) -> [f64; NUM_BINS] {
+        let mut sorted = indices.to_vec();
+        sorted.sort_unstable();
+        let mut hist = [0.0; NUM_BINS];
+        let mut unique = 0usize;
+        for run in sorted.chunk_by(|a, b| a == b) {
+            let c = run.len();
+            // ceil(log2(c)) for c ≥ 1.
+            let k = (usize::BITS - (c - 1).leading_zeros()) as usize;
+            hist[k.min(NUM_BINS - 1)] += 1.0;
+            unique += 1;
+        }
+        if unique > 0 {
+            hist.iter_mut().for_each(|h| *h /= unique as f64);
+        }
+        hist
+    }
+
+    fn unique_rows(indices: &[i64]) -> usize {
+        let mut sorted = indices.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        sorted.len()
+    }
+
+    /// The generator written out with scalar arithmetic, draw by draw, the
+    /// way the tensor ops must compute it on any device.
+    fn reference(seed: u64, t: &Table, batch: u64, cap: u64) -> HostLookups {
+        fn hash32(mut x: u32) -> u32 {
+            x ^= x >> 16;
+            x = x.wrapping_mul(MUL[0] as u32);
+            x ^= x >> 15;
+            x = x.wrapping_mul(MUL[1] as u32);
+            x ^ (x >> 15)
+        }
+        let draw = |k: Key, i: u64| -> u64 {
+            let x = (i as u32).wrapping_add(k.add as u32);
+            u64::from(hash32(hash32(x) ^ k.xor as u32))
+        };
+        let n = lookups_per_batch(t, batch) as u64;
+        let seed = table_seed(seed, &t.name);
+        let rows = capped_rows(t, cap);
+        let slots = n.min(rows);
+        let thresholds = bin_thresholds(&t.bins);
+        let floors = bin_floors();
+        let mut counts = Vec::new();
+        let mut sum = 0;
+        for j in 0..slots {
+            if sum >= n {
+                break;
+            }
+            let u = draw(key(seed, Stream::Bin), j);
+            let bin = thresholds.iter().filter(|&&th| th as u64 <= u).count();
+            let lo = floors[bin] as u64;
+            let c = lo + 1 + ((draw(key(seed, Stream::Count), j) * lo) >> 32);
+            let c = c.min(n - sum);
+            counts.push(c);
+            sum += c;
+        }
+        let (a, b) = row_permutation(seed, rows);
+        let mut looked_up = Vec::new();
+        for (j, &c) in counts.iter().enumerate() {
+            let row = ((a as u64 * j as u64) % rows + b as u64) % rows;
+            looked_up.extend(std::iter::repeat_n(row as i64, c as usize));
+        }
+        let drawn = looked_up.len() as u64;
+        for i in 0..n - drawn {
+            let pick = (draw(key(seed, Stream::Repeat), i) * drawn) >> 32;
+            looked_up.push(looked_up[pick as usize]);
+        }
+        let bag: Vec<u64> = (0..n)
+            .map(|i| (draw(key(seed, Stream::Bag), i) * batch) >> 32)
+            .collect();
+        let mut order: Vec<usize> = (0..n as usize).collect();
+        order.sort_by_key(|&i| (bag[i], draw(key(seed, Stream::Place), i as u64)));
+        let mut offsets = vec![0i64; batch as usize];
+        for &b in &bag {
+            for o in &mut offsets[b as usize + 1..] {
+                *o += 1;
+            }
+        }
+        HostLookups {
+            indices: order.iter().map(|&i| looked_up[i]).collect(),
+            offsets,
+            bags: order.iter().map(|&i| bag[i] as i64).collect(),
+        }
+    }
+
+    #[test]
+    fn tensor_ops_draw_exactly_what_the_scalar_reference_draws() {
+        let tables = [
+            table("cold", 10_000_000, 3.0, &[(0, 0.9), (1, 0.1)]),
+            table("hot", 100_000, 12.5, &[(0, 0.3), (6, 0.4), (16, 0.3)]),
+            table("capped", 5000, 20.0, &[(0, 0.2), (4, 0.8)]),
+            table("none", 1000, 2.0, &[]),
+        ];
+        for t in &tables {
+            for (seed, batch, cap) in [(1, 64, u64::MAX), (9, 300, 40), (2, 1, 7)] {
+                let want = reference(seed, t, batch, cap);
+                assert_eq!(
+                    host(seed, t, batch, cap),
+                    want,
+                    "{} {seed} {batch} {cap}",
+                    t.name
+                );
+                // Bags follow offsets.
+                let mut bags = Vec::new();
+                for (b, len) in want.bag_lengths().into_iter().enumerate() {
+                    bags.extend(std::iter::repeat_n(b as i64, len));
+                }
+                assert_eq!(bags, want.bags);
+            }
+        }
+    }
+
+    #[test]
+    fn the_hash_is_a_bijection_on_a_sample_and_looks_uniform() {
+        let k = key(3, Stream::Bag);
+        let u = Vec::<i64>::try_from(&draws(k, 1 << 16, Device::Cpu).unwrap()).unwrap();
+        assert!(u.iter().all(|&x| (0..SPAN).contains(&x)));
+        assert_eq!(unique_rows(&u), u.len());
+        // Each of 16 equal slices of [0, 2^32) gets about 1/16 of the draws.
+        let mut slices = [0usize; 16];
+        u.iter().for_each(|&x| slices[(x >> 28) as usize] += 1);
+        let expect = u.len() as f64 / 16.0;
+        assert!(
+            slices
+                .iter()
+                .all(|&s| (s as f64 / expect - 1.0).abs() < 0.05),
+            "{slices:?}"
+        );
+    }
+
     #[test]
     fn bags_hold_the_pooling_factor_on_average() {
         let t = table("t", 1_000_000, 7.3, &[(0, 0.5), (3, 0.5)]);
-        let l = for_table(1, &t, 1000, u64::MAX);
-        assert_eq!(l.bags(), 1000);
-        assert_eq!(l.len(), 7300);
+        let l = host(1, &t, 1000, u64::MAX);
+        assert_eq!(l.offsets.len(), 1000);
+        assert_eq!(l.indices.len(), 7300);
         let lengths = l.bag_lengths();
         assert_eq!(lengths.iter().sum::<usize>(), 7300);
         // Poisson-like: spread around the mean, not all equal.
@@ -250,25 +601,27 @@ mod tests {
     fn indices_stay_within_capped_rows() {
         let t = table("t", 5000, 20.0, &[(0, 1.0)]);
         for cap in [100u64, 3000, u64::MAX] {
-            let l = for_table(2, &t, 256, cap);
+            let l = host(2, &t, 256, cap);
             let rows = capped_rows(&t, cap) as i64;
             assert!(
                 l.indices.iter().all(|&i| (0..rows).contains(&i)),
                 "cap {cap}"
             );
-            assert_eq!(l.len(), 5120);
+            assert_eq!(l.indices.len(), 5120);
         }
         // With 100 rows for 5120 lookups, every row is used.
-        assert_eq!(unique_rows(&for_table(2, &t, 256, 100).indices), 100);
+        assert_eq!(unique_rows(&host(2, &t, 256, 100).indices), 100);
+        // A permutation: every count of 1 goes to its own row.
+        assert_eq!(unique_rows(&host(2, &t, 256, 3000).indices), 3000);
     }
 
     #[test]
     fn hot_bins_mean_fewer_unique_rows() {
         let cold = table("c", 10_000_000, 10.0, &[(0, 0.95), (1, 0.05)]);
         let hot = table("h", 10_000_000, 10.0, &[(0, 0.3), (6, 0.4), (9, 0.3)]);
-        let lc = for_table(3, &cold, 2048, u64::MAX);
-        let lh = for_table(3, &hot, 2048, u64::MAX);
-        assert_eq!(lc.len(), lh.len());
+        let lc = host(3, &cold, 2048, u64::MAX);
+        let lh = host(3, &hot, 2048, u64::MAX);
+        assert_eq!(lc.indices.len(), lh.indices.len());
         let (uc, uh) = (unique_rows(&lc.indices), unique_rows(&lh.indices));
         assert!(uh * 20 < uc, "unique rows: cold {uc}, hot {uh}");
         // The measured histograms follow the bins.
@@ -277,44 +630,94 @@ mod tests {
         let hh = reuse_histogram(&lh.indices);
         assert!(hh[0] > 0.2 && hh[6] > 0.25 && hh[9] > 0.15, "{hh:?}");
         // Unique rows ≈ lookups / mean reuse.
-        let expect = lh.len() as f64 / hot.mean_reuse();
+        let expect = lh.indices.len() as f64 / hot.mean_reuse();
         assert!((uh as f64 / expect - 1.0).abs() < 0.35, "{uh} vs {expect}");
+    }
+
+    #[test]
+    fn empty_bins_are_never_drawn_even_when_shares_round() {
+        // Shares that do not sum to exactly 1 in floating point.
+        let mut bins = [0.0; NUM_BINS];
+        bins[0] = 0.1;
+        bins[2] = 0.2;
+        bins[5] = 0.7;
+        let th = bin_thresholds(&bins);
+        assert!(th[5..].iter().all(|&t| t == SPAN), "{th:?}");
+        assert_eq!(th[1], th[0]);
+        assert_eq!(bin_thresholds(&[0.0; NUM_BINS]), [SPAN; NUM_BINS - 1]);
+        assert_eq!(bin_thresholds(&[f64::NAN; NUM_BINS]), [SPAN; NUM_BINS - 1]);
+        let t = table("t", 10_000_000, 0.625, &[(0, 0.1), (2, 0.2), (5, 0.7)]);
+        let h = reuse_histogram(&host(4, &t, 8192, u64::MAX).indices);
+        let nonzero: Vec<usize> = (0..NUM_BINS).filter(|&k| h[k] > 0.0).collect();
+        // Counts up to 32, and the last row's count cut: never above bin 5.
+        assert!(nonzero.iter().all(|&k| k <= 5), "{h:?}");
+    }
+
+    #[test]
+    fn row_permutations_are_permutations() {
+        for rows in [1u64, 2, 6, 97, 1000, 1 << 33] {
+            let (a, b) = row_permutation(11, rows);
+            assert!(a >= 1 && (a as u64) < rows.clamp(2, 1 << 31));
+            assert!((b as u64) < rows);
+            if rows <= 1000 {
+                let mut seen: Vec<u64> = (0..rows)
+                    .map(|j| (a as u64 * j % rows + b as u64) % rows)
+                    .collect();
+                seen.sort_unstable();
+                seen.dedup();
+                assert_eq!(seen.len() as u64, rows);
+            }
+        }
     }
 
     #[test]
     fn same_seed_same_lookups_other_seed_other_lookups() {
         let t = table("t", 100_000, 4.0, &[(0, 0.6), (2, 0.4)]);
-        assert_eq!(for_table(5, &t, 128, 1000), for_table(5, &t, 128, 1000));
-        assert_ne!(for_table(5, &t, 128, 1000), for_table(6, &t, 128, 1000));
+        assert_eq!(host(5, &t, 128, 1000), host(5, &t, 128, 1000));
+        assert_ne!(host(5, &t, 128, 1000), host(6, &t, 128, 1000));
         let mut u = t.clone();
         u.name = "u".into();
-        assert_ne!(for_table(5, &t, 128, 1000), for_table(5, &u, 128, 1000));
+        assert_ne!(host(5, &t, 128, 1000), host(5, &u, 128, 1000));
         assert_eq!(table_seed(0, "abc"), table_seed(0, "abc"));
+        assert!(same_on(Device::Cpu).is_ok());
     }
 
     #[test]
-    fn fused_lookups_shift_rows_and_offsets() {
-        let a = Lookups {
-            indices: vec![0, 1, 2],
-            offsets: vec![0, 2],
-        };
-        let b = Lookups {
-            indices: vec![4, 0],
-            offsets: vec![0, 0],
-        };
-        let f = fuse(&[(&a, 0), (&b, 10)]);
-        assert_eq!(f.indices, vec![0, 1, 2, 14, 10]);
-        assert_eq!(f.offsets, vec![0, 2, 3, 3]);
-        assert_eq!(f.bag_lengths(), vec![2, 1, 0, 2]);
-        assert_eq!(fuse(&[]), Lookups::default());
+    fn fused_lookups_shift_rows_offsets_and_bags() {
+        let a = table("a", 30, 2.0, &[(0, 1.0)]);
+        let b = table("b", 50, 1.0, &[(0, 1.0)]);
+        let la = for_table(1, &a, 4, u64::MAX, Device::Cpu).unwrap();
+        let lb = for_table(1, &b, 4, u64::MAX, Device::Cpu).unwrap();
+        let f = fuse(&[(&la, 0), (&lb, 30)]).unwrap().to_host().unwrap();
+        let (ha, hb) = (la.to_host().unwrap(), lb.to_host().unwrap());
+        let shifted = |v: &[i64], by: i64| v.iter().map(|x| x + by).collect::<Vec<_>>();
+        assert_eq!(
+            f.indices,
+            [ha.indices.clone(), shifted(&hb.indices, 30)].concat()
+        );
+        assert_eq!(
+            f.offsets,
+            [ha.offsets.clone(), shifted(&hb.offsets, 8)].concat()
+        );
+        assert_eq!(f.bags, [ha.bags.clone(), shifted(&hb.bags, 4)].concat());
+        assert!(fuse(&[]).is_err());
     }
 
     #[test]
-    fn zero_pooling_gives_empty_bags() {
+    fn zero_pooling_gives_empty_bags_and_too_many_lookups_are_refused() {
         let t = table("t", 100, 0.0, &[(0, 1.0)]);
-        let l = for_table(0, &t, 8, 100);
-        assert!(l.is_empty());
+        let l = host(0, &t, 8, 100);
+        assert!(l.indices.is_empty() && l.bags.is_empty());
         assert_eq!(l.offsets, vec![0; 8]);
-        assert_eq!(reuse_histogram(&[]), [0.0; NUM_BINS]);
+        let nan = table("nan", 100, f64::NAN, &[(0, 1.0)]);
+        assert!(host(0, &nan, 8, 100).indices.is_empty());
+        let busy = table("busy", 100, 1e5, &[(0, 1.0)]);
+        let e = for_table(0, &busy, 65536, 100, Device::Cpu)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("table `busy`") && e.contains("6553600000"),
+            "{e}"
+        );
     }
 }

@@ -148,14 +148,15 @@ fn bench(
     let policy = PolicyNet::new(&(vs.root() / "policy"), &cfg.model);
     let cost = CostNet::new(&(vs.root() / "cost"), &cfg.model);
     let task = MdpTask::new(&pool, devices, u64::MAX, &cfg.memory);
-    rollout(&policy, &cost, &task, episodes, Mode::Sample); // warm-up
+    rollout(&policy, &cost, &task, episodes, Mode::Sample { seed: 0 }); // warm-up
     let start = std::time::Instant::now();
-    for _ in 0..rounds {
-        rollout(&policy, &cost, &task, episodes, Mode::Sample);
+    for round in 0..rounds {
+        let seed = round as u64 + 1;
+        rollout(&policy, &cost, &task, episodes, Mode::Sample { seed });
     }
     let secs = start.elapsed().as_secs_f64();
     let steps = (rounds * episodes * tables) as f64;
-    let u = rollout(&policy, &cost, &task, episodes, Mode::Sample);
+    let u = rollout(&policy, &cost, &task, episodes, Mode::Sample { seed: 0 });
     let frame = common::protocol::encode(
         &common::protocol::Header {
             sender: 1,

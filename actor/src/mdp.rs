@@ -50,13 +50,16 @@ impl MdpTask {
 /// How actions are chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Mode {
-    /// Sample from the policy (training).
-    Sample,
+    /// Sample from the policy (training), by the Gumbel-max trick with
+    /// noise from a ChaCha RNG seeded by `seed`: the same seed and weights
+    /// give the same episodes, whatever other threads draw (libtorch's
+    /// global RNG is shared by every thread of the process).
+    Sample { seed: u64 },
     /// The most probable legal device (placing for a user).
     Greedy,
     /// Episode 0 greedy, the others sampled at `temperature` with Gumbel
-    /// noise from a ChaCha RNG seeded by `seed`: reproducible candidates for
-    /// `plan` to choose among, without touching libtorch's global RNG.
+    /// noise seeded by `seed`: reproducible candidates for `plan` to choose
+    /// among.
     GreedyAndSamples { seed: u64, temperature: f64 },
 }
 
@@ -128,10 +131,13 @@ pub fn rollout(
     try_rollout(policy, cost, task, episodes, mode).unwrap_or_else(|e| panic!("rollout: {e}"))
 }
 
+fn seeded(seed: u64) -> rand_chacha::ChaCha8Rng {
+    <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed)
+}
+
 /// [`rollout`], with an error instead of a panic for an empty task (no
-/// table, no device, no episode) and for probabilities that are not numbers
-/// (weights so large that the policy's logits overflow: libtorch's
-/// `multinomial` refuses them).
+/// table, no device, no episode) and, when sampling, for probabilities that
+/// are not numbers (weights so large that the policy's logits overflow).
 pub fn try_rollout(
     policy: &PolicyNet,
     cost: &CostNet,
@@ -170,11 +176,11 @@ pub fn try_rollout(
     let mut infeasible = vec![false; episodes];
     let mut plans = vec![vec![0usize; m]; episodes];
     let rows = Tensor::arange(e, (Kind::Int64, Device::Cpu));
-    let mut gumbel_rng = match mode {
-        Mode::GreedyAndSamples { seed, .. } => {
-            Some(<rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed))
-        }
-        _ => None,
+    // Gumbel noise at a temperature, none for the first `greedy` episodes.
+    let (mut gumbel, temperature, greedy) = match mode {
+        Mode::Sample { seed } => (Some(seeded(seed)), 1.0, 0),
+        Mode::GreedyAndSamples { seed, temperature } => (Some(seeded(seed)), temperature, 1),
+        Mode::Greedy => (None, 0.0, 0),
     };
     let (mut actions, mut logps, mut masks, mut feats) = (
         Vec::with_capacity(m),
@@ -204,22 +210,17 @@ pub fn try_rollout(
         let progress = Tensor::full([e], step as f64 / m as f64, opts());
         let out = policy.forward(&dev_pol, &cost_feat, &current, &progress);
         let logp = masked_log_softmax(&out.logits, &mask_t);
-        let action = match mode {
-            Mode::Sample => logp
-                .exp()
-                .f_multinomial(1, true)
-                .map_err(|e| {
-                    format!(
-                        "sampling step {step}: the policy's probabilities are not numbers ({e})"
-                    )
-                })?
-                .squeeze_dim(1),
-            Mode::Greedy => logp.argmax(1, false),
-            Mode::GreedyAndSamples { temperature, .. } => {
-                let rng = gumbel_rng.as_mut().expect("seeded above");
+        let action = match gumbel.as_mut() {
+            None => logp.argmax(1, false),
+            Some(rng) => {
+                if logp.isnan().any().int64_value(&[]) != 0 {
+                    return Err(format!(
+                        "sampling step {step}: the policy's probabilities are not numbers"
+                    ));
+                }
                 let noise: Vec<f32> = (0..episodes * task.devices)
                     .map(|i| {
-                        if i < task.devices {
+                        if i < greedy * task.devices {
                             0.0
                         } else {
                             let u: f64 = rand::Rng::gen_range(rng, 1e-12..1.0);
@@ -438,7 +439,7 @@ mod tests {
         let (_vs, policy, cost) = nets();
         let t = tables(12);
         let task = MdpTask::new(&t, 3, u64::MAX, &MemoryModel::default());
-        let u = rollout(&policy, &cost, &task, 4, Mode::Sample);
+        let u = rollout(&policy, &cost, &task, 4, Mode::Sample { seed: 1 });
         let repr = tch::no_grad(|| cost.tables(&task.features));
         for (k, plan) in u.plans.iter().enumerate() {
             for (step, _) in u.order.iter().enumerate() {
@@ -498,7 +499,7 @@ mod tests {
         let mem = MemoryModel::default();
         let cap = 6 * mem.table_bytes(&t[0]);
         let task = MdpTask::new(&t, 4, cap, &mem);
-        let u = rollout(&policy, &cost, &task, 32, Mode::Sample);
+        let u = rollout(&policy, &cost, &task, 32, Mode::Sample { seed: 1 });
         for (k, plan) in u.plans.iter().enumerate() {
             assert!(!u.infeasible[k]);
             let p = common::Plan {
@@ -524,7 +525,7 @@ mod tests {
         let t = equal_tables(6);
         let mem = MemoryModel::default();
         let task = MdpTask::new(&t, 2, 2 * mem.table_bytes(&t[0]), &mem);
-        let u = rollout(&policy, &cost, &task, 3, Mode::Sample);
+        let u = rollout(&policy, &cost, &task, 3, Mode::Sample { seed: 1 });
         assert!(u.infeasible.iter().all(|&f| f));
     }
 
@@ -537,13 +538,51 @@ mod tests {
         let b = rollout(&policy, &cost, &task, 3, Mode::Greedy);
         assert_eq!(a.plans, b.plans);
         assert!(a.plans.iter().all(|p| p == &a.plans[0]));
-        let s = rollout(&policy, &cost, &task, 64, Mode::Sample);
+        let s = rollout(&policy, &cost, &task, 64, Mode::Sample { seed: 1 });
         let distinct: std::collections::HashSet<_> = s.plans.iter().collect();
         assert!(
             distinct.len() > 10,
             "{} distinct plans of 64",
             distinct.len()
         );
+        // A seed fixes the samples, whatever libtorch's global RNG holds.
+        tch::manual_seed(99);
+        let again = rollout(&policy, &cost, &task, 64, Mode::Sample { seed: 1 });
+        assert_eq!(s.plans, again.plans);
+        let other = rollout(&policy, &cost, &task, 64, Mode::Sample { seed: 2 });
+        assert_ne!(s.plans, other.plans);
+    }
+
+    #[test]
+    fn samples_follow_the_policys_probabilities() {
+        let (_vs, policy, cost) = nets();
+        let t = tables(5);
+        let task = MdpTask::new(&t, 4, u64::MAX, &MemoryModel::default());
+        let n = 4000;
+        let u = rollout(&policy, &cost, &task, n, Mode::Sample { seed: 5 });
+        // The first step's state is the same in every episode: its
+        // probabilities are those of the actions chosen there.
+        let first = Vec::<i64>::try_from(&u.actions.get(0)).unwrap();
+        let logp = Vec::<f32>::try_from(&u.behaviour_logp.get(0)).unwrap();
+        let mut p = [f64::NAN; 4];
+        let mut count = [0usize; 4];
+        for (&a, &l) in first.iter().zip(&logp) {
+            p[a as usize] = f64::from(l).exp();
+            count[a as usize] += 1;
+        }
+        assert!(count.iter().filter(|&&c| c > 0).count() > 1, "{count:?}");
+        for d in 0..4 {
+            if count[d] == 0 {
+                continue;
+            }
+            let freq = count[d] as f64 / n as f64;
+            let sigma = (p[d] * (1.0 - p[d]) / n as f64).sqrt();
+            assert!(
+                (freq - p[d]).abs() < 4.0 * sigma + 1e-3,
+                "device {d}: {freq} vs {}",
+                p[d]
+            );
+        }
     }
 
     #[test]
@@ -552,23 +591,23 @@ mod tests {
         let mem = MemoryModel::default();
         let t = tables(6);
         let no_table = MdpTask::new(&[], 3, u64::MAX, &mem);
-        let e = try_rollout(&policy, &cost, &no_table, 4, Mode::Sample).unwrap_err();
+        let e = try_rollout(&policy, &cost, &no_table, 4, Mode::Sample { seed: 1 }).unwrap_err();
         assert!(e.contains("0 tables"), "{e}");
         let no_device = MdpTask::new(&t, 0, u64::MAX, &mem);
-        let e = try_rollout(&policy, &cost, &no_device, 4, Mode::Sample).unwrap_err();
+        let e = try_rollout(&policy, &cost, &no_device, 4, Mode::Sample { seed: 1 }).unwrap_err();
         assert!(e.contains("0 devices"), "{e}");
         let task = MdpTask::new(&t, 3, u64::MAX, &mem);
-        let e = try_rollout(&policy, &cost, &task, 0, Mode::Sample).unwrap_err();
+        let e = try_rollout(&policy, &cost, &task, 0, Mode::Sample { seed: 1 }).unwrap_err();
         assert!(e.contains("0 episodes"), "{e}");
-        assert!(try_rollout(&policy, &cost, &task, 4, Mode::Sample).is_ok());
+        assert!(try_rollout(&policy, &cost, &task, 4, Mode::Sample { seed: 1 }).is_ok());
         // Finite weights (an import accepts them) whose logits overflow:
-        // the probabilities are NaN, which `multinomial` refuses.
+        // the probabilities are NaN, and nothing can be sampled from them.
         tch::no_grad(|| {
             for (_, mut v) in vs.variables() {
                 let _ = v.fill_(1e30);
             }
         });
-        let e = try_rollout(&policy, &cost, &task, 4, Mode::Sample).unwrap_err();
+        let e = try_rollout(&policy, &cost, &task, 4, Mode::Sample { seed: 1 }).unwrap_err();
         assert!(e.contains("not numbers"), "{e}");
     }
 }

@@ -245,7 +245,7 @@ mod tests {
     fn an_unroll_survives_the_wire() {
         let (_vs, policy, cost) = nets(1);
         let t = task();
-        let u = rollout(&policy, &cost, &t, 5, Mode::Sample);
+        let u = rollout(&policy, &cost, &t, 5, Mode::Sample { seed: 1 });
         let back = unroll_from_data(&unroll_to_data(2, &u), 9, 3).unwrap();
         assert_eq!(back.order, u.order);
         assert_eq!(back.plans, u.plans);
@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn bad_unrolls_are_refused_with_the_fault() {
         let (_vs, policy, cost) = nets(1);
-        let u = rollout(&policy, &cost, &task(), 2, Mode::Sample);
+        let u = rollout(&policy, &cost, &task(), 2, Mode::Sample { seed: 1 });
         let good = unroll_to_data(0, &u);
         let wrong_size = unroll_from_data(&good, 10, 3).unwrap_err();
         assert!(wrong_size.contains("order"), "{wrong_size}");

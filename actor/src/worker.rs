@@ -289,7 +289,7 @@ fn session(
             &nets.cost,
             &mdps[k],
             cfg.train.episodes,
-            Mode::Sample,
+            Mode::Sample { seed: rng.gen() },
         ) {
             Ok(u) => u,
             Err(e) => {
@@ -428,7 +428,7 @@ mod tests {
         let cfg = ModelConfig::default();
         let policy = PolicyNet::new(&(vs.root() / "policy"), &cfg);
         let cost = CostNet::new(&(vs.root() / "cost"), &cfg);
-        let u = try_rollout(&policy, &cost, &mdp, 7, Mode::Sample).unwrap();
+        let u = try_rollout(&policy, &cost, &mdp, 7, Mode::Sample { seed: 1 }).unwrap();
         let header = Header {
             sender: 12,
             incarnation: u64::MAX - 5,

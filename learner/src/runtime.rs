@@ -793,7 +793,6 @@ impl<'t, 'a> Learner<'t, 'a> {
         self.trainer.finish_round();
         self.round_version = None;
         (hooks.round_done)(self.trainer)?;
-        self.trainer.seed_round();
         Ok(true)
     }
 
@@ -840,7 +839,6 @@ impl<'t, 'a> Learner<'t, 'a> {
 
     /// Runs until every configured round is done or `stop` is set.
     pub fn run(&mut self, hooks: &mut Hooks, stop: &AtomicBool) -> anyhow::Result<()> {
-        self.trainer.seed_round();
         // Actors take version 0 for "no weights yet".
         self.trainer.counters.policy_version += 1;
         let mut last_progress = Instant::now();

@@ -816,14 +816,6 @@ impl<'a> Trainer<'a> {
         self.tasks
     }
 
-    /// Seeds libtorch's sampling from the round, so that a resumed run
-    /// samples as the first would have.
-    pub fn seed_round(&self) {
-        let t = &self.cfg.train;
-        let it = self.counters.iteration as u64;
-        tch::manual_seed((t.seed ^ it.wrapping_mul(0x9e3779b97f4a7c15)) as i64);
-    }
-
     /// Whether the `j`-th plan measured in a round is the greedy pick
     /// (`train.measure_greedy_share` of them are: what `plan` returns, or the
     /// policy's greedy episode, see `train.measure_planned`) rather than a
@@ -867,8 +859,11 @@ impl<'a> Trainer<'a> {
             let predicted_ms = self.model.estimate(&task.tables, &plan).1;
             (plan, infeasible, predicted_ms)
         } else {
-            let mode = if greedy { Mode::Greedy } else { Mode::Sample };
-            tch::manual_seed(seed as i64);
+            let mode = if greedy {
+                Mode::Greedy
+            } else {
+                Mode::Sample { seed }
+            };
             let u = rollout(&self.model.policy, &self.model.cost, &self.mdps[k], 1, mode);
             let plan = Plan {
                 devices: task.devices,
@@ -989,7 +984,9 @@ impl<'a> Trainer<'a> {
             &self.model.cost,
             &self.mdps[k],
             self.cfg.train.episodes,
-            Mode::Sample,
+            Mode::Sample {
+                seed: self.rng.gen(),
+            },
         );
         (k, u)
     }
@@ -1048,7 +1045,6 @@ impl<'a> Trainer<'a> {
     /// network, improve the policy.
     pub fn iteration(&mut self, oracle: &mut dyn Oracle, hooks: &mut Hooks) -> anyhow::Result<()> {
         let t = &self.cfg.train;
-        self.seed_round();
         // A run resumed mid-round has some of the round's measurements.
         let first = self.counters.iteration * t.measure_per_iteration;
         while self.buffer.len() < first + t.measure_per_iteration {
@@ -1111,7 +1107,13 @@ pub(crate) mod tests {
         let model = Model::new(&cfg);
         let task = &suite.tasks[0];
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
-        let u = rollout(&model.policy, &model.cost, &mdp, 8, Mode::Sample);
+        let u = rollout(
+            &model.policy,
+            &model.cost,
+            &mdp,
+            8,
+            Mode::Sample { seed: 1 },
+        );
         let r = tch::no_grad(|| replay(&model.policy, &mdp, &u));
         let diff = (&r.logp - &u.behaviour_logp).abs().max().double_value(&[]);
         assert!(diff < 1e-4, "replayed log-probabilities differ by {diff}");
@@ -1135,7 +1137,13 @@ pub(crate) mod tests {
         let model = Model::new(&cfg);
         let task = &suite.tasks[0];
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
-        let mut u = rollout(&model.policy, &model.cost, &mdp, 16, Mode::Sample);
+        let mut u = rollout(
+            &model.policy,
+            &model.cost,
+            &mdp,
+            16,
+            Mode::Sample { seed: 1 },
+        );
         // An untrained cost network may predict anything; use known costs.
         let costs: Vec<f32> = (0..16).map(|k| 10.0 + (k * 7 % 16) as f32).collect();
         u.predicted_cost_ms = Tensor::from_slice(&costs);

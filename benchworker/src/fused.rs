@@ -358,12 +358,16 @@ impl FusedDevice {
 
     /// The fused lookups: `[B, S]` fp32, sample-major, tables in order.
     pub fn forward(&self) -> Result<Tensor, TchError> {
-        let parts = self
+        let mut parts = self
             .groups
             .iter()
             .map(|g| g.forward(self.batch))
             .collect::<Result<Vec<_>, _>>()?;
-        let side_by_side = Tensor::f_cat(&parts, 1)?;
+        // One group is the whole output already: no copy by `cat`.
+        let side_by_side = match parts.len() {
+            1 => parts.remove(0),
+            _ => Tensor::f_cat(&parts, 1)?,
+        };
         let packed = match &self.gather {
             Some((columns, _)) => side_by_side.f_index_select(1, columns)?,
             None => side_by_side,
@@ -517,6 +521,13 @@ mod tests {
             };
             assert!(close(&values(&out), &want, tol), "{precision:?}");
         }
+        // Tables of one dim: one group, its output as it is.
+        let one_dim = [table("a", 40, 8, 3.0), table("c", 60, 8, 5.0)];
+        let (layout, lookups, fused) = setup_with(&one_dim, Precision::Fp32, Optimizer::Sgd);
+        assert_eq!(fused.groups.len(), 1);
+        assert!(fused.gather.is_none());
+        let want = naive_forward(&layout, &lookups, &weights(&fused, &layout));
+        assert!(close(&values(&fused.forward().unwrap()), &want, 1e-4));
     }
 
     /// Each table's weight gradient (`rows × dim`) for output gradient

@@ -280,16 +280,16 @@ impl DeviceWork {
             })
             .collect::<Result<Vec<Lookups>, _>>()?;
         let mut first_row = 0i64;
-        let parts: Vec<(&Lookups, i64)> = group
+        let parts: Vec<(Lookups, i64)> = group
             .iter()
-            .zip(&lookups)
+            .zip(lookups)
             .map(|(&t, l)| {
                 let part = (l, first_row);
                 first_row += indices::capped_rows(&tables[t], cfg.max_rows) as i64;
                 part
             })
             .collect();
-        let fused = indices::fuse(&parts)?;
+        let fused = indices::fuse(parts)?;
         let (_, dim) = weight_shape(tables, group, cfg.max_rows);
         Ok(DeviceWork {
             tables: group.to_vec(),

@@ -57,9 +57,9 @@ use crate::timing::{self, Phases};
 const BACKEND: &str = "cuda";
 /// Value of the output gradients (it does not matter; a normal float).
 const GRAD_VALUE: f64 = 1e-3;
-/// Most lookups of one iteration over all the plan's tables: a device holds
-/// them with their bags and the backward's sort keys and pieces (about 40
-/// bytes each), next to its weights.
+/// Most lookups of one iteration on one GPU: it holds them with their bags,
+/// the backward's sort keys and pieces (a few tens of bytes each, more while
+/// they are generated), next to its weights.
 const MAX_LOOKUPS: f64 = (1u64 << 29) as f64;
 /// How often a wait on the GPU checks NCCL for a failed peer.
 const POLL: Duration = Duration::from_micros(200);
@@ -199,22 +199,24 @@ pub struct CudaOracle {
     last_spread: Option<Spread>,
 }
 
-/// Refuses a plan whose tables draw more lookups per iteration than a
-/// device is asked to hold ([`MAX_LOOKUPS`]): a pooling factor of 1e5 at a
-/// batch of 65536 would be 6.5e9 of them.
-fn check_lookups(tables: &[Table], batch: u64) -> Result<(), OracleError> {
-    let of = |t: &Table| indices::lookups_per_batch(t, batch);
-    let total: f64 = tables.iter().map(of).sum();
-    if total > MAX_LOOKUPS {
-        let widest = tables
-            .iter()
-            .max_by(|a, b| of(a).total_cmp(&of(b)))
-            .map(|t| format!(" (table `{}`: {:.0})", t.name, of(t)))
-            .unwrap_or_default();
-        return Err(err(format!(
-            "the plan needs {total:.0} lookups per iteration at cuda.batch = {batch}{widest}, \
-             more than the {MAX_LOOKUPS:.0} this backend generates; lower cuda.batch"
-        )));
+/// Refuses a plan that has a device draw more lookups per iteration than
+/// [`MAX_LOOKUPS`] (a pooling factor of 1e5 at a batch of 65536 would be
+/// 6.5e9 of them), naming the device and its busiest table.
+fn check_lookups(tables: &[Table], plan: &Plan, batch: u64) -> Result<(), OracleError> {
+    let of = |t: usize| indices::lookups_per_batch(&tables[t], batch);
+    for (d, group) in plan.groups().iter().enumerate() {
+        let total: f64 = group.iter().map(|&t| of(t)).sum();
+        if total > MAX_LOOKUPS {
+            let busiest = group
+                .iter()
+                .max_by(|&&a, &&b| of(a).total_cmp(&of(b)))
+                .map(|&t| format!(" (table `{}`: {:.0})", tables[t].name, of(t)))
+                .unwrap_or_default();
+            return Err(err(format!(
+                "device {d} of the plan needs {total:.0} lookups per iteration at cuda.batch = \
+                 {batch}{busiest}, more than the {MAX_LOOKUPS:.0} a GPU is given; lower cuda.batch"
+            )));
+        }
     }
     Ok(())
 }
@@ -458,12 +460,11 @@ impl CudaOracle {
                 })
                 .collect::<Result<Vec<Lookups>, _>>()
                 .map_err(tch_err)?;
-            let refs: Vec<&Lookups> = lookups.iter().collect();
             let fused = if dev.is_empty() {
                 None
             } else {
                 Some(
-                    FusedDevice::build(dev, &refs, self.cfg.batch, spec(ordinal))
+                    FusedDevice::build(dev, lookups, self.cfg.batch, spec(ordinal))
                         .map_err(tch_err)?,
                 )
             };
@@ -845,7 +846,7 @@ impl Oracle for CudaOracle {
                 "the group's NCCL communicators failed; it must re-form",
             ));
         }
-        check_lookups(tables, self.cfg.batch)?;
+        check_lookups(tables, plan, self.cfg.batch)?;
         let leader = matches!(self.topology, Topology::Group { rank: 0, .. });
         // Before the job reaches the group: a plan too big for it would
         // fail in `comms` after the broadcast, and abort every communicator.
@@ -899,18 +900,27 @@ mod tests {
     use crate::test_table;
 
     #[test]
-    fn too_many_lookups_are_refused_with_the_batch_named() {
+    fn too_many_lookups_on_a_device_are_refused_with_the_batch_named() {
         let small = test_table("small", 1000, 32, 4.0, &[(0, 1.0)]);
-        let busy = test_table("busy", 1000, 32, 1e5, &[(0, 1.0)]);
-        assert!(check_lookups(&[small.clone(), small.clone()], 65536).is_ok());
-        let e = check_lookups(&[small.clone(), busy], 65536)
+        let busy = test_table("busy", 1000, 32, 5e3, &[(0, 1.0)]);
+        let plan = |assignment: Vec<usize>| Plan {
+            devices: 2,
+            assignment,
+        };
+        let two_busy = [small.clone(), busy.clone(), busy.clone()];
+        // 2 × 3.3e8 lookups: too many on one device, not on two.
+        assert!(check_lookups(&two_busy, &plan(vec![0, 0, 1]), 65536).is_ok());
+        let e = check_lookups(&two_busy, &plan(vec![0, 1, 1]), 65536)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("cuda.batch = 65536"), "{e}");
+        assert!(
+            e.contains("device 1") && e.contains("cuda.batch = 65536"),
+            "{e}"
+        );
         assert!(e.contains("`busy`"), "{e}");
         // A pooling that is not a number draws nothing (as the generator).
         let odd = test_table("odd", 1000, 32, f64::NAN, &[(0, 1.0)]);
-        assert!(check_lookups(&[small, odd], 65536).is_ok());
+        assert!(check_lookups(&[small, odd], &plan(vec![0, 0]), 65536).is_ok());
     }
 
     #[test]

@@ -143,7 +143,7 @@ struct Group {
 
 impl Group {
     fn build(
-        lookups: &[&Lookups],
+        lookups: Vec<Lookups>,
         rows: Vec<i64>,
         dim: i64,
         spec: FusedSpec,
@@ -156,8 +156,9 @@ impl Group {
                 Some(at)
             })
             .collect();
-        let parts: Vec<(&Lookups, i64)> = lookups.iter().copied().zip(first_row.clone()).collect();
-        let fused = indices::fuse(&parts)?.to(spec.device)?;
+        let tables = lookups.len() as i64;
+        let parts: Vec<(Lookups, i64)> = lookups.into_iter().zip(first_row.clone()).collect();
+        let fused = indices::fuse(parts)?.to(spec.device)?;
         let total: i64 = rows.iter().sum();
         let dev = spec.device;
         let weight_kind = match spec.precision {
@@ -181,7 +182,7 @@ impl Group {
         let (unique, _, counts) = sorted.f_unique_consecutive(false, true, None)?;
         let (piece_starts, piece_rows) = segment_pieces(&counts, SEGMENT_PIECE)?;
         Ok(Group {
-            tables: lookups.len() as i64,
+            tables,
             dim,
             first_row,
             rows,
@@ -293,10 +294,11 @@ pub struct FusedDevice {
 
 impl FusedDevice {
     /// `lookups[i]`: one batch of the device's `i`-th table (rows within its
-    /// capped rows). Nothing is built for a device with no table.
+    /// capped rows), freed once fused. Nothing is built for a device with no
+    /// table.
     pub fn build(
         layout: &DeviceLayout,
-        lookups: &[&Lookups],
+        lookups: Vec<Lookups>,
         batch: u64,
         spec: FusedSpec,
     ) -> Result<Self, TchError> {
@@ -316,17 +318,22 @@ impl FusedDevice {
         }
         let mut place = vec![(0, 0); layout.tables.len()];
         let mut groups = Vec::new();
+        let mut lookups: Vec<Option<Lookups>> = lookups.into_iter().map(Some).collect();
         for (g, group) in layout.dim_groups().into_iter().enumerate() {
             for (k, &i) in group.members.iter().enumerate() {
                 place[i] = (g, k);
             }
-            let of_group: Vec<&Lookups> = group.members.iter().map(|&i| lookups[i]).collect();
+            let of_group: Vec<Lookups> = group
+                .members
+                .iter()
+                .filter_map(|&i| lookups[i].take())
+                .collect();
             let rows = group
                 .members
                 .iter()
                 .map(|&i| layout.rows[i] as i64)
                 .collect();
-            groups.push(Group::build(&of_group, rows, group.dim as i64, spec)?);
+            groups.push(Group::build(of_group, rows, group.dim as i64, spec)?);
         }
         let columns = layout.grouped_columns();
         let gather = if columns.iter().enumerate().all(|(c, &g)| g == c as i64) {
@@ -442,8 +449,8 @@ mod tests {
             optimizer,
             learning_rate: 0.5,
         };
-        let refs: Vec<&Lookups> = lookups.iter().collect();
-        let mut fused = FusedDevice::build(&layout, &refs, BATCH, spec).unwrap();
+        let host = lookups.iter().map(|l| l.to_host().unwrap()).collect();
+        let mut fused = FusedDevice::build(&layout, lookups, BATCH, spec).unwrap();
         let mut next = 0;
         for g in &mut fused.groups {
             let n = g.weight.numel() as i64;
@@ -454,7 +461,6 @@ mod tests {
             g.weight.copy_(&w);
             next += n;
         }
-        let host = lookups.iter().map(|l| l.to_host().unwrap()).collect();
         (layout, host, fused)
     }
 
@@ -672,16 +678,16 @@ mod tests {
     #[test]
     fn mismatched_lookups_are_errors() {
         let (layout, _, _) = setup(Precision::Fp32, Optimizer::Sgd);
-        let lookups = lookups_of(&three_tables());
         let spec = FusedSpec {
             device: Device::Cpu,
             precision: Precision::Fp32,
             optimizer: Optimizer::Sgd,
             learning_rate: 0.1,
         };
-        let two: Vec<&Lookups> = lookups.iter().take(2).collect();
-        assert!(FusedDevice::build(&layout, &two, BATCH, spec).is_err());
-        let all: Vec<&Lookups> = lookups.iter().collect();
-        assert!(FusedDevice::build(&layout, &all, BATCH + 1, spec).is_err());
+        let mut two = lookups_of(&three_tables());
+        two.pop();
+        assert!(FusedDevice::build(&layout, two, BATCH, spec).is_err());
+        let all = lookups_of(&three_tables());
+        assert!(FusedDevice::build(&layout, all, BATCH + 1, spec).is_err());
     }
 }

@@ -13,9 +13,11 @@
 //!   the trace's batch (65536); keeping the *ratio* of lookups to unique rows
 //!   at a smaller batch keeps the share of lookups that hit hot rows, which is
 //!   what locality costs depend on;
-//! - `rows`: the unique rows are spread over `[0, min(rows, row_cap))` by a
-//!   permutation of the rows (`a·j + b mod rows`, `a` coprime to `rows`, both
-//!   from the table's seed), so no two are the same. When the cap leaves fewer
+//! - `rows`: the unique rows are a random sample of `[0, min(rows, row_cap))`:
+//!   the first rows of a pseudo-random permutation of the rows (a Feistel
+//!   network over the next power of two, cycle-walked into range), so no two
+//!   are the same and they are spread as a uniform sample is (pages and cache
+//!   lines touched, which locality costs depend on). When the cap leaves fewer
 //!   rows than the bins ask for, the remaining lookups repeat drawn lookups,
 //!   so rows are repeated in proportion to their counts.
 //!
@@ -24,7 +26,9 @@
 //! that are exact on every device (a 32-bit value times a multiplier below
 //! 2^31 stays below 2^63). So a GPU generates its lookups itself, without a
 //! round trip through the host, and the `cpu` and `cuda` backends, running the
-//! same ops, look up the same rows bit for bit ([`same_on`] checks a device).
+//! same ops, look up the same rows bit for bit for the same seed, batch and
+//! row cap ([`same_on`] checks a device; the two backends' default batch and
+//! row cap differ, `[cpu]` and `[cuda]` in the configuration).
 //!
 //! The lookups of a table depend only on the seed, the table and the batch
 //! (see [`table_seed`]), never on the plan, so two plans are measured on the
@@ -37,15 +41,19 @@ use common::{Table, NUM_BINS};
 /// Draws are 32-bit: `[0, SPAN)`.
 const SPAN: i64 = 1 << 32;
 const MASK: i64 = SPAN - 1;
-/// The hash's multipliers (Wellons' `hash32` search): both below 2^31, so a
-/// 32-bit value times one of them is exact in an i64 tensor.
+/// The hash's multipliers: a xorshift-multiply hash shaped like Wellons'
+/// `lowbias32` (shifts 16, 15, 15), with multipliers below 2^31 so that a
+/// 32-bit value times one of them is exact in an i64 tensor; its uniformity
+/// is tested below.
 const MUL: [i64; 2] = [0x21f0_aaad, 0x735a_2d97];
 /// Most lookups of one table in one batch: draws scaled to `[0, n)` multiply
 /// a 32-bit draw by `n`, which must stay below 2^63.
 pub const MAX_TABLE_LOOKUPS: i64 = i32::MAX as i64;
-/// Rows beyond this many are not told apart (no weight is ever that large);
-/// keeps `a·j mod rows + b` below 2^63.
+/// Rows beyond this many are not told apart (no weight is ever that large):
+/// the row permutation's domain stays below 2^63.
 const MAX_ROWS: u64 = 1 << 62;
+/// Rounds of the row permutation's Feistel network.
+const FEISTEL_ROUNDS: u64 = 4;
 
 /// The independent streams of one table's draws.
 #[derive(Debug, Clone, Copy)]
@@ -58,7 +66,7 @@ enum Stream {
     Repeat,
     /// The bag of each lookup.
     Bag,
-    /// The row permutation.
+    /// The row permutation (one key per round).
     Rows,
     /// The order of the lookups within their bag.
     Place,
@@ -239,25 +247,52 @@ fn bin_thresholds(bins: &[f64; NUM_BINS]) -> [i64; NUM_BINS - 1] {
     out
 }
 
-/// The permutation `j ↦ (a·j + b) mod rows` of `[0, rows)`: `a` in
-/// `[1, min(rows, 2^31))` coprime to `rows` (so `a·j` for `j < 2^31` is exact),
-/// `b` in `[0, rows)`, both from the table's seed.
-fn row_permutation(table_seed: u64, rows: u64) -> (i64, i64) {
-    fn gcd(a: u64, b: u64) -> u64 {
-        if b == 0 {
-            a
-        } else {
-            gcd(b, a % b)
+/// Bits of the smallest power of two that is at least `rows` (≥ 1).
+fn domain_bits(rows: u64) -> u32 {
+    u64::BITS - (rows - 1).leading_zeros()
+}
+
+/// A Feistel network's pass over `x < 2^bits`: each round splits `x` into a
+/// left and a right part, `(L, R) ↦ (R, L ⊕ F(R))` with `F` the stream's
+/// hash cut to `L`'s width, which swaps the parts' widths; an even number of
+/// rounds. Each round is a bijection, so the pass permutes `[0, 2^bits)`.
+/// Parts are at most 31 bits for `bits ≤ 62`: every draw's counter is below
+/// 2^32 and every value below 2^62.
+fn feistel(x: &Tensor, bits: u32, table_seed: u64) -> Result<Tensor, TchError> {
+    let (mut left, mut right) = (bits / 2, bits - bits / 2);
+    let mut x = x.shallow_clone();
+    for round in 0..FEISTEL_ROUNDS {
+        let k = key(table_seed.wrapping_add(round), Stream::Rows);
+        let l = x.f_bitwise_right_shift_tensor_scalar(i64::from(right))?;
+        let r = x.f_bitwise_and((1i64 << right) - 1)?;
+        let f = draw(k, &r)?.f_bitwise_and((1i64 << left) - 1)?;
+        x = r
+            .f_bitwise_left_shift_tensor_scalar(i64::from(left))?
+            .f_bitwise_or_tensor(&l.f_bitwise_xor_tensor(&f)?)?;
+        std::mem::swap(&mut left, &mut right);
+    }
+    Ok(x)
+}
+
+/// The first `count` rows of a pseudo-random permutation of `[0, rows)`: the
+/// network over the next power of two, applied again to values outside the
+/// rows until they fall inside (cycle walking: starting from a row, the walk
+/// ends at a row, and two rows never end at the same one).
+fn sample_rows(count: i64, rows: u64, table_seed: u64, device: Device) -> Result<Tensor, TchError> {
+    let bits = domain_bits(rows);
+    let mut y = feistel(
+        &Tensor::f_arange(count, (Kind::Int64, device))?,
+        bits,
+        table_seed,
+    )?;
+    loop {
+        let out = y.f_ge(rows as i64)?.f_nonzero()?.f_squeeze_dim(1)?;
+        if out.size()[0] == 0 {
+            return Ok(y);
         }
+        let walked = feistel(&y.f_index_select(0, &out)?, bits, table_seed)?;
+        y = y.f_index_copy(0, &out, &walked)?;
     }
-    let z = splitmix(table_seed ^ (Stream::Rows as u64).wrapping_mul(GOLDEN));
-    let span = rows.min(1 << 31);
-    let mut a = if span > 1 { 1 + z % (span - 1) } else { 1 };
-    while gcd(a, rows) != 1 {
-        a = if a + 1 < span { a + 1 } else { 1 };
-    }
-    let b = splitmix(z) % rows;
-    (a as i64, b as i64)
 }
 
 /// The lower end of each bin's counts: `[0, 1, 2, 4, …, 2^15]`, so bin
@@ -286,7 +321,9 @@ pub fn for_table(
         ));
     }
     if batch > MAX_TABLE_LOOKUPS as u64 {
-        return bad(format!("a batch of {batch} samples"));
+        return bad(format!(
+            "a batch of {batch} samples, more than the {MAX_TABLE_LOOKUPS} lookups may use"
+        ));
     }
     let (n, batch) = (n as i64, batch as i64);
     let on = (Kind::Int64, device);
@@ -320,21 +357,17 @@ pub fn for_table(
     // Counts run until they reach `n`: the one that crosses it is cut,
     // those after it are 0.
     let before = count.f_cumsum(0, Kind::Int64)?.f_sub(&count)?;
+    let unique = before.f_lt(n)?.f_sum(Kind::Int64)?.int64_value(&[]);
     let used = before
+        .f_narrow(0, 0, unique)?
         .f_neg()?
         .f_add_scalar(n)?
-        .f_clamp_min(0)?
-        .f_minimum(&count)?;
+        .f_minimum(&count.f_narrow(0, 0, unique)?)?;
     let drawn = used.f_sum(Kind::Int64)?.int64_value(&[]);
 
     // The slots' rows, each repeated its count times, slot after slot.
-    let (a, b) = row_permutation(seed, rows);
-    let unique = Tensor::f_arange(slots, on)?
-        .f_mul_scalar(a)?
-        .f_remainder(rows as i64)?
-        .f_add_scalar(b)?
-        .f_remainder(rows as i64)?;
-    let mut looked_up = unique.f_repeat_interleave_self_tensor(&used, 0, drawn)?;
+    let mut looked_up = sample_rows(unique, rows, seed, device)?
+        .f_repeat_interleave_self_tensor(&used, 0, drawn)?;
     if drawn < n {
         // Too few rows for the counts: repeat drawn lookups.
         let pick = below(&draws(key(seed, Stream::Repeat), n - drawn, device)?, drawn)?;
@@ -362,15 +395,16 @@ pub fn for_table(
 /// Several tables' lookups as one fused call over their concatenated weight:
 /// `parts[j] = (lookups of table j, first row of table j in the weight)`, on
 /// one device. Bags are table-major (table 0's bags, then table 1's, …), so
-/// the pooled output reshapes to `[tables, batch, dim]`.
-pub fn fuse(parts: &[(&Lookups, i64)]) -> Result<Lookups, TchError> {
+/// the pooled output reshapes to `[tables, batch, dim]`. Each part is freed
+/// once it is copied.
+pub fn fuse(parts: Vec<(Lookups, i64)>) -> Result<Lookups, TchError> {
     if parts.is_empty() {
         return Err(TchError::Kind("fusing the lookups of no table".into()));
     }
     let (mut indices, mut offsets, mut bags) = (Vec::new(), Vec::new(), Vec::new());
     let (mut lookups, mut first_bag) = (0, 0);
     for (l, first_row) in parts {
-        indices.push(l.indices.f_add_scalar(*first_row)?);
+        indices.push(l.indices.f_add_scalar(first_row)?);
         offsets.push(l.offsets.f_add_scalar(lookups)?);
         bags.push(l.bags.f_add_scalar(first_bag)?);
         lookups += l.len();
@@ -409,6 +443,7 @@ fn probe_tables() -> Vec<Table> {
         ),
         table("probe_capped", 50, 8.0, &[(0, 0.5), (3, 0.5)]),
         table("probe_none", 1000, 2.0, &[]),
+        table("probe_huge", 1 << 40, 4.0, &[(0, 0.5), (2, 0.5)]),
     ]
 }
 
@@ -420,7 +455,7 @@ pub fn same_on(device: Device) -> Result<(), String> {
     const BATCH: u64 = 4096;
     for t in probe_tables() {
         let host = |d| {
-            for_table(SEED, &t, BATCH, 1 << 20, d)
+            for_table(SEED, &t, BATCH, u64::MAX, d)
                 .and_then(|l| l.to_host())
                 .map_err(|e| format!("lookups of `{}` on {d:?}: {e}", t.name))
         };
@@ -476,23 +511,49 @@ mod tests {
         sorted.len()
     }
 
+    fn hash32(mut x: u32) -> u32 {
+        x ^= x >> 16;
+        x = x.wrapping_mul(MUL[0] as u32);
+        x ^= x >> 15;
+        x = x.wrapping_mul(MUL[1] as u32);
+        x ^ (x >> 15)
+    }
+
+    /// Draw `i` of the stream with key `k`, with scalar arithmetic.
+    fn draw_one(k: Key, i: u64) -> u64 {
+        let x = (i as u32).wrapping_add(k.add as u32);
+        u64::from(hash32(hash32(x) ^ k.xor as u32))
+    }
+
+    /// The `j`-th sampled row, with scalar arithmetic: the Feistel rounds,
+    /// walked until the value is a row.
+    fn reference_row(j: u64, rows: u64, seed: u64) -> u64 {
+        let bits = domain_bits(rows);
+        let pass = |mut x: u64| {
+            let (mut left, mut right) = (bits / 2, bits - bits / 2);
+            for round in 0..FEISTEL_ROUNDS {
+                let k = key(seed.wrapping_add(round), Stream::Rows);
+                let (l, r) = (x >> right, x & ((1 << right) - 1));
+                let f = draw_one(k, r) & ((1 << left) - 1);
+                x = (r << left) | (l ^ f);
+                std::mem::swap(&mut left, &mut right);
+            }
+            x
+        };
+        let mut y = pass(j);
+        while y >= rows {
+            y = pass(y);
+        }
+        y
+    }
+
     /// The generator written out with scalar arithmetic, draw by draw, the
     /// way the tensor ops must compute it on any device.
     fn reference(seed: u64, t: &Table, batch: u64, cap: u64) -> HostLookups {
-        fn hash32(mut x: u32) -> u32 {
-            x ^= x >> 16;
-            x = x.wrapping_mul(MUL[0] as u32);
-            x ^= x >> 15;
-            x = x.wrapping_mul(MUL[1] as u32);
-            x ^ (x >> 15)
-        }
-        let draw = |k: Key, i: u64| -> u64 {
-            let x = (i as u32).wrapping_add(k.add as u32);
-            u64::from(hash32(hash32(x) ^ k.xor as u32))
-        };
+        let draw = draw_one;
         let n = lookups_per_batch(t, batch) as u64;
         let seed = table_seed(seed, &t.name);
-        let rows = capped_rows(t, cap);
+        let rows = capped_rows(t, cap).min(MAX_ROWS);
         let slots = n.min(rows);
         let thresholds = bin_thresholds(&t.bins);
         let floors = bin_floors();
@@ -510,10 +571,9 @@ mod tests {
             counts.push(c);
             sum += c;
         }
-        let (a, b) = row_permutation(seed, rows);
         let mut looked_up = Vec::new();
         for (j, &c) in counts.iter().enumerate() {
-            let row = ((a as u64 * j as u64) % rows + b as u64) % rows;
+            let row = reference_row(j as u64, rows, seed);
             looked_up.extend(std::iter::repeat_n(row as i64, c as usize));
         }
         let drawn = looked_up.len() as u64;
@@ -546,6 +606,7 @@ mod tests {
             table("hot", 100_000, 12.5, &[(0, 0.3), (6, 0.4), (16, 0.3)]),
             table("capped", 5000, 20.0, &[(0, 0.2), (4, 0.8)]),
             table("none", 1000, 2.0, &[]),
+            table("huge", 1 << 40, 4.0, &[(0, 0.5), (2, 0.5)]),
         ];
         for t in &tables {
             for (seed, batch, cap) in [(1, 64, u64::MAX), (9, 300, 40), (2, 1, 7)] {
@@ -654,19 +715,43 @@ mod tests {
     }
 
     #[test]
-    fn row_permutations_are_permutations() {
-        for rows in [1u64, 2, 6, 97, 1000, 1 << 33] {
-            let (a, b) = row_permutation(11, rows);
-            assert!(a >= 1 && (a as u64) < rows.clamp(2, 1 << 31));
-            assert!((b as u64) < rows);
-            if rows <= 1000 {
-                let mut seen: Vec<u64> = (0..rows)
-                    .map(|j| (a as u64 * j % rows + b as u64) % rows)
-                    .collect();
-                seen.sort_unstable();
-                seen.dedup();
-                assert_eq!(seen.len() as u64, rows);
-            }
+    fn sampled_rows_are_distinct_rows_spread_like_a_uniform_sample() {
+        let rows_of = |count: i64, rows: u64, seed: u64| {
+            Vec::<i64>::try_from(&sample_rows(count, rows, seed, Device::Cpu).unwrap()).unwrap()
+        };
+        // Every row once, when all are drawn; the scalar walk agrees.
+        for rows in [1u64, 2, 3, 5, 97, 1000, 4096] {
+            let got = rows_of(rows as i64, rows, 11);
+            assert_eq!(unique_rows(&got), rows as usize, "{rows} rows");
+            assert!(got.iter().all(|&r| (0..rows as i64).contains(&r)));
+            let want: Vec<i64> = (0..rows)
+                .map(|j| reference_row(j, rows, 11) as i64)
+                .collect();
+            assert_eq!(got, want, "{rows} rows");
+        }
+        // Huge tables: in range and exact (values near 2^40).
+        let big = rows_of(1000, 1 << 40, 3);
+        assert!(big.iter().all(|&r| (0..1i64 << 40).contains(&r)));
+        assert!(big.iter().any(|&r| r > 1 << 39));
+        assert_eq!(unique_rows(&big), 1000);
+        assert_eq!(big[7], reference_row(7, 1 << 40, 3) as i64);
+        // 20 000 of 1 M rows touch the 4 KiB pages (128 rows of 32 B) a
+        // uniform sample touches: N·(1 − (1 − 1/N)^s) of N pages, about 7208.
+        for seed in 0..5 {
+            let mut pages: Vec<i64> = rows_of(20_000, 1_000_000, seed)
+                .iter()
+                .map(|r| r / 128)
+                .collect();
+            pages.sort_unstable();
+            pages.dedup();
+            let n = 1_000_000f64 / 128.0;
+            let expect = n * (1.0 - (1.0 - 1.0 / n).powi(20_000));
+            let ratio = pages.len() as f64 / expect;
+            assert!(
+                (ratio - 1.0).abs() < 0.02,
+                "seed {seed}: {} pages, {ratio}",
+                pages.len()
+            );
         }
     }
 
@@ -688,8 +773,8 @@ mod tests {
         let b = table("b", 50, 1.0, &[(0, 1.0)]);
         let la = for_table(1, &a, 4, u64::MAX, Device::Cpu).unwrap();
         let lb = for_table(1, &b, 4, u64::MAX, Device::Cpu).unwrap();
-        let f = fuse(&[(&la, 0), (&lb, 30)]).unwrap().to_host().unwrap();
         let (ha, hb) = (la.to_host().unwrap(), lb.to_host().unwrap());
+        let f = fuse(vec![(la, 0), (lb, 30)]).unwrap().to_host().unwrap();
         let shifted = |v: &[i64], by: i64| v.iter().map(|x| x + by).collect::<Vec<_>>();
         assert_eq!(
             f.indices,
@@ -700,7 +785,7 @@ mod tests {
             [ha.offsets.clone(), shifted(&hb.offsets, 8)].concat()
         );
         assert_eq!(f.bags, [ha.bags.clone(), shifted(&hb.bags, 4)].concat());
-        assert!(fuse(&[]).is_err());
+        assert!(fuse(Vec::new()).is_err());
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub enum Command {
         /// File holding the cluster token (or set EMBSHARD_TOKEN).
         #[arg(long)]
         token_file: Option<PathBuf>,
-        /// Seeds the task choice (default: random).
+        /// Seeds the task choice and the sampling of actions (default: random).
         #[arg(long)]
         seed: Option<u64>,
         /// Give up when no learner answers for this many seconds.

@@ -135,6 +135,31 @@ fn seeded(seed: u64) -> rand_chacha::ChaCha8Rng {
     <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed)
 }
 
+/// The Gumbel-max trick: for log-probabilities `logp` (`[E, D]`, `-inf`
+/// where illegal), `argmax(logp + T·g)` with `g` standard Gumbel noise picks
+/// device `d` with probability `softmax(logp / T)_d` (at `T = 1`, the
+/// policy's own). The first `greedy` rows get no noise: their argmax.
+fn gumbel_argmax(
+    logp: &Tensor,
+    rng: &mut rand_chacha::ChaCha8Rng,
+    temperature: f64,
+    greedy: usize,
+) -> Tensor {
+    let (rows, cols) = (logp.size()[0], logp.size()[1]);
+    let noise: Vec<f32> = (0..rows * cols)
+        .map(|i| {
+            if i < greedy as i64 * cols {
+                0.0
+            } else {
+                let u: f64 = rand::Rng::gen_range(rng, 1e-12..1.0);
+                (-(-u.ln()).ln() * temperature) as f32
+            }
+        })
+        .collect();
+    let noise = Tensor::from_slice(&noise).view([rows, cols]);
+    (logp + noise.to_kind(logp.kind())).argmax(1, false)
+}
+
 /// [`rollout`], with an error instead of a panic for an empty task (no
 /// table, no device, no episode) and, when sampling, for probabilities that
 /// are not numbers (weights so large that the policy's logits overflow).
@@ -182,6 +207,7 @@ pub fn try_rollout(
         Mode::GreedyAndSamples { seed, temperature } => (Some(seeded(seed)), temperature, 1),
         Mode::Greedy => (None, 0.0, 0),
     };
+    let sampling = matches!(mode, Mode::Sample { .. });
     let (mut actions, mut logps, mut masks, mut feats) = (
         Vec::with_capacity(m),
         Vec::with_capacity(m),
@@ -210,26 +236,16 @@ pub fn try_rollout(
         let progress = Tensor::full([e], step as f64 / m as f64, opts());
         let out = policy.forward(&dev_pol, &cost_feat, &current, &progress);
         let logp = masked_log_softmax(&out.logits, &mask_t);
+        // Training samples need numbers; `plan`'s candidates keep going
+        // (their plans are checked against memory and costed afterwards).
+        if sampling && logp.isnan().any().int64_value(&[]) != 0 {
+            return Err(format!(
+                "sampling step {step}: the policy's probabilities are not numbers"
+            ));
+        }
         let action = match gumbel.as_mut() {
             None => logp.argmax(1, false),
-            Some(rng) => {
-                if logp.isnan().any().int64_value(&[]) != 0 {
-                    return Err(format!(
-                        "sampling step {step}: the policy's probabilities are not numbers"
-                    ));
-                }
-                let noise: Vec<f32> = (0..episodes * task.devices)
-                    .map(|i| {
-                        if i < greedy * task.devices {
-                            0.0
-                        } else {
-                            let u: f64 = rand::Rng::gen_range(rng, 1e-12..1.0);
-                            (-(-u.ln()).ln() * temperature) as f32
-                        }
-                    })
-                    .collect();
-                (&logp + Tensor::from_slice(&noise).view([e, d])).argmax(1, false)
-            }
+            Some(rng) => gumbel_argmax(&logp, rng, temperature, greedy),
         };
         let chosen_logp = logp.gather(1, &action.unsqueeze(1), false).squeeze_dim(1);
         // A copy: the state tensors are updated in place below.
@@ -554,35 +570,42 @@ mod tests {
     }
 
     #[test]
-    fn samples_follow_the_policys_probabilities() {
-        let (_vs, policy, cost) = nets();
-        let t = tables(5);
-        let task = MdpTask::new(&t, 4, u64::MAX, &MemoryModel::default());
-        let n = 4000;
-        let u = rollout(&policy, &cost, &task, n, Mode::Sample { seed: 5 });
-        // The first step's state is the same in every episode: its
-        // probabilities are those of the actions chosen there.
-        let first = Vec::<i64>::try_from(&u.actions.get(0)).unwrap();
-        let logp = Vec::<f32>::try_from(&u.behaviour_logp.get(0)).unwrap();
-        let mut p = [f64::NAN; 4];
-        let mut count = [0usize; 4];
-        for (&a, &l) in first.iter().zip(&logp) {
-            p[a as usize] = f64::from(l).exp();
-            count[a as usize] += 1;
+    fn gumbel_samples_follow_the_probabilities_and_never_an_illegal_device() {
+        let probs = [0.6f64, 0.3, 0.1];
+        let n = 20_000i64;
+        let row: Vec<f32> = probs
+            .iter()
+            .map(|p| p.ln() as f32)
+            .chain([f32::NEG_INFINITY])
+            .collect();
+        let logp = Tensor::from_slice(&row).view([1, 4]).expand([n, 4], false);
+        let freq = |temperature: f64, greedy: usize| {
+            let a = gumbel_argmax(&logp, &mut seeded(3), temperature, greedy);
+            let a = Vec::<i64>::try_from(&a).unwrap();
+            let mut count = [0usize; 4];
+            a.iter().skip(greedy).for_each(|&d| count[d as usize] += 1);
+            (a, count.map(|c| c as f64 / (n as usize - greedy) as f64))
+        };
+        let (_, f) = freq(1.0, 0);
+        assert_eq!(f[3], 0.0, "an illegal device was chosen");
+        for d in 0..3 {
+            let sigma = (probs[d] * (1.0 - probs[d]) / n as f64).sqrt();
+            assert!((f[d] - probs[d]).abs() < 4.0 * sigma, "{f:?}");
         }
-        assert!(count.iter().filter(|&&c| c > 0).count() > 1, "{count:?}");
-        for d in 0..4 {
-            if count[d] == 0 {
-                continue;
-            }
-            let freq = count[d] as f64 / n as f64;
-            let sigma = (p[d] * (1.0 - p[d]) / n as f64).sqrt();
+        // At temperature 1/2, softmax(logp / T): probabilities squared, renormalised.
+        let (_, f) = freq(0.5, 0);
+        let z: f64 = probs.iter().map(|p| p * p).sum();
+        for d in 0..3 {
+            let p = probs[d] * probs[d] / z;
             assert!(
-                (freq - p[d]).abs() < 4.0 * sigma + 1e-3,
-                "device {d}: {freq} vs {}",
-                p[d]
+                (f[d] - p).abs() < 4.0 * (p * (1.0 - p) / n as f64).sqrt(),
+                "{f:?}"
             );
         }
+        // Greedy rows take the most probable device.
+        let (a, _) = freq(1.0, 5);
+        assert!(a[..5].iter().all(|&d| d == 0));
+        assert!(a[5..].iter().any(|&d| d != 0));
     }
 
     #[test]

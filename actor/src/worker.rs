@@ -24,7 +24,7 @@ use crate::wire::{import_all, unroll_to_data, MAX_EPISODES};
 pub struct ActorOptions {
     pub endpoint: String,
     pub token: String,
-    /// Seeds the task choice.
+    /// Seeds the task choice and each unroll's sampling.
     pub seed: u64,
     /// How long to keep saying hello before giving up.
     pub wait: Duration,

@@ -722,7 +722,8 @@ pub struct Counters {
     /// The next iteration (round of Algorithm 1) to run.
     pub iteration: usize,
     pub env_steps: usize,
-    /// Position of the task-sampling RNG's stream (a decimal u128).
+    /// Position of the trainer's RNG stream (tasks, cost batches, the
+    /// seeds of its rollouts), a decimal u128.
     pub rng_word_pos: String,
     pub cost_steps: usize,
     pub policy_updates: usize,
@@ -859,10 +860,13 @@ impl<'a> Trainer<'a> {
             let predicted_ms = self.model.estimate(&task.tables, &plan).1;
             (plan, infeasible, predicted_ms)
         } else {
+            // Not the stream `pick_task` drew the task from.
             let mode = if greedy {
                 Mode::Greedy
             } else {
-                Mode::Sample { seed }
+                Mode::Sample {
+                    seed: seed ^ 0x5bd1_e995_9e37_79b9,
+                }
             };
             let u = rollout(&self.model.policy, &self.model.cost, &self.mdps[k], 1, mode);
             let plan = Plan {

@@ -44,7 +44,7 @@ use common::{DeviceCost, Measurement, MemoryModel, Plan, Precision, Table};
 use tch::{Device, Kind, TchError, Tensor};
 
 use crate::fused::sum_bags;
-use crate::indices::{self, Lookups};
+use crate::indices::{self, LookupCache, Lookups};
 use crate::layout::sample_split;
 use crate::oracle::{check_plan, Oracle, OracleError, Spread};
 use crate::timing::{median, spread};
@@ -59,6 +59,9 @@ const LEARNING_RATE: f64 = 1e-3;
 /// Most lookups one measurement may draw (their indices, offsets and bags
 /// take about 24 bytes each).
 const MAX_LOOKUPS: f64 = (1u64 << 28) as f64;
+/// Lookups kept between measurements (about 16 bytes each), so that plans
+/// over the same tables do not generate them again.
+const LOOKUP_CACHE: i64 = 1 << 25;
 /// Headroom when the weight arena grows, so plans of slightly different
 /// sizes do not reallocate it each time.
 const ARENA_SLACK: f64 = 1.25;
@@ -81,6 +84,8 @@ pub struct CpuOracle {
     arena: Option<Tensor>,
     /// Repeat-to-repeat spread of the last measurement's iteration cost.
     last_spread: Option<Spread>,
+    /// Each table's lookups, generated once for all the plans measured.
+    lookups: LookupCache,
 }
 
 impl CpuOracle {
@@ -102,6 +107,7 @@ impl CpuOracle {
             tch::set_num_threads(threads);
         }
         Ok(CpuOracle {
+            lookups: LookupCache::new(cfg.seed, cfg.batch, cfg.max_rows, Device::Cpu, LOOKUP_CACHE),
             cfg,
             arena: None,
             last_spread: None,
@@ -142,7 +148,7 @@ impl CpuOracle {
             .zip(self.weights(&shapes)?)
             .map(|(g, w)| (!g.is_empty()).then_some(w))
             .collect();
-        let mut it = Iteration::build(tables, plan, &self.cfg, weights)?;
+        let mut it = Iteration::build(tables, plan, &self.cfg, weights, &mut self.lookups)?;
         for _ in 0..self.cfg.warmup {
             it.round()?;
         }
@@ -272,12 +278,11 @@ impl DeviceWork {
         group: &[usize],
         cfg: &CpuConfig,
         weight: Tensor,
+        lookups: &mut LookupCache,
     ) -> Result<Self, TchError> {
         let lookups = group
             .iter()
-            .map(|&t| {
-                indices::for_table(cfg.seed, &tables[t], cfg.batch, cfg.max_rows, Device::Cpu)
-            })
+            .map(|&t| lookups.get(&tables[t]))
             .collect::<Result<Vec<Lookups>, _>>()?;
         let mut first_row = 0i64;
         let parts: Vec<(Lookups, i64)> = group
@@ -412,13 +417,14 @@ impl Iteration {
         plan: &Plan,
         cfg: &CpuConfig,
         weights: Vec<Option<Tensor>>,
+        lookups: &mut LookupCache,
     ) -> Result<Self, TchError> {
         let devices = plan
             .groups()
             .iter()
             .zip(weights)
             .map(|(g, w)| match w {
-                Some(w) if !g.is_empty() => DeviceWork::build(tables, g, cfg, w).map(Some),
+                Some(w) if !g.is_empty() => DeviceWork::build(tables, g, cfg, w, lookups).map(Some),
                 _ => Ok(None),
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -591,7 +597,8 @@ mod tests {
             })
             .collect();
         let before: Vec<Tensor> = weights.iter().flatten().map(|w| w.copy()).collect();
-        let mut it = Iteration::build(&tables, &p, &c, weights).unwrap();
+        let mut cache = LookupCache::new(c.seed, c.batch, c.max_rows, Device::Cpu, 1 << 20);
+        let mut it = Iteration::build(&tables, &p, &c, weights, &mut cache).unwrap();
         for (e, g) in it.exchange.grads.iter_mut().enumerate() {
             *g = Tensor::arange(g.numel() as i64, F32).view(g.size().as_slice()) * 0.01
                 + (e + 1) as f64;

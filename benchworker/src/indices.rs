@@ -34,6 +34,8 @@
 //! (see [`table_seed`]), never on the plan, so two plans are measured on the
 //! same traffic.
 
+use std::collections::HashMap;
+
 use tch::{Device, Kind, TchError, Tensor};
 
 use common::{Table, NUM_BINS};
@@ -98,6 +100,15 @@ impl Lookups {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The same lookups, their tensors shared.
+    pub fn shallow_clone(&self) -> Lookups {
+        Lookups {
+            indices: self.indices.shallow_clone(),
+            offsets: self.offsets.shallow_clone(),
+            bags: self.bags.shallow_clone(),
+        }
     }
 
     /// These lookups on `device` (themselves when they are there already).
@@ -390,6 +401,77 @@ pub fn for_table(
         offsets: lengths.f_cumsum(0, Kind::Int64)?.f_sub(&lengths)?,
         bags: sorted.f_bitwise_right_shift_tensor_scalar(32)?,
     })
+}
+
+/// What a table's lookups depend on besides the seed, the batch and the row
+/// cap (the name seeds them; rows, pooling and the reuse bins shape them):
+/// two tables alike in all of it draw the same lookups. Floats by their bits.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LookupKey {
+    name: String,
+    rows: u64,
+    pooling: u64,
+    bins: [u64; NUM_BINS],
+}
+
+impl LookupKey {
+    pub fn of(table: &Table) -> LookupKey {
+        LookupKey {
+            name: table.name.clone(),
+            rows: table.rows,
+            pooling: table.pooling_factor.to_bits(),
+            bins: table.bins.map(f64::to_bits),
+        }
+    }
+}
+
+/// Tables' lookups generated once and kept, for one seed, batch, row cap
+/// and device, up to `max_lookups` held (then emptied): a backend measuring
+/// plans over the same tables generates each table's lookups once.
+#[derive(Debug)]
+pub struct LookupCache {
+    seed: u64,
+    batch: u64,
+    row_cap: u64,
+    device: Device,
+    max_lookups: i64,
+    held: i64,
+    kept: HashMap<LookupKey, Lookups>,
+}
+
+impl LookupCache {
+    pub fn new(seed: u64, batch: u64, row_cap: u64, device: Device, max_lookups: i64) -> Self {
+        LookupCache {
+            seed,
+            batch,
+            row_cap,
+            device,
+            max_lookups,
+            held: 0,
+            kept: HashMap::new(),
+        }
+    }
+
+    /// `table`'s lookups ([`for_table`]), generated on first use.
+    pub fn get(&mut self, table: &Table) -> Result<Lookups, TchError> {
+        let key = LookupKey::of(table);
+        if let Some(l) = self.kept.get(&key) {
+            return Ok(l.shallow_clone());
+        }
+        let l = for_table(self.seed, table, self.batch, self.row_cap, self.device)?;
+        if self.held + l.len() > self.max_lookups {
+            self.kept.clear();
+            self.held = 0;
+        }
+        self.held += l.len();
+        self.kept.insert(key, l.shallow_clone());
+        Ok(l)
+    }
+
+    /// Lookups held now.
+    pub fn held(&self) -> i64 {
+        self.held
+    }
 }
 
 /// Several tables' lookups as one fused call over their concatenated weight:
@@ -765,6 +847,42 @@ mod tests {
         assert_ne!(host(5, &t, 128, 1000), host(5, &u, 128, 1000));
         assert_eq!(table_seed(0, "abc"), table_seed(0, "abc"));
         assert!(same_on(Device::Cpu).is_ok());
+    }
+
+    #[test]
+    fn the_cache_keys_on_everything_that_shapes_lookups_and_stays_bounded() {
+        let base = table("t", 1000, 4.0, &[(0, 0.5), (3, 0.5)]);
+        let key = LookupKey::of(&base);
+        let mut wider = base.clone();
+        wider.dim = 64; // the lookups do not depend on it
+        assert_eq!(key, LookupKey::of(&wider));
+        let mut hotter = base.clone();
+        hotter.bins = table("t", 1000, 4.0, &[(0, 0.1), (3, 0.9)]).bins;
+        let mut more_rows = base.clone();
+        more_rows.rows = 2000;
+        let mut busier = base.clone();
+        busier.pooling_factor = 8.0;
+        let mut renamed = base.clone();
+        renamed.name = "u".into();
+        for other in [&hotter, &more_rows, &busier, &renamed] {
+            assert_ne!(key, LookupKey::of(other), "{other:?}");
+        }
+        // 64 samples: 256 lookups of `base`, 512 of `busier`; room for 600.
+        let mut cache = LookupCache::new(2, 64, u64::MAX, Device::Cpu, 600);
+        let first = cache.get(&base).unwrap();
+        assert_eq!(cache.held(), 256);
+        let again = cache.get(&base).unwrap();
+        assert_eq!(
+            first.indices.data_ptr(),
+            again.indices.data_ptr(),
+            "kept, not redrawn"
+        );
+        assert_eq!(again.to_host().unwrap(), host(2, &base, 64, u64::MAX));
+        let busy = cache.get(&busier).unwrap().to_host().unwrap();
+        assert_eq!(busy, host(2, &busier, 64, u64::MAX));
+        assert_eq!(cache.held(), 512, "emptied before going over its bound");
+        let redrawn = cache.get(&base).unwrap();
+        assert_ne!(first.indices.data_ptr(), redrawn.indices.data_ptr());
     }
 
     #[test]

@@ -138,10 +138,12 @@ pub struct TrainArgs {
     /// endpoint bound is written to DIR/endpoint.
     #[arg(long)]
     pub bind: Option<String>,
-    /// Actor threads beside the learner (default: the config's cluster.actors).
+    /// Actor threads beside the learner (default: the config's cluster.actors;
+    /// kept in the run's config.toml, so --resume runs as many).
     #[arg(long)]
     pub actors: Option<usize>,
-    /// Benchworker threads beside the learner (default: cluster.benchworkers).
+    /// Benchworker threads beside the learner (default: cluster.benchworkers;
+    /// kept like --actors).
     #[arg(long)]
     pub benchworkers: Option<usize>,
     /// File holding the cluster token that peers must present (or set
@@ -345,6 +347,15 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         );
         Config::load(args.config.as_deref())?
     };
+    // The threads asked for are part of the run: written to its
+    // config.toml, so that a resume runs the same way unless told otherwise.
+    let mut cfg = cfg;
+    if let Some(a) = args.actors {
+        cfg.cluster.actors = a;
+    }
+    if let Some(b) = args.benchworkers {
+        cfg.cluster.benchworkers = b;
+    }
     let train_tasks = crate::data::train_tasks(&cfg)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     if let Some(shapes) = TrainedShapes::of(&train_tasks) {
@@ -420,8 +431,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .open(&metrics_path)
         .with_context(|| format!("opening {}", metrics_path.display()))?;
     let t = &cfg.train;
-    let actors = args.actors.unwrap_or(cfg.cluster.actors);
-    let benchworkers = args.benchworkers.unwrap_or(cfg.cluster.benchworkers);
+    let (actors, benchworkers) = (cfg.cluster.actors, cfg.cluster.benchworkers);
     let alone = actors == 0 && benchworkers == 0 && args.bind.is_none();
     anyhow::ensure!(
         alone || args.bind.is_some() || (actors > 0 && benchworkers > 0),

@@ -404,3 +404,65 @@ fn resuming_where_no_run_is_says_so() {
     assert!(!ok && err.contains(dir.path().to_str().unwrap()), "{err}");
     assert_eq!(err.matches("Is a directory").count(), 1, "{err}");
 }
+
+#[test]
+fn a_run_in_one_thread_resumed_after_a_round_goes_on_as_if_never_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _) = small_run_config(dir.path(), 4);
+    let one_thread = |cfg: &std::path::Path, run: &std::path::Path| {
+        let mut args = train_args(cfg, run).to_vec();
+        args.extend(["--actors", "0", "--benchworkers", "0"]);
+        let (ok, _, err) = learner(&args);
+        assert!(ok, "{err}");
+    };
+    let whole = dir.path().join("whole");
+    one_thread(&cfg, &whole);
+    // The same run stopped after 2 of its 4 rounds, then resumed with its
+    // configuration asking for all 4.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let short = dir.path().join("short.toml");
+    std::fs::write(&short, text.replace("iterations = 4", "iterations = 2")).unwrap();
+    let halves = dir.path().join("halves");
+    one_thread(&short, &halves);
+    let resolved = halves.join("config.toml");
+    let text = std::fs::read_to_string(&resolved).unwrap();
+    assert_eq!(text.matches("\niterations = 2\n").count(), 1, "{text}");
+    std::fs::write(
+        &resolved,
+        text.replace("\niterations = 2\n", "\niterations = 4\n"),
+    )
+    .unwrap();
+    // In one thread again: the run's config.toml keeps `--actors 0
+    // --benchworkers 0`.
+    let (ok, _, err) = resume(&halves);
+    assert!(ok, "{err}");
+
+    // Every metric of every update the same, bit for bit, but the clock.
+    let lines = |run: &std::path::Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(run.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v.as_object_mut().unwrap().remove("elapsed_s");
+                v
+            })
+            .collect()
+    };
+    let (a, b) = (lines(&whole), lines(&halves));
+    assert_eq!(a.len(), 12, "4 rounds of 3 updates");
+    assert_eq!(a, b);
+    // And the same plans measured, in the same order.
+    let measured = |run: &std::path::Path| {
+        learner::costlog::CostLog::read(&run.join("cost_buffer.jsonl"))
+            .unwrap()
+            .samples
+            .iter()
+            .map(|s| {
+                let m = &s.measurement;
+                (s.placed.assignment.clone(), s.pick, m.cost_ms.to_bits())
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(measured(&whole), measured(&halves));
+}

@@ -677,5 +677,12 @@ mod tests {
             let delta = &w.weight - &before[d];
             assert!(delta.allclose(&(expect * -LEARNING_RATE), 1e-4, 1e-7, false));
         }
+        // A whole round later, the kept lookups are still the tables' own.
+        it.round().unwrap();
+        for t in &tables {
+            let kept = cache.get(t).unwrap().to_host().unwrap();
+            let fresh = indices::for_table(c.seed, t, c.batch, c.max_rows, Device::Cpu).unwrap();
+            assert_eq!(kept, fresh.to_host().unwrap(), "{}", t.name);
+        }
     }
 }

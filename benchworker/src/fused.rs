@@ -323,11 +323,15 @@ impl FusedDevice {
             for (k, &i) in group.members.iter().enumerate() {
                 place[i] = (g, k);
             }
-            let of_group: Vec<Lookups> = group
+            let of_group = group
                 .members
                 .iter()
-                .filter_map(|&i| lookups[i].take())
-                .collect();
+                .map(|&i| {
+                    lookups[i]
+                        .take()
+                        .ok_or_else(|| TchError::Kind(format!("table {i} in two dim groups")))
+                })
+                .collect::<Result<Vec<Lookups>, _>>()?;
             let rows = group
                 .members
                 .iter()

@@ -459,6 +459,9 @@ impl LookupCache {
             return Ok(l.shallow_clone());
         }
         let l = for_table(self.seed, table, self.batch, self.row_cap, self.device)?;
+        if l.len() > self.max_lookups {
+            return Ok(l); // more than the cache holds: not kept
+        }
         if self.held + l.len() > self.max_lookups {
             self.kept.clear();
             self.held = 0;
@@ -883,6 +886,11 @@ mod tests {
         assert_eq!(cache.held(), 512, "emptied before going over its bound");
         let redrawn = cache.get(&base).unwrap();
         assert_ne!(first.indices.data_ptr(), redrawn.indices.data_ptr());
+        // A table bigger than the whole cache is handed out, not kept.
+        let mut huge = base.clone();
+        huge.pooling_factor = 20.0; // 1280 lookups
+        assert_eq!(cache.get(&huge).unwrap().len(), 1280);
+        assert_eq!(cache.held(), 256);
     }
 
     #[test]

@@ -138,8 +138,9 @@ pub struct TrainArgs {
     /// endpoint bound is written to DIR/endpoint.
     #[arg(long)]
     pub bind: Option<String>,
-    /// Actor threads beside the learner (default: the config's cluster.actors;
-    /// kept in the run's config.toml, so --resume runs as many).
+    /// Actor threads beside the learner (default: the config's cluster.actors).
+    /// A new run keeps them in its config.toml, so --resume runs as many;
+    /// given with --resume, they hold for that session.
     #[arg(long)]
     pub actors: Option<usize>,
     /// Benchworker threads beside the learner (default: cluster.benchworkers;
@@ -356,6 +357,27 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(b) = args.benchworkers {
         cfg.cluster.benchworkers = b;
     }
+    let (actors, benchworkers) = (cfg.cluster.actors, cfg.cluster.benchworkers);
+    let alone = actors == 0 && benchworkers == 0 && args.bind.is_none();
+    anyhow::ensure!(
+        alone || args.bind.is_some() || (actors > 0 && benchworkers > 0),
+        "without --bind, training needs at least one actor and one benchworker thread \
+         (or neither, to run in one thread); got {actors} and {benchworkers}"
+    );
+    // A cluster run's peers are processes: resumed without --bind, it would
+    // go on in one thread while they wait for their learner.
+    let bound_before = ["endpoint", "endpoint.last"]
+        .iter()
+        .any(|f| dir.join(f).exists());
+    anyhow::ensure!(
+        !(args.resume && alone && bound_before),
+        "{} is a cluster run (its learner listened for actor and benchworker processes): \
+         resume it with `scripts/launch.sh --resume {}` or `learner train --run-dir {} \
+         --resume --bind ENDPOINT`, or give --actors N --benchworkers M to go on with threads",
+        dir.display(),
+        dir.display(),
+        dir.display()
+    );
     let train_tasks = crate::data::train_tasks(&cfg)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     if let Some(shapes) = TrainedShapes::of(&train_tasks) {
@@ -431,13 +453,6 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .open(&metrics_path)
         .with_context(|| format!("opening {}", metrics_path.display()))?;
     let t = &cfg.train;
-    let (actors, benchworkers) = (cfg.cluster.actors, cfg.cluster.benchworkers);
-    let alone = actors == 0 && benchworkers == 0 && args.bind.is_none();
-    anyhow::ensure!(
-        alone || args.bind.is_some() || (actors > 0 && benchworkers > 0),
-        "without --bind, training needs at least one actor and one benchworker thread \
-         (or neither, to run in one thread); got {actors} and {benchworkers}"
-    );
     // The networks are small: one libtorch thread each for the learner and
     // every actor beats threads that spin against each other for the cores.
     tch::set_num_threads(1);

@@ -465,4 +465,12 @@ fn a_run_in_one_thread_resumed_after_a_round_goes_on_as_if_never_stopped() {
             .collect::<Vec<_>>()
     };
     assert_eq!(measured(&whole), measured(&halves));
+    // A run whose learner listened for peer processes is not resumed in
+    // one thread behind their backs.
+    std::fs::write(halves.join("endpoint.last"), "tcp://127.0.0.1:5555\n").unwrap();
+    let (ok, _, err) = resume(&halves);
+    assert!(
+        !ok && err.contains("is a cluster run") && err.contains("--bind"),
+        "{err}"
+    );
 }

@@ -13,7 +13,8 @@
 //!   weights live in one arena kept across measurements, so a measurement does
 //!   not pay for allocating and touching gigabytes of memory;
 //! - *lookups*: [`crate::indices`], deterministic from `cpu.seed` and the
-//!   table's name, table-major in one fused call;
+//!   table's name, generated once per table and kept between measurements
+//!   ([`LookupCache`]), table-major in one fused call;
 //! - *forward*: one `embedding_bag` call (mode sum) per device, giving
 //!   `[T_d·B, D_max]`;
 //! - *forward all-to-all*: device `d` copies to every device `e` (itself

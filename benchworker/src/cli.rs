@@ -268,19 +268,17 @@ fn fusion(args: FusionArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         || bar.inc(1),
     )?;
     bar.finish_and_clear();
+    // One JSON object per mix, for --save and --json.
+    let mut lines = String::new();
+    for r in &rows {
+        lines.push_str(&serde_json::to_string(r)?);
+        lines.push('\n');
+    }
     if let Some(path) = &args.save {
-        let mut lines = String::new();
-        for r in &rows {
-            lines.push_str(&serde_json::to_string(r)?);
-            lines.push('\n');
-        }
-        std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, &lines).with_context(|| format!("writing {}", path.display()))?;
     }
     if args.json {
-        for r in &rows {
-            serde_json::to_writer(&mut *out, r)?;
-            writeln!(out)?;
-        }
+        out.write_all(lines.as_bytes())?;
         return Ok(());
     }
     writeln!(

@@ -285,17 +285,11 @@ impl DeviceWork {
             .iter()
             .map(|&t| lookups.get(&tables[t]))
             .collect::<Result<Vec<Lookups>, _>>()?;
-        let mut first_row = 0i64;
-        let parts: Vec<(Lookups, i64)> = group
+        let rows: Vec<i64> = group
             .iter()
-            .zip(lookups)
-            .map(|(&t, l)| {
-                let part = (l, first_row);
-                first_row += indices::capped_rows(&tables[t], cfg.max_rows) as i64;
-                part
-            })
+            .map(|&t| indices::capped_rows(&tables[t], cfg.max_rows) as i64)
             .collect();
-        let fused = indices::fuse(parts)?;
+        let fused = indices::fuse(lookups, &rows)?;
         let (_, dim) = weight_shape(tables, group, cfg.max_rows);
         Ok(DeviceWork {
             tables: group.to_vec(),

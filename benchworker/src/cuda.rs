@@ -255,11 +255,12 @@ fn open_gpus(cfg: &CudaConfig) -> Result<Vec<Gpu>, OracleError> {
             "cuda.gpus names GPU {g}, but {visible} are visible"
         )));
     }
+    let on: Vec<Device> = ordinals.iter().map(|&g| Device::Cuda(g)).collect();
+    indices::same_on(&on).map_err(err)?;
     ordinals
         .into_iter()
         .map(|ordinal| {
             let ctx = CudaContext::new(ordinal).map_err(driver_err("context"))?;
-            indices::same_on(Device::Cuda(ordinal)).map_err(err)?;
             let flush = if cfg.flush_l2 {
                 let n = (cfg.flush_mib << 20) as i64 / 4;
                 Some(Tensor::f_zeros([n], (Kind::Float, Device::Cuda(ordinal))).map_err(tch_err)?)
@@ -433,10 +434,7 @@ impl CudaOracle {
         self.comms(plan.devices)?;
         let layout = PlanLayout::new(tables, plan, self.cfg.batch, self.cfg.max_rows);
         let local = self.local_devices(plan.devices);
-        let cap = match self.cfg.max_rows {
-            0 => u64::MAX,
-            cap => cap,
-        };
+        let (seed, batch) = (self.cfg.seed, self.cfg.batch);
         let (precision, optimizer) = (self.mem.precision, self.mem.optimizer);
         let learning_rate = self.cfg.learning_rate;
         let spec = move |ordinal| FusedSpec {
@@ -451,22 +449,18 @@ impl CudaOracle {
             let dev = &layout.devices[d];
             let ordinal = self.gpus[g].ordinal;
             let on = (Kind::Float, Device::Cuda(ordinal));
+            // Each table's rows as the layout capped them.
             let lookups = dev
                 .tables
                 .iter()
-                .map(|&t| {
-                    let (seed, batch) = (self.cfg.seed, self.cfg.batch);
-                    indices::for_table(seed, &tables[t], batch, cap, on.1)
-                })
+                .zip(&dev.rows)
+                .map(|(&t, &rows)| indices::for_table(seed, &tables[t], batch, rows, on.1))
                 .collect::<Result<Vec<Lookups>, _>>()
                 .map_err(tch_err)?;
             let fused = if dev.is_empty() {
                 None
             } else {
-                Some(
-                    FusedDevice::build(dev, lookups, self.cfg.batch, spec(ordinal))
-                        .map_err(tch_err)?,
-                )
+                Some(FusedDevice::build(dev, lookups, batch, spec(ordinal)).map_err(tch_err)?)
             };
             let n = layout.exchanged_len(d) as i64;
             work.push(DeviceBuffers {

@@ -117,8 +117,7 @@ enum State {
 struct Group {
     tables: i64,
     dim: i64,
-    /// Where each of its tables' rows start in `weight`, and how many.
-    first_row: Vec<i64>,
+    /// How many rows of `weight` each of its tables has, one after another.
     rows: Vec<i64>,
     weight: Tensor,
     state: State,
@@ -148,17 +147,8 @@ impl Group {
         dim: i64,
         spec: FusedSpec,
     ) -> Result<Self, TchError> {
-        let first_row: Vec<i64> = rows
-            .iter()
-            .scan(0, |next, &r| {
-                let at = *next;
-                *next += r;
-                Some(at)
-            })
-            .collect();
         let tables = lookups.len() as i64;
-        let parts: Vec<(Lookups, i64)> = lookups.into_iter().zip(first_row.clone()).collect();
-        let fused = indices::fuse(parts)?.to(spec.device)?;
+        let fused = indices::fuse(lookups, &rows)?;
         let total: i64 = rows.iter().sum();
         let dev = spec.device;
         let weight_kind = match spec.precision {
@@ -184,7 +174,6 @@ impl Group {
         Ok(Group {
             tables,
             dim,
-            first_row,
             rows,
             weight: Tensor::f_full([total, dim], WEIGHT_INIT, (weight_kind, dev))?,
             state,
@@ -196,6 +185,11 @@ impl Group {
             piece_starts,
             piece_rows,
         })
+    }
+
+    /// The first row of its `k`-th table in `weight`.
+    fn first_row(&self, k: usize) -> i64 {
+        self.rows[..k].iter().sum()
     }
 
     /// `[B, T_g·dim]`, its tables side by side, in the weight's precision.
@@ -364,7 +358,7 @@ impl FusedDevice {
     pub fn table_weight(&self, i: usize) -> Result<Tensor, TchError> {
         let (g, k) = self.place[i];
         let group = &self.groups[g];
-        group.weight.f_narrow(0, group.first_row[k], group.rows[k])
+        group.weight.f_narrow(0, group.first_row(k), group.rows[k])
     }
 
     /// The fused lookups: `[B, S]` fp32, sample-major, tables in order.
@@ -669,7 +663,7 @@ mod tests {
             let State::RowwiseAdagrad(acc) = &group.state else {
                 panic!("not row-wise AdaGrad")
             };
-            let mine = acc.narrow(0, group.first_row[k], group.rows[k]);
+            let mine = acc.narrow(0, group.first_row(k), group.rows[k]);
             let dim = layout.dims[i] as usize;
             let want: Vec<f32> = table_grad
                 .chunks(dim)

@@ -111,18 +111,6 @@ impl Lookups {
         }
     }
 
-    /// These lookups on `device` (themselves when they are there already).
-    pub fn to(self, device: Device) -> Result<Lookups, TchError> {
-        if self.indices.device() == device {
-            return Ok(self);
-        }
-        Ok(Lookups {
-            indices: self.indices.f_to_device(device)?,
-            offsets: self.offsets.f_to_device(device)?,
-            bags: self.bags.f_to_device(device)?,
-        })
-    }
-
     /// A copy in host memory.
     pub fn to_host(&self) -> Result<HostLookups, TchError> {
         let host = |t: &Tensor| Vec::<i64>::try_from(&t.f_to_device(Device::Cpu)?);
@@ -135,7 +123,7 @@ impl Lookups {
 }
 
 /// [`Lookups`] copied to the host, to check or compare them.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostLookups {
     pub indices: Vec<i64>,
     pub offsets: Vec<i64>,
@@ -477,21 +465,26 @@ impl LookupCache {
     }
 }
 
-/// Several tables' lookups as one fused call over their concatenated weight:
-/// `parts[j] = (lookups of table j, first row of table j in the weight)`, on
+/// Several tables' lookups as one fused call over their weights stacked in
+/// one (table `j` has `rows[j]` rows, starting after those before it), on
 /// one device. Bags are table-major (table 0's bags, then table 1's, …), so
-/// the pooled output reshapes to `[tables, batch, dim]`. Each part is freed
-/// once it is copied.
-pub fn fuse(parts: Vec<(Lookups, i64)>) -> Result<Lookups, TchError> {
-    if parts.is_empty() {
-        return Err(TchError::Kind("fusing the lookups of no table".into()));
+/// the pooled output reshapes to `[tables, batch, dim]`. Each table's
+/// lookups are freed once copied.
+pub fn fuse(tables: Vec<Lookups>, rows: &[i64]) -> Result<Lookups, TchError> {
+    if tables.is_empty() || tables.len() != rows.len() {
+        return Err(TchError::Kind(format!(
+            "fusing the lookups of {} tables with {} row counts",
+            tables.len(),
+            rows.len()
+        )));
     }
     let (mut indices, mut offsets, mut bags) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut lookups, mut first_bag) = (0, 0);
-    for (l, first_row) in parts {
+    let (mut first_row, mut lookups, mut first_bag) = (0, 0, 0);
+    for (l, r) in tables.into_iter().zip(rows) {
         indices.push(l.indices.f_add_scalar(first_row)?);
         offsets.push(l.offsets.f_add_scalar(lookups)?);
         bags.push(l.bags.f_add_scalar(first_bag)?);
+        first_row += r;
         lookups += l.len();
         first_bag += l.bags();
     }
@@ -502,22 +495,15 @@ pub fn fuse(parts: Vec<(Lookups, i64)>) -> Result<Lookups, TchError> {
     })
 }
 
+/// A table of dim 16 (the lookups do not depend on the dim) with `bins` as
+/// `(bin, share)` pairs.
+fn table(name: &str, rows: u64, pooling: f64, bins: &[(usize, f64)]) -> Table {
+    crate::test_table(name, rows, 16, pooling, bins)
+}
+
 /// Tables whose lookups [`same_on`] compares: every path of the generator
 /// (a cold table, hot bins, rows capped below the counts, empty bins).
 fn probe_tables() -> Vec<Table> {
-    let table = |name: &str, rows: u64, pooling: f64, bins: &[(usize, f64)]| {
-        let mut b = [0.0; NUM_BINS];
-        for &(k, v) in bins {
-            b[k] = v;
-        }
-        Table {
-            name: name.into(),
-            rows,
-            dim: 16,
-            pooling_factor: pooling,
-            bins: b,
-        }
-    };
     vec![
         table("probe_cold", 10_000_000, 3.0, &[(0, 0.9), (1, 0.1)]),
         table(
@@ -532,10 +518,10 @@ fn probe_tables() -> Vec<Table> {
     ]
 }
 
-/// Checks that `device` generates the same lookups as the CPU (integer ops
-/// that differ between devices would make two backends measure different
-/// traffic). Names the first table that differs.
-pub fn same_on(device: Device) -> Result<(), String> {
+/// Checks that each of `devices` generates the same lookups as the CPU
+/// (integer ops that differ between devices would make two backends
+/// measure different traffic). Names the first device and table that differ.
+pub fn same_on(devices: &[Device]) -> Result<(), String> {
     const SEED: u64 = 7;
     const BATCH: u64 = 4096;
     for t in probe_tables() {
@@ -544,11 +530,14 @@ pub fn same_on(device: Device) -> Result<(), String> {
                 .and_then(|l| l.to_host())
                 .map_err(|e| format!("lookups of `{}` on {d:?}: {e}", t.name))
         };
-        if host(device)? != host(Device::Cpu)? {
-            return Err(format!(
-                "the lookups of `{}` generated on {device:?} differ from the CPU's",
-                t.name
-            ));
+        let cpu = host(Device::Cpu)?;
+        for &d in devices {
+            if host(d)? != cpu {
+                return Err(format!(
+                    "the lookups of `{}` generated on {d:?} differ from the CPU's",
+                    t.name
+                ));
+            }
         }
     }
     Ok(())
@@ -557,10 +546,6 @@ pub fn same_on(device: Device) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn table(name: &str, rows: u64, pooling: f64, bins: &[(usize, f64)]) -> Table {
-        crate::test_table(name, rows, 16, pooling, bins)
-    }
 
     fn host(seed: u64, t: &Table, batch: u64, cap: u64) -> HostLookups {
         for_table(seed, t, batch, cap, Device::Cpu)
@@ -849,7 +834,7 @@ mod tests {
         u.name = "u".into();
         assert_ne!(host(5, &t, 128, 1000), host(5, &u, 128, 1000));
         assert_eq!(table_seed(0, "abc"), table_seed(0, "abc"));
-        assert!(same_on(Device::Cpu).is_ok());
+        assert!(same_on(&[Device::Cpu]).is_ok());
     }
 
     #[test]
@@ -900,7 +885,7 @@ mod tests {
         let la = for_table(1, &a, 4, u64::MAX, Device::Cpu).unwrap();
         let lb = for_table(1, &b, 4, u64::MAX, Device::Cpu).unwrap();
         let (ha, hb) = (la.to_host().unwrap(), lb.to_host().unwrap());
-        let f = fuse(vec![(la, 0), (lb, 30)]).unwrap().to_host().unwrap();
+        let f = fuse(vec![la, lb], &[30, 50]).unwrap().to_host().unwrap();
         let shifted = |v: &[i64], by: i64| v.iter().map(|x| x + by).collect::<Vec<_>>();
         assert_eq!(
             f.indices,
@@ -911,7 +896,7 @@ mod tests {
             [ha.offsets.clone(), shifted(&hb.offsets, 8)].concat()
         );
         assert_eq!(f.bags, [ha.bags.clone(), shifted(&hb.bags, 4)].concat());
-        assert!(fuse(Vec::new()).is_err());
+        assert!(fuse(Vec::new(), &[]).is_err());
     }
 
     #[test]

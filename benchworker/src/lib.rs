@@ -50,8 +50,8 @@ pub(crate) fn test_pool(tables: usize, seed: u64) -> Vec<common::Table> {
     common::generate::generate_pool(&cfg, seed).expect("the default generator works")
 }
 
-/// A table for the tests: `bins` as `(bin, share)` pairs.
-#[cfg(test)]
+/// A table with `bins` as `(bin, share)` pairs (for the tests and the
+/// lookup generator's probes).
 pub(crate) fn test_table(
     name: &str,
     rows: u64,

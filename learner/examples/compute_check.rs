@@ -35,13 +35,7 @@ impl Oracle for OneDeviceAtATime {
                 let d = self.0.measure(&mine, &alone)?.devices[0];
                 (d.fwd_ms, d.bwd_ms)
             };
-            devices.push(DeviceCost {
-                fwd_ms,
-                bwd_ms,
-                fwd_comm_ms: 0.0,
-                bwd_comm_ms: 0.0,
-                total_ms: fwd_ms + bwd_ms,
-            });
+            devices.push(DeviceCost::new(fwd_ms, bwd_ms, 0.0, 0.0));
         }
         Ok(Measurement::from_devices(devices))
     }

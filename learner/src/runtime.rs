@@ -644,6 +644,26 @@ impl<'t, 'a> Learner<'t, 'a> {
     fn dispatch_some(&mut self, waited: bool) -> (bool, Waiting) {
         let t = &self.trainer.config().train;
         let round_end = (self.trainer.counters.iteration + 1) * t.measure_per_iteration;
+        // Which benchworkers are ready, and how wide, does not change while
+        // jobs go out; only which are idle.
+        let widest = self
+            .peers
+            .values()
+            .filter(|p| p.role == Role::Benchworker && p.ready)
+            .try_fold(0, |w, p| p.max_devices.map(|m| w.max(m)));
+        let fits = |most: Option<usize>, devices: usize| most.is_none_or(|m| devices <= m);
+        let takes = |max: Option<usize>, devices: usize| {
+            fits(max, devices) || (waited && !fits(widest, devices))
+        };
+        // A benchworker still setting up may be the wide one.
+        let setting_up = self
+            .peers
+            .values()
+            .any(|p| p.role == Role::Benchworker && !p.ready);
+        let too_wide = |devices: usize| match widest {
+            Some(w) if devices > w && !setting_up => Waiting::TooWide(devices, w),
+            _ => Waiting::No,
+        };
         let mut sent = false;
         loop {
             let out = self.trainer.buffer.len() + self.jobs.len();
@@ -659,24 +679,6 @@ impl<'t, 'a> Learner<'t, 'a> {
             if idle.is_empty() {
                 return (sent, Waiting::No);
             }
-            let widest = self
-                .peers
-                .values()
-                .filter(|p| p.role == Role::Benchworker && p.ready)
-                .try_fold(0, |w, p| p.max_devices.map(|m| w.max(m)));
-            let fits = |most: Option<usize>, devices: usize| most.is_none_or(|m| devices <= m);
-            let takes = |max: Option<usize>, devices: usize| {
-                fits(max, devices) || (waited && !fits(widest, devices))
-            };
-            // A benchworker still setting up may be the wide one.
-            let setting_up = self
-                .peers
-                .values()
-                .any(|p| p.role == Role::Benchworker && !p.ready);
-            let too_wide = |devices: usize| match widest {
-                Some(w) if devices > w && !setting_up => Waiting::TooWide(devices, w),
-                _ => Waiting::No,
-            };
             let (pick, tried) = match self.requeue.front() {
                 Some(r) => {
                     let devices = r.pick.plan.devices;
@@ -1138,7 +1140,6 @@ mod tests {
         let hub = Hub::bind(&ctx, endpoint).unwrap();
         let mut learner = Learner::new(&mut trainer, hub, "right".into()).unwrap();
         let mut hooks = Hooks::none();
-        let send = send_as;
         let hello = Message::Hello {
             role: Role::Benchworker,
             token: "right".into(),
@@ -1149,7 +1150,7 @@ mod tests {
         );
         for (socket, incarnation) in [(&narrow, 5), (&wide, 6)] {
             socket.connect(endpoint).unwrap();
-            send(socket, 0, incarnation, 1, &hello);
+            send_as(socket, 0, incarnation, 1, &hello);
             let incoming = learner.hub.recv(1000).unwrap().expect("a hello");
             learner.handle(incoming, &mut hooks).unwrap();
         }
@@ -1174,7 +1175,7 @@ mod tests {
                 let ready = Message::Ready {
                     max_devices: Some(max),
                 };
-                send(socket, id, incarnation, seq, &ready);
+                send_as(socket, id, incarnation, seq, &ready);
                 let incoming = learner.hub.recv(1000).unwrap().expect("a ready");
                 learner.handle(incoming, &mut hooks).unwrap();
             }
@@ -1221,11 +1222,15 @@ mod tests {
         let wide_place = (0..)
             .find(|&j| learner.trainer.pick_devices(j) == 4)
             .unwrap();
-        let pick = learner.trainer.pick_plan(wide_place);
-        learner.requeue.push_back(Requeued {
-            pick,
-            tried: Vec::new(),
-        });
+        // The plan of a 4-device pick, to measure again.
+        let requeue_wide = |learner: &mut Learner| {
+            let pick = learner.trainer.pick_plan(wide_place);
+            learner.requeue.push_back(Requeued {
+                pick,
+                tried: Vec::new(),
+            });
+        };
+        requeue_wide(&mut learner);
         assert!(
             !learner.dispatch(),
             "nothing to send before the wide one is idle"
@@ -1247,11 +1252,7 @@ mod tests {
         // reason.
         reset(&mut learner);
         say_width(&mut learner, 2, 2);
-        let pick = learner.trainer.pick_plan(wide_place);
-        learner.requeue.push_back(Requeued {
-            pick,
-            tried: Vec::new(),
-        });
+        requeue_wide(&mut learner);
         assert!(!learner.dispatch());
         assert!(learner.wide_since.is_some(), "waiting for a wide one");
         assert!([jobs(&narrow), jobs(&wide)].concat().is_empty());
@@ -1262,11 +1263,7 @@ mod tests {
         assert!(first.iter().any(|&t| width(t) == 4), "{first:?}");
         // The wait is over for the next one too (it failed, say) ...
         reset(&mut learner);
-        let pick = learner.trainer.pick_plan(wide_place);
-        learner.requeue.push_back(Requeued {
-            pick,
-            tried: Vec::new(),
-        });
+        requeue_wide(&mut learner);
         assert!(learner.dispatch());
         assert!(learner.requeue.is_empty() && learner.wide_since.is_some());
         // ... until a benchworker says a new width: the widest may be wider.
@@ -1278,14 +1275,10 @@ mod tests {
         reset(&mut learner);
         let late = ctx.socket(zmq::DEALER).unwrap();
         late.connect(endpoint).unwrap();
-        send(&late, 0, 7, 1, &hello);
+        send_as(&late, 0, 7, 1, &hello);
         let incoming = learner.hub.recv(1000).unwrap().expect("a hello");
         learner.handle(incoming, &mut hooks).unwrap();
-        let pick = learner.trainer.pick_plan(wide_place);
-        learner.requeue.push_back(Requeued {
-            pick,
-            tried: Vec::new(),
-        });
+        requeue_wide(&mut learner);
         assert!(!learner.dispatch());
         assert!(learner.wide_since.is_none());
     }

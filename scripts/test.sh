@@ -2,7 +2,8 @@
 # Runs the whole test suite on a fresh or set-up machine: set-up first
 # (idempotent), then every test of the workspace with the release profile the
 # binaries use, so libtorch's bindings compile once, then launch.sh's
-# multi-host modes (scripts/test-launch.sh). Arguments go to `cargo test`.
+# multi-host modes (scripts/test-launch.sh) and the API docs. Arguments go
+# to `cargo test`.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$EMBSHARD_ROOT"
@@ -18,6 +19,8 @@ else
   echo "test: this torch has no CUDA library: the cuda feature is not built" >&2
 fi
 cargo test --release --workspace "$@"
+# The API docs build without a broken link (rustdoc's warnings are errors).
+RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps --quiet
 # launch.sh's ssh and Slurm modes, through stand-ins for ssh and srun (about
 # 35 s); skipped when arguments pick some cargo tests.
 [ $# -gt 0 ] || "$EMBSHARD_ROOT/scripts/test-launch.sh"

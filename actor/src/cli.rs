@@ -69,7 +69,7 @@ pub enum Command {
         episodes: usize,
         #[arg(long, default_value_t = 20)]
         rounds: usize,
-        /// Configuration TOML ([model], [generate]); defaults when omitted.
+        /// Configuration TOML (its model and generate sections); defaults when omitted.
         #[arg(long)]
         config: Option<PathBuf>,
     },

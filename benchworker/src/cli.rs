@@ -43,10 +43,10 @@ pub enum Command {
     /// calls, on one device.
     ///
     /// For each size in --sizes, --mixes random mixes of that many tables
-    /// of a generated pool (the config's [generate], seeded) are measured
+    /// of a generated pool (the config's generate section, seeded) are measured
     /// fused and one table at a time; the table shows Σ single / fused for
     /// the forward and the backward (the fusion speedup). On `cuda` this is
-    /// one GPU; give a config with a smaller [cuda] max_rows if the mixes do
+    /// one GPU; give a config with a smaller cuda.max_rows if the mixes do
     /// not fit its memory. A benchmark, not a test.
     ///
     /// Example:
@@ -153,7 +153,7 @@ pub struct MeasureArgs {
     /// Every table of the CSV must be placed exactly once.
     #[arg(long)]
     pub placement: PathBuf,
-    /// Configuration TOML (sections [memory], [sim], [cpu]); defaults when omitted.
+    /// Configuration TOML (its memory, sim and cpu sections); defaults when omitted.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Print the measurement as JSON: {"cost_ms", "devices": [{"fwd_ms", …}]},

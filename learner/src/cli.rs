@@ -32,7 +32,7 @@ pub enum Command {
     /// Generate the DLRM-like pool, its train/test split and the task suites.
     ///
     /// Writes DIR/pool.csv, pool.train.csv, pool.test.csv, pool.stats.txt and
-    /// one DIR/<suite>.{train,test}.json per configured suite, and prints the
+    /// one DIR/SUITE.{train,test}.json per configured suite, and prints the
     /// pool's statistics next to the published trace's. Deterministic: the
     /// same config gives the same files.
     ///
@@ -117,7 +117,7 @@ pub struct PlanArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
-    /// Configuration TOML ([train], [model], …); defaults when omitted.
+    /// Configuration TOML (its train, model, … sections); defaults when omitted.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Run directory: configuration, metrics and checkpoint go there.
@@ -156,7 +156,7 @@ pub struct TrainArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
-    /// Configuration TOML ([generate], [data], [memory]); defaults when omitted.
+    /// Configuration TOML (its generate, data and memory sections); defaults when omitted.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Output folder (default: the config's data.dir).

@@ -842,7 +842,7 @@ impl<'a> Trainer<'a> {
         common::fs::fnv1a(&bytes)
     }
 
-    /// Draws the round's `j`-th plan to measure (see [`Self::pick_seed`]):
+    /// Draws the round's `j`-th plan to measure (seeded by its place, `pick_seed`):
     /// a training task and one plan for it from the current policy, a
     /// sample, or for a greedy pick ([`Self::greedy_pick`]) what `plan`
     /// returns (`train.measure_planned`) or the greedy episode.

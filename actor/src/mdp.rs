@@ -4,12 +4,15 @@
 //! each step is one batched forward of the policy.
 //!
 //! A step is cheap: table representations (of both networks) are computed
-//! once per episode batch; a device's representation is a running sum; only
-//! the device that received the table is re-costed. Tables are placed in
-//! descending order of their predicted single-table cost (DreamShard's
-//! order). A device is a legal action while the table still fits its memory;
-//! an episode with no legal device left is marked infeasible and continues on
-//! the device with the most free memory.
+//! once per episode batch; a device's representation is a running sum, and
+//! the cost network's heads cost each device as it is and with the table
+//! being placed added (one batched call). The policy reads, per device,
+//! those costs and what the placement would add to the iteration cost
+//! ([`device_features`]). Tables are placed in descending order of their
+//! predicted single-table cost (DreamShard's order). A device is a legal
+//! action while the table still fits its memory; an episode with no legal
+//! device left is marked infeasible and continues on the device with the
+//! most free memory.
 //!
 //! The same code serves training rollouts (sampled actions) and `plan`
 //! (greedy actions).
@@ -18,7 +21,7 @@ use common::features::scaled;
 use common::{MemoryModel, Table, NUM_FEATURES};
 use tch::{Device, Kind, Tensor};
 
-use crate::nets::{masked_log_softmax, CostNet, PolicyNet, COST_FEATURES};
+use crate::nets::{masked_log_softmax, CostNet, PolicyNet, DEVICE_FEATURES};
 
 /// A task as the MDP sees it.
 #[derive(Debug)]
@@ -74,13 +77,13 @@ pub struct Unroll {
     pub behaviour_logp: Tensor,
     /// `[M, E, D]` bool: the legal devices at each step.
     pub masks: Tensor,
-    /// `[M, E, D, 3]`: the cost features the policy saw.
-    pub cost_features: Tensor,
+    /// `[M, E, D, DEVICE_FEATURES]`: the device features the policy saw.
+    pub device_features: Tensor,
     /// `[E]`: the predicted iteration cost of each finished placement (ms).
     pub predicted_cost_ms: Tensor,
-    /// What rewards are divided by: the predicted single-table costs summed
-    /// and divided by the device count, the cost of a perfectly balanced
-    /// placement without fusion. It makes tasks of different sizes comparable.
+    /// What rewards are divided by: the task's [`balanced_cost`], the cost
+    /// of a perfectly balanced placement without fusion. It makes tasks of
+    /// different sizes comparable.
     pub reward_scale: f64,
     /// Episodes that ran out of memory somewhere.
     pub infeasible: Vec<bool>,
@@ -99,6 +102,75 @@ pub fn single_table_costs(cost: &CostNet, repr: &Tensor) -> Vec<f32> {
     let single =
         tch::no_grad(|| cost.overall_cost(repr, &Tensor::arange(m, (Kind::Int64, Device::Cpu)), m));
     Vec::try_from(single).unwrap_or_default()
+}
+
+/// The cost of a perfectly balanced placement without fusion: the
+/// predicted single-table costs summed and divided by the device count (at
+/// least a microsecond). Rewards and the policy's device features are in
+/// this unit, which makes tasks of different sizes comparable. The costs
+/// count by their size: a network not yet trained may predict some below
+/// zero, and its features should still be of order one.
+pub fn balanced_cost(single: &[f32], devices: usize) -> f64 {
+    (single.iter().map(|&c| c.abs() as f64).sum::<f64>() / devices.max(1) as f64).max(1e-3)
+}
+
+/// The largest value, where it is, and the second largest (`-inf` where
+/// there are fewer).
+fn top_two(values: impl Iterator<Item = f32>) -> (f32, usize, f32) {
+    let (mut first, mut at, mut second) = (f32::NEG_INFINITY, usize::MAX, f32::NEG_INFINITY);
+    for (i, x) in values.enumerate() {
+        if x > first {
+            (second, first, at) = (first, x, i);
+        } else if x > second {
+            second = x;
+        }
+    }
+    (first, at, second)
+}
+
+/// Where [`device_features`] puts what placing the table on the device
+/// adds to the iteration cost.
+pub const ADDED_ITERATION_COST: i64 = 6;
+
+/// The policy's view of one episode's `D` devices as it places a table of
+/// `need` bytes, [`DEVICE_FEATURES`] values per device appended to `out`:
+/// the device's predicted (fwd, bwd, comm) now (`now`, zero while empty),
+/// what placing the table there adds to each (`with`: its costs with the
+/// table), what it adds to the iteration cost (`max_d fwd + max_d (bwd +
+/// 2·comm)`, the composition of [`crate::nets::compose`], over the devices
+/// as they are but for this one), all over `scale` (the task's
+/// [`balanced_cost`]), and the share of its memory the device would have
+/// left (negative where the table does not fit; `cap` bytes each).
+pub fn device_features(
+    now: &[[f32; 3]],
+    with: &[[f32; 3]],
+    used: &[u64],
+    need: u64,
+    cap: u64,
+    scale: f64,
+    out: &mut Vec<f32>,
+) {
+    let rest = |c: &[f32; 3]| c[1] + 2.0 * c[2];
+    let (f1, f_at, f2) = top_two(now.iter().map(|c| c[0]));
+    let (r1, r_at, r2) = top_two(now.iter().map(rest));
+    let iteration = f1 + r1;
+    let inv = (1.0 / scale) as f32;
+    for (d, (n, w)) in now.iter().zip(with).enumerate() {
+        let others_f = if d == f_at { f2 } else { f1 };
+        let others_r = if d == r_at { r2 } else { r1 };
+        let placed = w[0].max(others_f) + rest(w).max(others_r);
+        let free = (cap as f64 - used[d] as f64 - need as f64) / cap.max(1) as f64;
+        out.extend_from_slice(&[
+            n[0] * inv,
+            n[1] * inv,
+            n[2] * inv,
+            (w[0] - n[0]) * inv,
+            (w[1] - n[1]) * inv,
+            (w[2] - n[2]) * inv,
+            (placed - iteration) * inv,
+            free.clamp(-1.0, 1.0) as f32,
+        ]);
+    }
 }
 
 /// DreamShard's order: tables by predicted single-table cost, descending.
@@ -189,14 +261,14 @@ pub fn try_rollout(
     let cost_repr = cost.tables(&task.features);
     let single = single_table_costs(cost, &cost_repr);
     let order = placement_order(&single);
-    let reward_scale =
-        (single.iter().map(|&c| c.max(0.0) as f64).sum::<f64>() / task.devices as f64).max(1e-3);
+    let reward_scale = balanced_cost(&single, task.devices);
     let pol_repr = policy.tables(&task.features);
     let (pw, cw) = (pol_repr.size()[1], cost_repr.size()[1]);
     let mut dev_pol = Tensor::zeros([e, d, pw], opts());
     let mut dev_cost = Tensor::zeros([e, d, cw], opts());
-    // An empty device's cost features are zero (DreamShard's q_0).
-    let mut cost_feat = Tensor::zeros([e, d, COST_FEATURES], opts());
+    // Each device's predicted (fwd, bwd, comm): zero while empty
+    // (DreamShard's q_0).
+    let mut now = vec![[0.0f32; 3]; episodes * task.devices];
     let mut used = vec![vec![0u64; task.devices]; episodes];
     let mut infeasible = vec![false; episodes];
     let mut plans = vec![vec![0usize; m]; episodes];
@@ -233,8 +305,30 @@ pub fn try_rollout(
             .get(table as i64)
             .unsqueeze(0)
             .expand([e, pw], false);
+        // Every device's costs with the table added, in one call.
+        let table_cost = cost_repr.get(table as i64);
+        let with: Vec<f32> = Vec::try_from(
+            cost.device_costs(&(&dev_cost + table_cost.view([1, 1, cw])).view([e * d, cw]))
+                .view([-1]),
+        )
+        .map_err(|err| format!("step {step}: the cost network's device costs: {err}"))?;
+        let with: Vec<[f32; 3]> = with.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect();
+        let mut features = Vec::with_capacity(episodes * task.devices * DEVICE_FEATURES as usize);
+        for (k, u) in used.iter().enumerate() {
+            let span = k * task.devices..(k + 1) * task.devices;
+            device_features(
+                &now[span.clone()],
+                &with[span],
+                u,
+                need,
+                task.cap_bytes,
+                reward_scale,
+                &mut features,
+            );
+        }
+        let features = Tensor::from_slice(&features).view([e, d, DEVICE_FEATURES]);
         let progress = Tensor::full([e], step as f64 / m as f64, opts());
-        let out = policy.forward(&dev_pol, &cost_feat, &current, &progress);
+        let out = policy.forward(&dev_pol, &features, &current, &progress);
         let logp = masked_log_softmax(&out.logits, &mask_t);
         // Training samples need numbers; `plan`'s candidates keep going
         // (their plans are checked against memory and costed afterwards).
@@ -248,25 +342,20 @@ pub fn try_rollout(
             Some(rng) => gumbel_argmax(&logp, rng, temperature, greedy),
         };
         let chosen_logp = logp.gather(1, &action.unsqueeze(1), false).squeeze_dim(1);
-        // A copy: the state tensors are updated in place below.
-        feats.push(cost_feat.copy());
+        feats.push(features);
         masks.push(mask_t);
         logps.push(chosen_logp);
         let acts: Vec<i64> = Vec::try_from(&action).unwrap_or_default();
         for (k, &a) in acts.iter().enumerate() {
-            used[k][a as usize] = used[k][a as usize].saturating_add(need);
-            plans[k][table] = a as usize;
+            let a = a as usize;
+            used[k][a] = used[k][a].saturating_add(need);
+            plans[k][table] = a;
+            now[k * task.devices + a] = with[k * task.devices + a];
         }
-        // Running sums, then re-cost only the device that changed.
+        // Running sums of the device that changed.
         let at = [Some(rows.shallow_clone()), Some(action.shallow_clone())];
         let _ = dev_pol.index_put_(&at, &current, true);
-        let _ = dev_cost.index_put_(
-            &at,
-            &cost_repr.get(table as i64).expand([e, cw], false),
-            true,
-        );
-        let q = cost.device_costs(&dev_cost.index(&at));
-        let _ = cost_feat.index_put_(&at, &q, false);
+        let _ = dev_cost.index_put_(&at, &table_cost.expand([e, cw], false), true);
         actions.push(action);
     }
     let plan_of_device = rows.repeat_interleave_self_int(d, 0, None);
@@ -279,7 +368,7 @@ pub fn try_rollout(
         actions: stack("actions", &actions)?,
         behaviour_logp: stack("log-probabilities", &logps)?,
         masks: stack("masks", &masks)?,
-        cost_features: stack("cost features", &feats)?,
+        device_features: stack("cost features", &feats)?,
         predicted_cost_ms: predicted,
         reward_scale,
         infeasible,
@@ -299,7 +388,9 @@ pub fn greedy_episode(policy: &PolicyNet, cost: &CostNet, task: &MdpTask) -> (Ve
     let _guard = tch::no_grad_guard();
     let (m, devices) = (task.tables(), task.devices);
     let cost_repr = cost.tables(&task.features);
-    let order = placement_order(&single_table_costs(cost, &cost_repr));
+    let single = single_table_costs(cost, &cost_repr);
+    let order = placement_order(&single);
+    let scale = balanced_cost(&single, devices);
     let rows = |t: &Tensor| -> Vec<Vec<f32>> {
         let width = t.size()[1] as usize;
         Vec::<f32>::try_from(t.to_kind(Kind::Float).view([-1]))
@@ -312,10 +403,11 @@ pub fn greedy_episode(policy: &PolicyNet, cost: &CostNet, task: &MdpTask) -> (Ve
     let (scorer, heads) = (policy.scorer(), cost.device_heads());
     let h = scorer.hidden();
     // Per device: the policy's summed table part, the cost heads' summed
-    // projections, and the policy's cost part.
+    // projections, and the predicted costs (zero while empty).
     let mut dev_tables = vec![vec![0.0f32; h]; devices];
     let mut dev_heads = vec![vec![0.0f32; heads.projected_width()]; devices];
-    let mut dev_cost = vec![scorer.project_cost([0.0; 3]); devices];
+    let mut now = vec![[0.0f32; 3]; devices];
+    let (mut with, mut features, mut sum) = (Vec::new(), Vec::new(), Vec::new());
     let mut used = vec![0u64; devices];
     let mut plan = vec![0usize; m];
     let mut infeasible = false;
@@ -331,10 +423,29 @@ pub fn greedy_episode(policy: &PolicyNet, cost: &CostNet, task: &MdpTask) -> (Ve
             legal[roomiest] = true;
         }
         let current = scorer.project_current(&pol_repr[table]);
+        let projected = heads.project(&cost_repr[table]);
+        with.clear();
+        with.extend(dev_heads.iter().map(|dev| {
+            sum.clear();
+            sum.extend(dev.iter().zip(&projected).map(|(a, b)| a + b));
+            heads.finish(&sum)
+        }));
+        features.clear();
+        device_features(
+            &now,
+            &with,
+            &used,
+            need,
+            task.cap_bytes,
+            scale,
+            &mut features,
+        );
         // The first legal device of highest logit (torch's argmax).
         let mut best: Option<(usize, f32)> = None;
         for d in (0..devices).filter(|&d| legal[d]) {
-            let logit = scorer.logit(&dev_tables[d], &dev_cost[d], &current);
+            let width = DEVICE_FEATURES as usize;
+            let state = scorer.project_state(&features[d * width..(d + 1) * width]);
+            let logit = scorer.logit(&dev_tables[d], &state, &current);
             if best.is_none_or(|(_, b)| logit > b) {
                 best = Some((d, logit));
             }
@@ -343,8 +454,8 @@ pub fn greedy_episode(policy: &PolicyNet, cost: &CostNet, task: &MdpTask) -> (Ve
         used[d] = used[d].saturating_add(need);
         plan[table] = d;
         add_into(&mut dev_tables[d], &scorer.project_table(&pol_repr[table]));
-        add_into(&mut dev_heads[d], &heads.project(&cost_repr[table]));
-        dev_cost[d] = scorer.project_cost(heads.finish(&dev_heads[d]));
+        add_into(&mut dev_heads[d], &projected);
+        now[d] = with[d];
     }
     (plan, infeasible)
 }
@@ -454,33 +565,62 @@ mod tests {
     fn incremental_state_equals_state_recomputed_from_scratch() {
         let (_vs, policy, cost) = nets();
         let t = tables(12);
-        let task = MdpTask::new(&t, 3, u64::MAX, &MemoryModel::default());
+        let mem = MemoryModel::default();
+        let cap = t.iter().map(|x| mem.table_bytes(x)).sum::<u64>() / 2;
+        let task = MdpTask::new(&t, 3, cap, &mem);
         let u = rollout(&policy, &cost, &task, 4, Mode::Sample { seed: 1 });
         let repr = tch::no_grad(|| cost.tables(&task.features));
+        let scale = u.reward_scale as f32;
+        let composed = |c: &[[f32; 3]]| {
+            let f = c.iter().map(|x| x[0]).fold(f32::MIN, f32::max);
+            let r = c.iter().map(|x| x[1] + 2.0 * x[2]).fold(f32::MIN, f32::max);
+            f + r
+        };
         for (k, plan) in u.plans.iter().enumerate() {
-            for (step, _) in u.order.iter().enumerate() {
+            for (step, &table) in u.order.iter().enumerate() {
                 // Devices hold the tables placed before this step.
                 let sums = Tensor::zeros([3, repr.size()[1]], opts());
+                let mut used = [0u64; 3];
                 for &placed in &u.order[..step] {
                     let row = repr.get(placed as i64);
                     let _ = sums.get(plan[placed] as i64).f_add_(&row).unwrap();
+                    used[plan[placed]] += task.bytes[placed];
                 }
-                let expect = tch::no_grad(|| cost.device_costs(&sums));
-                // Devices still empty have zero cost features.
+                let costs = |x: &Tensor| -> Vec<[f32; 3]> {
+                    let v = Vec::<f32>::try_from(tch::no_grad(|| cost.device_costs(x)).view([-1]));
+                    v.unwrap().chunks(3).map(|c| [c[0], c[1], c[2]]).collect()
+                };
+                // Devices still empty cost nothing.
+                let now: Vec<[f32; 3]> = costs(&sums)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(dev, c)| {
+                        let occupied = u.order[..step].iter().any(|&p| plan[p] == dev);
+                        if occupied {
+                            c
+                        } else {
+                            [0.0; 3]
+                        }
+                    })
+                    .collect();
+                let with = costs(&(&sums + repr.get(table as i64).unsqueeze(0)));
+                let seen = u.device_features.get(step as i64).get(k as i64);
+                let seen: Vec<f32> = Vec::try_from(seen.view([-1])).unwrap();
                 for dev in 0..3usize {
-                    let occupied = u.order[..step].iter().any(|&p| plan[p] == dev);
-                    let seen = u
-                        .cost_features
-                        .get(step as i64)
-                        .get(k as i64)
-                        .get(dev as i64);
-                    if occupied {
+                    let f = &seen[dev * DEVICE_FEATURES as usize..][..DEVICE_FEATURES as usize];
+                    let mut placed = now.clone();
+                    placed[dev] = with[dev];
+                    let free = (cap as f64 - (used[dev] + task.bytes[table]) as f64) / cap as f64;
+                    let mut expect = vec![];
+                    expect.extend(now[dev].map(|x| x / scale));
+                    expect.extend((0..3).map(|i| (with[dev][i] - now[dev][i]) / scale));
+                    expect.push((composed(&placed) - composed(&now)) / scale);
+                    expect.push(free.clamp(-1.0, 1.0) as f32);
+                    for (i, (a, b)) in f.iter().zip(&expect).enumerate() {
                         assert!(
-                            close(&seen, &expect.get(dev as i64)),
-                            "step {step} dev {dev}"
+                            (a - b).abs() < 1e-4 * (1.0 + b.abs()),
+                            "step {step} dev {dev} feature {i}: {a} vs {b}"
                         );
-                    } else {
-                        assert_eq!(seen.abs().sum(Kind::Float).double_value(&[]), 0.0);
                     }
                 }
             }
@@ -497,6 +637,36 @@ mod tests {
                 &u.predicted_cost_ms.get(k as i64).unsqueeze(0)
             ));
         }
+    }
+
+    #[test]
+    fn device_features_follow_their_definition() {
+        let now = [[2.0, 1.0, 0.5], [1.0, 3.0, 0.0], [0.0, 0.0, 0.0]];
+        let with = [[3.0, 2.0, 0.5], [2.0, 3.0, 1.0], [1.0, 1.0, 0.0]];
+        let mut out = Vec::new();
+        device_features(&now, &with, &[10, 20, 0], 10, 40, 2.0, &mut out);
+        // The iteration costs max fwd + max (bwd + 2·comm) = 2 + 3 now; on
+        // device 0 it would be 3 + 3, on 1 it would be 2 + 5, on 2 still 2 + 3.
+        #[rustfmt::skip]
+        let expect = [
+            1.0, 0.5, 0.25, 0.5, 0.5, 0.0, 0.5, 0.5,
+            0.5, 1.5, 0.0, 0.5, 0.0, 0.5, 1.0, 0.25,
+            0.0, 0.0, 0.0, 0.5, 0.5, 0.0, 0.0, 0.75,
+        ];
+        assert_eq!(out, expect);
+        // One device: the iteration cost is its own; a table that does not
+        // fit leaves a negative share free (at least -1).
+        out.clear();
+        device_features(
+            &[[1.0, 1.0, 1.0]],
+            &[[2.0, 1.0, 1.0]],
+            &[30],
+            100,
+            40,
+            1.0,
+            &mut out,
+        );
+        assert_eq!(out, [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, -1.0]);
     }
 
     /// Tables of one size and varied pooling: with room for six per device
@@ -548,7 +718,7 @@ mod tests {
     #[test]
     fn greedy_is_deterministic_and_sampling_explores() {
         let (_vs, policy, cost) = nets();
-        let t = tables(10);
+        let t = tables(20);
         let task = MdpTask::new(&t, 4, u64::MAX, &MemoryModel::default());
         let a = rollout(&policy, &cost, &task, 3, Mode::Greedy);
         let b = rollout(&policy, &cost, &task, 3, Mode::Greedy);

@@ -13,10 +13,16 @@ use common::NUM_FEATURES;
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
-/// Per-device cost features the policy reads: forward, backward and
+/// Per-device costs the cost network predicts: forward, backward and
 /// backward-communication time (ms). Forward communication is left out: it
 /// includes the wait for the slowest device, not the device's own work.
 pub const COST_FEATURES: i64 = 3;
+
+/// Per-device state features the policy reads when it places a table (see
+/// [`crate::mdp::device_features`]): the device's predicted costs now, what
+/// placing the table there would add to them and to the iteration cost, and
+/// the memory it would leave free.
+pub const DEVICE_FEATURES: i64 = 8;
 
 fn mlp(p: &nn::Path, input: i64, hidden: i64, out: i64) -> nn::Sequential {
     nn::seq().add(Head::new(p, input, hidden, out))
@@ -541,14 +547,14 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// The policy network with its value head.
 ///
 /// A device's representation is its tables' summed representations
-/// (own MLP), its cost features (through their MLP) and the representation
+/// (own MLP), its state features (through their MLP) and the representation
 /// of the table being placed; a shared score MLP turns each into a logit,
 /// and a softmax over the legal devices gives the action. The value head
 /// reads the mean device representation and how far the episode is.
 #[derive(Debug)]
 pub struct PolicyNet {
     table: nn::Sequential,
-    /// The cost features' MLP (a ReLU after it).
+    /// The state features' MLP (a ReLU after it).
     cost: Head,
     score: Head,
     value: nn::Sequential,
@@ -577,7 +583,7 @@ impl PolicyNet {
                 o,
             )
             .add_fn(|x| x.relu()),
-            cost: Head::new(&(p / "cost"), COST_FEATURES, cfg.cost_feature_hidden, co),
+            cost: Head::new(&(p / "cost"), DEVICE_FEATURES, cfg.cost_feature_hidden, co),
             score: Head::new(&(p / "score"), device_width, cfg.score_hidden, 1),
             value: mlp(&(p / "value"), device_width + 1, cfg.value_hidden, 1),
             device_width,
@@ -591,12 +597,12 @@ impl PolicyNet {
 
     /// Scores and values for `E` states over `D` devices:
     /// `device_tables` `[E, D, out]` (summed table representations),
-    /// `cost_features` `[E, D, 3]`, `current` `[E, out]` (the table being
+    /// `device_features` `[E, D, DEVICE_FEATURES]`, `current` `[E, out]` (the table being
     /// placed) and `progress` `[E]` (steps taken / steps in the episode).
     pub fn forward(
         &self,
         device_tables: &Tensor,
-        cost_features: &Tensor,
+        device_features: &Tensor,
         current: &Tensor,
         progress: &Tensor,
     ) -> PolicyOutput {
@@ -605,7 +611,7 @@ impl PolicyNet {
         let dev = Tensor::cat(
             &[
                 device_tables.shallow_clone(),
-                self.cost.forward(cost_features).relu(),
+                self.cost.forward(device_features).relu(),
                 cur,
             ],
             2,
@@ -673,10 +679,10 @@ fn dense_relu((w, b): &(Vec<f32>, Vec<f32>), x: &[f32]) -> Vec<f32> {
 /// The policy's device scores as plain arrays, for one greedy episode
 /// without a libtorch call per step (`plan`). The score MLP's first layer is
 /// linear in its three inputs (the device's summed table representations,
-/// its cost features through their MLP, the table being placed), so each
+/// its state features through their MLP, the table being placed), so each
 /// part is projected on its own: a table's projection once per episode, a
-/// device's as the sum of its tables', the cost part again only for the
-/// device that changed. Equal to [`PolicyNet::forward`]'s logits up to float
+/// device's as the sum of its tables', the state part again at every step
+/// (it depends on the table being placed). Equal to [`PolicyNet::forward`]'s logits up to float
 /// rounding.
 #[derive(Debug, Clone)]
 pub struct PolicyScorer {
@@ -720,10 +726,10 @@ impl PolicyScorer {
         Self::project(&self.current, repr)
     }
 
-    /// A device's part from its cost features (fwd, bwd, comm; zero for an
-    /// empty device).
-    pub fn project_cost(&self, features: [f32; 3]) -> Vec<f32> {
-        let hidden = dense_relu(&self.cost1, &features);
+    /// A device's part from its state features (`DEVICE_FEATURES` values).
+    pub fn project_state(&self, features: &[f32]) -> Vec<f32> {
+        debug_assert_eq!(features.len(), DEVICE_FEATURES as usize);
+        let hidden = dense_relu(&self.cost1, features);
         Self::project(&self.cost, &dense_relu(&self.cost2, &hidden))
     }
 
@@ -1102,7 +1108,7 @@ mod tests {
             let e = 5;
             let out = net.forward(
                 &Tensor::randn([e, d, cfg.policy_table_out], (Kind::Float, Device::Cpu)),
-                &Tensor::rand([e, d, COST_FEATURES], (Kind::Float, Device::Cpu)),
+                &Tensor::rand([e, d, DEVICE_FEATURES], (Kind::Float, Device::Cpu)),
                 &Tensor::randn([e, cfg.policy_table_out], (Kind::Float, Device::Cpu)),
                 &Tensor::full([e], 0.5, (Kind::Float, Device::Cpu)),
             );
@@ -1111,7 +1117,7 @@ mod tests {
         }
         // Renaming devices permutes the scores and leaves the value alone.
         let dt = Tensor::randn([1, 3, cfg.policy_table_out], (Kind::Float, Device::Cpu));
-        let cf = Tensor::rand([1, 3, COST_FEATURES], (Kind::Float, Device::Cpu));
+        let cf = Tensor::rand([1, 3, DEVICE_FEATURES], (Kind::Float, Device::Cpu));
         let cur = Tensor::randn([1, cfg.policy_table_out], (Kind::Float, Device::Cpu));
         let prog = Tensor::zeros([1], (Kind::Float, Device::Cpu));
         let perm = Tensor::from_slice(&[2i64, 0, 1]);

@@ -8,7 +8,7 @@ use common::protocol::{NamedArray, UnrollData};
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::mdp::Unroll;
-use crate::nets::COST_FEATURES;
+use crate::nets::DEVICE_FEATURES;
 
 fn to_vec<T: tch::kind::Element + Copy>(t: &Tensor) -> Vec<T> {
     Vec::<T>::try_from(&t.contiguous().view([-1])).unwrap_or_default()
@@ -27,7 +27,7 @@ pub fn unroll_to_data(task: u32, u: &Unroll) -> UnrollData {
         actions: actions.iter().map(|&a| a as u32).collect(),
         behaviour_logp: to_vec(&u.behaviour_logp),
         masks: to_vec(&u.masks),
-        cost_features: to_vec(&u.cost_features),
+        device_features: to_vec(&u.device_features),
         predicted_cost_ms: to_vec(&u.predicted_cost_ms),
         reward_scale: u.reward_scale,
         infeasible: u.infeasible.clone(),
@@ -54,9 +54,9 @@ pub fn unroll_from_data(d: &UnrollData, tables: usize, devices: usize) -> Result
     check("behaviour_logp", d.behaviour_logp.len(), steps)?;
     check("masks", d.masks.len(), steps * devices)?;
     check(
-        "cost_features",
-        d.cost_features.len(),
-        steps * devices * COST_FEATURES as usize,
+        "device_features",
+        d.device_features.len(),
+        steps * devices * DEVICE_FEATURES as usize,
     )?;
     check("predicted_cost_ms", d.predicted_cost_ms.len(), e)?;
     check("infeasible", d.infeasible.len(), e)?;
@@ -77,7 +77,7 @@ pub fn unroll_from_data(d: &UnrollData, tables: usize, devices: usize) -> Result
         None => Ok(()),
     };
     finite("behaviour_logp", &d.behaviour_logp)?;
-    finite("cost_features", &d.cost_features)?;
+    finite("device_features", &d.device_features)?;
     finite("predicted_cost_ms", &d.predicted_cost_ms)?;
     if d.behaviour_logp.iter().any(|&l| l > 1e-4) {
         return Err("behaviour_logp: a log-probability above 0".into());
@@ -98,7 +98,7 @@ pub fn unroll_from_data(d: &UnrollData, tables: usize, devices: usize) -> Result
         actions: Tensor::from_slice(&actions).view([mi, ei]),
         behaviour_logp: Tensor::from_slice(&d.behaviour_logp).view([mi, ei]),
         masks: Tensor::from_slice(&d.masks).view([mi, ei, di]),
-        cost_features: Tensor::from_slice(&d.cost_features).view([mi, ei, di, COST_FEATURES]),
+        device_features: Tensor::from_slice(&d.device_features).view([mi, ei, di, DEVICE_FEATURES]),
         predicted_cost_ms: Tensor::from_slice(&d.predicted_cost_ms),
         reward_scale: d.reward_scale,
         infeasible: d.infeasible.clone(),
@@ -253,7 +253,7 @@ mod tests {
             (&back.actions, &u.actions),
             (&back.masks, &u.masks),
             (&back.behaviour_logp, &u.behaviour_logp),
-            (&back.cost_features, &u.cost_features),
+            (&back.device_features, &u.device_features),
             (&back.predicted_cost_ms, &u.predicted_cost_ms),
         ] {
             assert_eq!(a.size(), b.size());
@@ -279,10 +279,10 @@ mod tests {
             .unwrap_err()
             .contains("repeated"));
         let mut bad = good.clone();
-        bad.cost_features[5] = f32::NAN;
+        bad.device_features[5] = f32::NAN;
         assert!(unroll_from_data(&bad, 9, 3)
             .unwrap_err()
-            .contains("cost_features[5]"));
+            .contains("device_features[5]"));
         let mut bad = good;
         bad.masks.pop();
         assert!(unroll_from_data(&bad, 9, 3).unwrap_err().contains("masks"));

@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use tch::{nn, Device};
 
 use crate::mdp::{try_rollout, MdpTask, Mode};
-use crate::nets::{CostNet, PolicyNet, COST_FEATURES};
+use crate::nets::{CostNet, PolicyNet, DEVICE_FEATURES};
 use crate::wire::{import_all, unroll_to_data, MAX_EPISODES};
 
 /// How to reach the learner.
@@ -176,7 +176,7 @@ fn check_unroll_size(k: usize, task: &Task, episodes: usize) -> Result<usize, St
     // The floats alone, without building anything (a task can be huge).
     let floats = m
         .checked_mul(e)
-        .and_then(|me| me.checked_mul(1 + d.checked_mul(COST_FEATURES as usize)?))
+        .and_then(|me| me.checked_mul(1 + d.checked_mul(DEVICE_FEATURES as usize)?))
         .and_then(|x| x.checked_add(e))
         .and_then(|x| x.checked_mul(4));
     match floats {
@@ -192,7 +192,7 @@ fn check_unroll_size(k: usize, task: &Task, episodes: usize) -> Result<usize, St
         actions: vec![(d - 1) as u32; me],
         behaviour_logp: vec![0.0; me],
         masks: vec![true; med],
-        cost_features: vec![0.0; med * COST_FEATURES as usize],
+        device_features: vec![0.0; med * DEVICE_FEATURES as usize],
         predicted_cost_ms: vec![0.0; e],
         reward_scale: 0.0,
         infeasible: vec![true; e],
@@ -412,11 +412,11 @@ mod tests {
         assert!(e.contains("200 tables on 8 devices"), "{e}");
         // The floats fit; the masks and actions beside them do not.
         let big = task("big", 100, 8);
-        let floats = 100 * 6500 * (1 + 8 * 3) * 4;
+        let floats = 100 * 2570 * (1 + 8 * DEVICE_FEATURES as usize) * 4;
         assert!(floats < MAX_FRAME_BYTES);
-        let e = check_unroll_size(0, &big, 6500).unwrap_err();
+        let e = check_unroll_size(0, &big, 2570).unwrap_err();
         assert!(!e.contains("at least"), "{e}");
-        assert!(check_unroll_size(0, &big, 5000).is_ok());
+        assert!(check_unroll_size(0, &big, 2400).is_ok());
     }
 
     #[test]

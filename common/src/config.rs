@@ -582,6 +582,16 @@ pub struct TrainConfig {
     pub clip_rho: f64,
     pub clip_c: f64,
     pub clip_pg_rho: f64,
+    /// V-trace's λ: how far the targets and advantages look ahead before
+    /// bootstrapping on the value head (1: to the episode's end).
+    pub lambda: f64,
+    /// Whether each step is rewarded with what its placement added to the
+    /// predicted iteration cost (in the task's balanced-cost units), the
+    /// last step's reward completing the episode's: every episode keeps its
+    /// return, and with `lambda` below 1 a step's advantage rests on its
+    /// own effect more than on the steps after it. Needs `reward =
+    /// "balanced"` (the unit of the steps' costs).
+    pub step_rewards: bool,
     pub update: Update,
     pub reward: RewardScale,
     pub seed: u64,
@@ -614,6 +624,8 @@ impl Default for TrainConfig {
             clip_rho: 1.0,
             clip_c: 1.0,
             clip_pg_rho: 1.0,
+            lambda: 1.0,
+            step_rewards: false,
             update: Update::Vtrace,
             reward: RewardScale::Balanced,
             seed: 0,
@@ -659,6 +671,16 @@ impl TrainConfig {
         positive("train.clip_rho", self.clip_rho)?;
         positive("train.clip_c", self.clip_c)?;
         positive("train.clip_pg_rho", self.clip_pg_rho)?;
+        if !(self.lambda > 0.0 && self.lambda <= 1.0) {
+            return Err(format!("train.lambda = {} must lie in (0, 1]", self.lambda));
+        }
+        if self.step_rewards && self.reward != RewardScale::Balanced {
+            return Err(
+                "train.step_rewards needs train.reward = \"balanced\" (the unit \
+                        of a step's cost)"
+                    .into(),
+            );
+        }
         positive("train.checkpoint_every", self.checkpoint_every as f64)?;
         positive("train.keep_checkpoints", self.keep_checkpoints as f64)
     }

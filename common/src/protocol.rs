@@ -20,7 +20,7 @@ use crate::{Measurement, Task};
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"EMBS";
 /// Bumped on any incompatible change of the messages below.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 /// The largest frame a peer accepts (weights of the default networks are
 /// about 200 KiB; a welcome carries the training tasks).
 pub const MAX_FRAME_BYTES: usize = 64 << 20;
@@ -87,8 +87,9 @@ pub struct UnrollData {
     pub behaviour_logp: Vec<f32>,
     /// `[M × E × D]` legal devices.
     pub masks: Vec<bool>,
-    /// `[M × E × D × 3]` cost features the policy saw.
-    pub cost_features: Vec<f32>,
+    /// `[M × E × D × F]` device features the policy saw (F per device: the
+    /// actor's `DEVICE_FEATURES`).
+    pub device_features: Vec<f32>,
     /// `[E]` predicted iteration costs (ms).
     pub predicted_cost_ms: Vec<f32>,
     pub reward_scale: f64,
@@ -347,7 +348,7 @@ mod tests {
                 actions: vec![0, 1, 1, 1],
                 behaviour_logp: vec![-0.5, -0.25, -1.0, -0.1],
                 masks: vec![true; 8],
-                cost_features: vec![0.5; 24],
+                device_features: vec![0.5; 24],
                 predicted_cost_ms: vec![3.0, 4.0],
                 reward_scale: 1.5,
                 infeasible: vec![false, true],

@@ -206,35 +206,64 @@ pub fn load_latest(cfg: &Config, run: &Path) -> anyhow::Result<Option<Loaded>> {
                 .with_context(|| format!("setting {} aside", dir.display()))?;
             continue;
         }
-        return load_one(cfg, &dir, true)
-            .map(Some)
-            .with_context(|| format!("loading {}", dir.display()));
+        return load_one(cfg, &dir, true).map(Some).with_context(|| {
+            format!(
+                "checkpoint {} is intact but does not load: trained with other [model] \
+                 settings than the run's config.toml, or by another version of embshard",
+                dir.display()
+            )
+        });
     }
     Ok(None)
 }
 
 /// A run directory's configuration and its newest intact model.
 pub fn load_run(run: &Path) -> anyhow::Result<(Config, Model)> {
-    let cfg = Config::load_run(&run.join("config.toml"))?;
-    let loaded = load_latest_model(&cfg, run)
+    let config = run.join("config.toml");
+    anyhow::ensure!(
+        config.exists() || !run.join("manifest.json").exists(),
+        "{} is one checkpoint of a run; give the run's folder (the one holding \
+         config.toml and checkpoints/)",
+        run.display()
+    );
+    anyhow::ensure!(
+        config.exists(),
+        "{} is not a training run's folder: it holds no config.toml (`learner train \
+         --run-dir` writes one)",
+        run.display()
+    );
+    let cfg = Config::load_run(&config)?;
+    let loaded = load_latest_model(&cfg, run)?
         .with_context(|| format!("no intact checkpoint in {}", run.display()))?;
     Ok((cfg, loaded.model))
 }
 
 /// The newest intact model of a run, without the optimizer's state (its
-/// `optimizer` is empty), for `plan` and `eval`: damaged checkpoints are
-/// skipped with a warning and left as they are.
-pub fn load_latest_model(cfg: &Config, run: &Path) -> Option<Loaded> {
+/// `optimizer` is empty), for `plan` and `eval`: damaged checkpoints (files
+/// that fail their checksums) are skipped with a warning and left as they
+/// are; an intact one that does not load is an error (a configuration
+/// edited since, or a checkpoint of another version of embshard), not a
+/// reason to fall back to an older one.
+pub fn load_latest_model(cfg: &Config, run: &Path) -> anyhow::Result<Option<Loaded>> {
     for dir in list(run) {
-        match load_one(cfg, &dir, false) {
-            Ok(l) => return Some(l),
-            Err(e) => tracing::warn!(
+        if let Err(e) = verify(&dir) {
+            tracing::warn!(
                 "checkpoint {} is damaged, trying an older one: {e:#}",
                 dir.display()
-            ),
+            );
+            continue;
         }
+        return load_one(cfg, &dir, false).map(Some).with_context(|| {
+            format!(
+                "checkpoint {} is intact but does not fit the networks of {}: \
+                 trained with other [model] settings, or by another version of embshard \
+                 (train again, or use the version that trained it)",
+                dir.display(),
+                run.join("config.toml").display()
+            )
+        });
     }
-    None
+    Ok(None)
 }
 
 /// Splits a saved optimizer state into the cost and policy parts.

@@ -7,8 +7,11 @@
 //! [`cost_loss`] over a batch of measured plans, [`policy_loss`] over an
 //! actor's unroll.
 
+use actor::mdp::ADDED_ITERATION_COST;
 use actor::mdp::{greedy_episode, rollout, MdpTask, Mode, Unroll};
-use actor::nets::{masked_log_softmax, CostNet, PlacedTables, PlanBatch, PolicyNet, COST_FEATURES};
+use actor::nets::{
+    masked_log_softmax, CostNet, PlacedTables, PlanBatch, PolicyNet, COST_FEATURES, DEVICE_FEATURES,
+};
 use benchworker::Oracle;
 use common::config::{Config, CostLoss, RewardScale, TrainConfig, Update};
 use common::features::scaled;
@@ -145,7 +148,7 @@ pub fn replay(policy: &PolicyNet, task: &MdpTask, u: &Unroll) -> Replay {
         .reshape([m * e]);
     let out = policy.forward(
         &before.reshape([m * e, d, pw]),
-        &u.cost_features.reshape([m * e, d, COST_FEATURES]),
+        &u.device_features.reshape([m * e, d, DEVICE_FEATURES]),
         &current,
         &progress,
     );
@@ -192,8 +195,7 @@ pub fn policy_loss(
         };
         return (loss, stats);
     }
-    let rewards = Tensor::zeros([m, e], (Kind::Float, Device::Cpu));
-    rewards.get(m - 1).copy_(&final_rewards);
+    let rewards = step_rewards(u, &final_rewards, cfg.step_rewards);
     // One episode per column: it ends at the last step.
     let discounts = Tensor::ones([m, e], (Kind::Float, Device::Cpu));
     let _ = discounts.get(m - 1).fill_(0.0);
@@ -207,7 +209,7 @@ pub fn policy_loss(
             rho: cfg.clip_rho,
             c: cfg.clip_c,
             pg_rho: cfg.clip_pg_rho,
-            lambda: 1.0,
+            lambda: cfg.lambda,
         },
     );
     let pg_loss = -(&r.logp * &vt.pg_advantages).sum(Kind::Float) / n;
@@ -221,6 +223,32 @@ pub fn policy_loss(
         mean_reward: final_rewards.mean(Kind::Float).double_value(&[]),
     };
     (loss, stats)
+}
+
+/// `[M, E]` rewards of an unroll's steps whose episodes end with
+/// `final_rewards`: all at the last step, or (`per_step`) each step's
+/// placement's added iteration cost, as its device features recorded it
+/// (in balanced-cost units, negated), and at the last step what completes
+/// the episode's reward, so that every episode's return is unchanged.
+pub fn step_rewards(u: &Unroll, final_rewards: &Tensor, per_step: bool) -> Tensor {
+    let (m, e) = (u.actions.size()[0], u.actions.size()[1]);
+    if !per_step {
+        let rewards = Tensor::zeros([m, e], (Kind::Float, Device::Cpu));
+        rewards.get(m - 1).copy_(final_rewards);
+        return rewards;
+    }
+    let added = u
+        .device_features
+        .select(3, ADDED_ITERATION_COST)
+        .gather(2, &u.actions.unsqueeze(2), false)
+        .squeeze_dim(2);
+    let rewards = -added;
+    let rest = final_rewards
+        - rewards
+            .narrow(0, 0, m - 1)
+            .sum_dim_intlist([0i64].as_slice(), false, Kind::Float);
+    rewards.get(m - 1).copy_(&rest);
+    rewards
 }
 
 /// `[E]` final rewards of an unroll under a reward scaling.
@@ -1178,6 +1206,43 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn step_rewards_are_each_steps_added_cost_and_keep_every_episodes_return() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, suite) = small_data(dir.path());
+        let model = Model::new(&cfg);
+        let task = &suite.tasks[0];
+        let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
+        let u = rollout(
+            &model.policy,
+            &model.cost,
+            &mdp,
+            8,
+            Mode::Sample { seed: 2 },
+        );
+        let last = scaled_rewards(&u, RewardScale::Balanced);
+        let m = u.actions.size()[0];
+        let end = step_rewards(&u, &last, false);
+        assert_eq!(end.narrow(0, 0, m - 1).abs().max().double_value(&[]), 0.0);
+        let steps = step_rewards(&u, &last, true);
+        let returns = steps.sum_dim_intlist([0i64].as_slice(), false, Kind::Float);
+        assert!((&returns - &last).abs().max().double_value(&[]) < 1e-4);
+        // Each step before the last: minus what its device's features said
+        // the placement adds to the iteration cost.
+        let feats: Vec<f32> = Vec::try_from(u.device_features.view([-1])).unwrap();
+        let acts: Vec<i64> = Vec::try_from(u.actions.view([-1])).unwrap();
+        let got: Vec<f32> = Vec::try_from(steps.view([-1])).unwrap();
+        let (e, d) = (8usize, task.devices);
+        let w = actor::nets::DEVICE_FEATURES as usize;
+        let mut nonzero = 0;
+        for i in 0..(m as usize - 1) * e {
+            let added = feats[(i * d + acts[i] as usize) * w + ADDED_ITERATION_COST as usize];
+            assert_eq!(got[i], -added, "step-episode {i}");
+            nonzero += usize::from(added != 0.0);
+        }
+        assert!(nonzero > 0, "no step added to the iteration cost");
+    }
+
+    #[test]
     fn an_ensembles_members_learn_from_their_own_losses() {
         let dir = tempfile::tempdir().unwrap();
         let (mut cfg, suite) = small_data(dir.path());
@@ -1553,7 +1618,15 @@ pub(crate) mod tests {
         assert!(lines
             .windows(2)
             .all(|w| w[1].policy_version > w[0].policy_version));
-        let model = trainer.model;
+        let mut model = trainer.model;
+        // The policy alone: its greedy episode, without the heuristics'
+        // plans or a search on the cost network to fall back on (which
+        // would beat random with untrained networks too).
+        let full_plan = model.plan_cfg.clone();
+        model.plan_cfg.plan_heuristics = false;
+        model.plan_cfg.plan_search = 0;
+        model.plan_cfg.plan_moves = 0;
+        model.plan_cfg.plan_samples = 1;
         let report = crate::eval::evaluate(
             &test_suite,
             &[
@@ -1572,11 +1645,14 @@ pub(crate) mod tests {
         .unwrap();
         let random = report.methods["random"].mean_cost_ms.unwrap();
         let policy = report.methods["policy"].mean_cost_ms.unwrap();
-        eprintln!("short run ({actors} actors): policy {policy:.3} ms, random {random:.3} ms");
+        eprintln!(
+            "short run ({actors} actors): policy alone {policy:.3} ms, random {random:.3} ms"
+        );
         assert!(
             policy < 0.9 * random,
-            "policy {policy} ms vs random {random} ms"
+            "policy alone {policy} ms vs random {random} ms"
         );
+        model.plan_cfg = full_plan;
         // The checkpoint round-trips.
         model.save(&dir.path().join("ckpt")).unwrap();
         let back = Model::load(&cfg, &dir.path().join("ckpt")).unwrap();

@@ -113,6 +113,10 @@ pub struct PlanArgs {
     /// Write here instead of stdout.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Accepted for symmetry with the other commands: plan always writes
+    /// JSON (and logs go to stderr).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, clap::Args)]

@@ -193,6 +193,35 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     assert!(!ok && err.contains("cannot fit memory"), "{err}");
     let (ok, _, err) = plan_with("2", "64", dir.path(), &[]);
     assert!(!ok && err.contains("config.toml"), "{err}");
+    let (ok, stdout, err) = plan_with("8", "64", &run, &["--json"]);
+    assert!(ok && stdout.starts_with('{'), "{err}");
+    // One checkpoint's folder instead of the run's: said so.
+    let one = learner::checkpoint::list(&run).remove(0);
+    let (ok, _, err) = plan_with("8", "64", &one, &[]);
+    assert!(!ok && err.contains("one checkpoint of a run"), "{err}");
+    // A run whose config.toml no longer matches its networks: an error
+    // saying why, not a damaged checkpoint.
+    let edited = dir.path().join("edited");
+    std::fs::create_dir_all(edited.join("checkpoints")).unwrap();
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    let narrower = config.replace("policy_table_out = 32", "policy_table_out = 16");
+    assert_ne!(narrower, config);
+    std::fs::write(edited.join("config.toml"), narrower).unwrap();
+    let name = one.file_name().unwrap();
+    std::fs::create_dir_all(edited.join("checkpoints").join(name)).unwrap();
+    for f in std::fs::read_dir(&one).unwrap() {
+        let f = f.unwrap().path();
+        let to = edited
+            .join("checkpoints")
+            .join(name)
+            .join(f.file_name().unwrap());
+        std::fs::copy(&f, to).unwrap();
+    }
+    let (ok, _, err) = plan_with("8", "64", &edited, &[]);
+    assert!(
+        !ok && err.contains("intact but does not fit") && !err.contains("damaged"),
+        "{err}"
+    );
 }
 
 /// Writes a configuration for small, quick runs of `iterations` and

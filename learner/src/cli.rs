@@ -12,6 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::baselines::Method;
 use crate::data::TrainedShapes;
 use crate::eval::{evaluate, Report};
+use crate::runlock::RunLock;
 
 /// The embshard learner: learns to place embedding tables on GPUs.
 ///
@@ -65,7 +66,8 @@ pub enum Command {
     /// Writes DIR/config.toml (the resolved configuration),
     /// DIR/metrics.jsonl (one line per policy update), DIR/cost_buffer.jsonl
     /// (every measurement, fsynced) and DIR/checkpoints/step-N/; --resume
-    /// continues a run after a crash.
+    /// continues a run after a crash. One learner at a time trains in a
+    /// DIR (it holds DIR/lock): a second one is refused.
     ///
     /// Examples:
     ///   learner train --config configs/default.toml --run-dir runs/first
@@ -317,6 +319,9 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let dir = &args.run_dir;
     let log_path = dir.join("cost_buffer.jsonl");
     let metrics_path = dir.join("metrics.jsonl");
+    // One learner per run directory, from before its state is read until
+    // training ends; a folder not there yet is locked once made, below.
+    let early_lock = dir.is_dir().then(|| RunLock::take(dir)).transpose()?;
     let has_run = !checkpoint::list(dir).is_empty();
     let cfg = if args.resume {
         if args.config.is_some() {
@@ -380,6 +385,10 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     );
     let train_tasks = crate::data::train_tasks(&cfg)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let _lock = match early_lock {
+        Some(lock) => lock,
+        None => RunLock::take(dir)?,
+    };
     if let Some(shapes) = TrainedShapes::of(&train_tasks) {
         shapes.write(dir)?;
     }

@@ -474,3 +474,110 @@ fn a_run_in_one_thread_resumed_after_a_round_goes_on_as_if_never_stopped() {
         "{err}"
     );
 }
+
+/// Everything of a run that a learner writes but its logs, file by file.
+fn snapshot(run: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<(std::path::PathBuf, Vec<u8>)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(run, &mut out);
+    out.sort();
+    out
+}
+
+#[test]
+fn a_second_learner_on_a_run_in_training_is_refused_and_a_killed_ones_lock_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, data) = small_run_config(dir.path(), 2);
+    let run = dir.path().join("run");
+    let mut args = train_args(&cfg, &run).to_vec();
+    args.extend(["--actors", "0", "--benchworkers", "0"]);
+    let (ok, _, err) = learner(&args);
+    assert!(ok, "{err}");
+    // Two more rounds, resumed as a cluster whose peers never come: the
+    // learner holds the run while it waits for them.
+    let config = run.join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("\niterations = 2\n", "\niterations = 4\n"),
+    )
+    .unwrap();
+    let bind = ["--resume", "--bind", "tcp://127.0.0.1:0"];
+    let mut first = Command::new(env!("CARGO_BIN_EXE_learner"))
+        .args(["train", "--run-dir", run.to_str().unwrap()])
+        .args(bind)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the first learner's endpoint",
+        std::time::Duration::from_secs(60),
+        || run.join("endpoint").exists(),
+    );
+    let before = snapshot(&run);
+    let mut second = vec!["train", "--run-dir", run.to_str().unwrap()];
+    second.extend(bind);
+    let (ok, _, err) = learner(&second);
+    let held = format!(
+        "another learner (pid {}) is training in {}",
+        first.id(),
+        run.display()
+    );
+    assert!(!ok && err.contains(&held), "{err}");
+    // A new run over it is refused the same way, before its own checks.
+    let (ok, _, err) = learner(&train_args(&cfg, &run));
+    assert!(!ok && err.contains(&held), "{err}");
+    assert!(
+        before == snapshot(&run),
+        "the refused learners wrote nothing"
+    );
+    // Readers of the run are not held up.
+    let (ok, _, err) = learner(&[
+        "plan",
+        "--tables",
+        data.join("pool.test.csv").to_str().unwrap(),
+        "--devices",
+        "4",
+        "--memory-gb",
+        "64",
+        "--checkpoint",
+        run.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = learner(&[
+        "eval",
+        "--suite",
+        data.join("dlrm-12x3.test.json").to_str().unwrap(),
+        "--methods",
+        "lookup,policy",
+        "--checkpoint",
+        run.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+
+    // SIGKILL: the lock goes with the process, and the run resumes (with
+    // threads this time) to its end.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let (ok, stdout, err) = learner(&[
+        "train",
+        "--run-dir",
+        run.to_str().unwrap(),
+        "--resume",
+        "--actors",
+        "1",
+        "--benchworkers",
+        "1",
+    ]);
+    assert!(ok && stdout.contains("trained 4 iterations"), "{err}");
+}

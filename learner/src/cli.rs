@@ -62,7 +62,9 @@ pub enum Command {
     /// processes on any host that connect to --bind (`actor run`,
     /// `benchworker serve`; scripts/launch.sh starts them). With
     /// --actors 0 --benchworkers 0 and no --bind, everything runs in one
-    /// thread, reproducibly. Ctrl-C writes a checkpoint and stops every peer.
+    /// thread, reproducibly. Ctrl-C writes a checkpoint and stops every peer;
+    /// so does an error that stops training (no progress for the cluster's
+    /// stall_timeout_s, say).
     /// Writes DIR/config.toml (the resolved configuration),
     /// DIR/metrics.jsonl (one line per policy update), DIR/cost_buffer.jsonl
     /// (every measurement, fsynced) and DIR/checkpoints/step-N/; --resume
@@ -389,6 +391,23 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         Some(lock) => lock,
         None => RunLock::take(dir)?,
     };
+    // The networks are small: one libtorch thread each for the learner and
+    // every actor beats threads that spin against each other for the cores.
+    tch::set_num_threads(1);
+    // What measures plans and acts, set up before the run's state is
+    // touched: a backend that cannot start or a token that cannot be had
+    // stops the run here, before training (and its checkpoint on error).
+    let mut workers = if alone {
+        Workers::Alone(benchworker::build(args.backend, &cfg)?)
+    } else {
+        Workers::Cluster(crate::runtime::ClusterRun {
+            bind: args.bind.iter().cloned().collect(),
+            token: cluster_token(args.token_file.as_deref(), args.bind.is_some(), dir)?,
+            actors,
+            benchworkers,
+            backend: args.backend,
+        })
+    };
     if let Some(shapes) = TrainedShapes::of(&train_tasks) {
         shapes.write(dir)?;
     }
@@ -462,9 +481,6 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .open(&metrics_path)
         .with_context(|| format!("opening {}", metrics_path.display()))?;
     let t = &cfg.train;
-    // The networks are small: one libtorch thread each for the learner and
-    // every actor beats threads that spin against each other for the cores.
-    tch::set_num_threads(1);
     // Ctrl-C (or SIGTERM): finish the update in progress, checkpoint, exit.
     let stop = common::link::stop_on_signal();
     let bar = train_progress((t.iterations * t.policy_steps) as u64);
@@ -499,51 +515,39 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }),
     };
     let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
-    let lags = if alone {
-        let mut oracle = benchworker::build(args.backend, &cfg)?;
-        while !trainer.done() && !stopped() {
-            trainer.iteration(oracle.as_mut(), &mut hooks)?;
+    let mut began = false;
+    let rounds = run_rounds(
+        &mut trainer,
+        &mut workers,
+        &mut hooks,
+        &stop,
+        dir,
+        &mut began,
+    );
+    drop(hooks);
+    bar.finish_and_clear();
+    let lags = match rounds {
+        Ok(lags) => lags,
+        // As on Ctrl-C, what was learned is kept (the run's curves and
+        // measurements are on disk already); a setup that failed before
+        // training began (a port in use) has nothing to add.
+        Err(e) if began => {
+            let resume = resume_command(&args);
+            let saved = sync_file(&metrics_path)
+                .and_then(|()| checkpoint::save(dir, &trainer, t.keep_checkpoints));
+            return Err(match saved {
+                Ok(at) => e.context(format!(
+                    "training stopped; what it learned is in checkpoint {}, which `{resume}` \
+                     continues from once the cause is dealt with",
+                    at.display()
+                )),
+                Err(not) => e.context(format!(
+                    "training stopped, and no checkpoint of it could be written ({not:#}); \
+                     `{resume}` continues from the run's last one"
+                )),
+            });
         }
-        None
-    } else {
-        let run = crate::runtime::ClusterRun {
-            bind: args.bind.iter().cloned().collect(),
-            token: cluster_token(args.token_file.as_deref(), args.bind.is_some(), dir)?,
-            actors,
-            benchworkers,
-            backend: args.backend,
-        };
-        let (report, _) =
-            crate::runtime::train_cluster(&mut trainer, &run, &mut hooks, &stop, |bound| {
-                if let Some(e) = bound.first() {
-                    tracing::info!("learner listening at {e}");
-                    common::fs::write_atomic(&dir.join("endpoint"), format!("{e}\n").as_bytes())?;
-                }
-                Ok(())
-            })?;
-        let refused = [
-            report.bad_unrolls,
-            report.uncredited_unrolls,
-            report.drops.total(),
-            report.refused_peers,
-            report.bad_envelopes,
-        ];
-        if refused.iter().sum::<u64>() > 0 {
-            tracing::warn!(
-                "{} malformed unrolls, {} unrolls sent without a credit, {} undecodable frames, \
-                 {} refused peers, {} messages with a mismatched envelope",
-                refused[0],
-                refused[1],
-                refused[2],
-                refused[3],
-                refused[4]
-            );
-        }
-        Some((
-            report.lag_quantile(0.5),
-            report.lag_quantile(0.99),
-            report.weights_sent,
-        ))
+        Err(e) => return Err(e),
     };
     if stopped() && !trainer.done() {
         sync_file(&metrics_path)?;
@@ -553,8 +557,6 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             at.display()
         );
     }
-    drop(hooks);
-    bar.finish_and_clear();
     let secs = start.0.elapsed().as_secs_f64();
     let steps = trainer.counters.env_steps - start.1;
     let c = &trainer.counters;
@@ -576,6 +578,87 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     writeln!(out, "; run in {}", dir.display())?;
     Ok(())
+}
+
+/// Where training's measurements and unrolls come from.
+enum Workers {
+    /// Algorithm 1 in this thread, measuring on this oracle.
+    Alone(Box<dyn benchworker::Oracle>),
+    /// Actor and benchworker threads, and processes that connect to `--bind`.
+    Cluster(crate::runtime::ClusterRun),
+}
+
+/// Policy lag median and 99th percentile, and weight messages sent, of a
+/// cluster run.
+type Lags = (u64, u64, u64);
+
+/// Trains until every round is done or `stop` is set; `began` is set once
+/// training has begun (a cluster's endpoints bound).
+fn run_rounds(
+    trainer: &mut crate::train::Trainer,
+    workers: &mut Workers,
+    hooks: &mut crate::train::Hooks,
+    stop: &std::sync::atomic::AtomicBool,
+    dir: &Path,
+    began: &mut bool,
+) -> anyhow::Result<Option<Lags>> {
+    let run = match workers {
+        Workers::Alone(oracle) => {
+            *began = true;
+            while !trainer.done() && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                trainer.iteration(oracle.as_mut(), hooks)?;
+            }
+            return Ok(None);
+        }
+        Workers::Cluster(run) => run,
+    };
+    let (report, _) = crate::runtime::train_cluster(trainer, run, hooks, stop, |bound| {
+        *began = true;
+        if let Some(e) = bound.first() {
+            tracing::info!("learner listening at {e}");
+            common::fs::write_atomic(&dir.join("endpoint"), format!("{e}\n").as_bytes())?;
+        }
+        Ok(())
+    })?;
+    let refused = [
+        report.bad_unrolls,
+        report.uncredited_unrolls,
+        report.drops.total(),
+        report.refused_peers,
+        report.bad_envelopes,
+    ];
+    if refused.iter().sum::<u64>() > 0 {
+        tracing::warn!(
+            "{} malformed unrolls, {} unrolls sent without a credit, {} undecodable frames, \
+             {} refused peers, {} messages with a mismatched envelope",
+            refused[0],
+            refused[1],
+            refused[2],
+            refused[3],
+            refused[4]
+        );
+    }
+    Ok(Some((
+        report.lag_quantile(0.5),
+        report.lag_quantile(0.99),
+        report.weights_sent,
+    )))
+}
+
+/// The command that resumes the run `args` trained: with the endpoint its
+/// peers know and the token file it was given.
+fn resume_command(args: &TrainArgs) -> String {
+    let dir = &args.run_dir;
+    let mut c = format!("learner train --run-dir {} --resume", dir.display());
+    if let Some(bind) = &args.bind {
+        let bound = std::fs::read_to_string(dir.join("endpoint")).unwrap_or_default();
+        let endpoint = Some(bound.trim()).filter(|b| !b.is_empty()).unwrap_or(bind);
+        c.push_str(&format!(" --bind {endpoint}"));
+    }
+    if let Some(file) = &args.token_file {
+        c.push_str(&format!(" --token-file {}", file.display()));
+    }
+    c
 }
 
 /// Flushes a file's written data to disk.

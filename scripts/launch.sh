@@ -41,8 +41,9 @@
 #                        ENDPOINT, on this host (token: --token-file FILE or
 #                        EMBSHARD_TOKEN), and wait for them
 #   --token-file FILE    the cluster token (default: a new one, in DIR/token,
-#                        kept on resume; EMBSHARD_TOKEN counts only with
-#                        --add-actors)
+#                        kept on resume; a run started with --token-file
+#                        resumes only with the same token; EMBSHARD_TOKEN
+#                        counts only with --add-actors)
 #   --no-eval            stop after training (no comparison table)
 #
 # Ctrl-C stops everything cleanly: the learner writes a final checkpoint and

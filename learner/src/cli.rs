@@ -153,7 +153,9 @@ pub struct TrainArgs {
     pub benchworkers: Option<usize>,
     /// File holding the cluster token that peers must present (or set
     /// EMBSHARD_TOKEN). With --bind and neither, a random token is written
-    /// to DIR/token (readable by its owner only) for the peers to use.
+    /// to DIR/token (readable by its owner only) for the peers to use; a
+    /// token given is recorded as its fingerprint in DIR/token.fingerprint.
+    /// A resume with --bind must use the run's token: the peers hold it.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
 }
@@ -402,7 +404,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     } else {
         Workers::Cluster(crate::runtime::ClusterRun {
             bind: args.bind.iter().cloned().collect(),
-            token: cluster_token(args.token_file.as_deref(), args.bind.is_some(), dir)?,
+            token: cluster_token(&args, bound_before)?,
             actors,
             benchworkers,
             backend: args.backend,
@@ -669,28 +671,97 @@ fn sync_file(path: &std::path::Path) -> anyhow::Result<()> {
 }
 
 /// The cluster token: from `--token-file`, else `EMBSHARD_TOKEN`, else
-/// (for a learner that accepts remote peers) a new random one written to
-/// RUN/token for the peers (kept on resume), else a random one for the
-/// threads alone.
-fn cluster_token(
-    file: Option<&std::path::Path>,
-    remote: bool,
-    run: &std::path::Path,
-) -> anyhow::Result<String> {
-    if let Some(t) = common::link::read_token(file)? {
-        return Ok(t);
+/// (for a learner that accepts remote peers) RUN/token's, made at random
+/// when there is none, else a random one for the threads alone.
+///
+/// The token of a run with remote peers is recorded: in RUN/token when the
+/// learner made it, as its fingerprint in RUN/token.fingerprint (never the
+/// token itself) when it was given. A resume must present the same token,
+/// or every peer that outlived the learner would be refused; `bound_before`
+/// says the run listened for peers before (a run that did with neither
+/// file had its token given, before fingerprints were kept).
+fn cluster_token(args: &TrainArgs, bound_before: bool) -> anyhow::Result<String> {
+    use common::link::{read_token, token_fingerprint, TOKEN_ENV};
+    let given = read_token(args.token_file.as_deref())?;
+    if args.bind.is_none() {
+        // Threads alone: they start and stop with the learner.
+        return Ok(given.unwrap_or_else(common::link::random_token));
     }
-    let path = run.join("token");
-    // A resumed run keeps its token: its peers still hold it.
-    if remote && path.exists() {
-        return Ok(common::link::read_token(Some(&path))?.unwrap_or_default());
-    }
-    let token = common::link::random_token();
-    if remote {
-        common::link::write_token(&path, &token)?;
-        tracing::info!("cluster token written to {}", path.display());
+    let dir = &args.run_dir;
+    let made = dir.join("token");
+    let printed = dir.join("token.fingerprint");
+    let recorded = if made.exists() {
+        read_token(Some(&made))?.map(|t| token_fingerprint(&t))
+    } else if printed.exists() {
+        let text = std::fs::read_to_string(&printed)
+            .with_context(|| format!("reading {}", printed.display()))?;
+        Some(text.trim().to_string())
+    } else {
+        None
+    };
+    let Some(token) = given else {
+        // A resumed run keeps its token: its peers still hold it.
+        if made.exists() {
+            return Ok(read_token(Some(&made))?.unwrap_or_default());
+        }
+        anyhow::ensure!(
+            !(args.resume && (printed.exists() || bound_before)),
+            "the run in {} was started with a cluster token from --token-file or {TOKEN_ENV}, \
+             which its peers hold: resume it with the same --token-file or {TOKEN_ENV}",
+            dir.display()
+        );
+        let token = common::link::random_token();
+        common::link::write_token(&made, &token)?;
+        remove_stale(&printed)?;
+        tracing::info!("cluster token written to {}", made.display());
+        return Ok(token);
+    };
+    let print = token_fingerprint(&token);
+    match recorded {
+        Some(r) if r == print => {}
+        Some(_) if args.resume => {
+            let from = match &args.token_file {
+                Some(f) => f.display().to_string(),
+                None => TOKEN_ENV.to_string(),
+            };
+            let (record, fix, file) = if made.exists() {
+                (
+                    format!("its token is in {}", made.display()),
+                    format!("pass --token-file {}", made.display()),
+                    &made,
+                )
+            } else {
+                (
+                    format!("{} holds its fingerprint", printed.display()),
+                    format!("pass the same token by --token-file or {TOKEN_ENV}"),
+                    &printed,
+                )
+            };
+            anyhow::bail!(
+                "the cluster token in {from} is not the one the run in {} was started with, \
+                 which its peers hold ({record}): {fix}; or, to change the token, remove {} \
+                 and restart every peer with the new one",
+                dir.display(),
+                file.display()
+            );
+        }
+        // A new run, or one that kept no record of its token yet.
+        _ => {
+            common::fs::write_private(&printed, format!("{print}\n").as_bytes())?;
+            remove_stale(&made)?;
+        }
     }
     Ok(token)
+}
+
+/// Removes a file that no longer holds for the run, if it is there.
+fn remove_stale(path: &Path) -> anyhow::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", path.display()))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn generate(args: GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {

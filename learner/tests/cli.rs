@@ -581,3 +581,102 @@ fn a_second_learner_on_a_run_in_training_is_refused_and_a_killed_ones_lock_is_go
     ]);
     assert!(ok && stdout.contains("trained 4 iterations"), "{err}");
 }
+
+#[test]
+fn a_cluster_run_resumes_only_with_the_token_its_peers_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _) = small_run_config(dir.path(), 2);
+    // Learners with no peers give up after a second (with a checkpoint):
+    // one that got past its token has run.
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("[cluster]\nstall_timeout_s = 1.0\n");
+    std::fs::write(&cfg, text).unwrap();
+    let stalled = "no progress for 1 s";
+    let secret = "the cluster's own token";
+    let token = dir.path().join("token");
+    std::fs::write(&token, format!("{secret}\n")).unwrap();
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "another token\n").unwrap();
+    // `learner train` on `run` with --bind, the token from `file` or in
+    // EMBSHARD_TOKEN (and none from the test's environment).
+    let train = |run: &std::path::Path, file: Option<&std::path::Path>, env: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_learner"));
+        c.args(["train", "--run-dir", run.to_str().unwrap()])
+            .args([
+                "--bind",
+                "tcp://127.0.0.1:0",
+                "--actors",
+                "0",
+                "--benchworkers",
+                "0",
+            ])
+            .env_remove("EMBSHARD_TOKEN");
+        if run.join("config.toml").exists() {
+            c.arg("--resume");
+        } else {
+            c.args(["--config", cfg.to_str().unwrap()]);
+        }
+        if let Some(f) = file {
+            c.args(["--token-file", f.to_str().unwrap()]);
+        }
+        if let Some(t) = env {
+            c.env("EMBSHARD_TOKEN", t);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+
+    let run = dir.path().join("given");
+    let (ok, err) = train(&run, Some(&token), None);
+    assert!(!ok && err.contains(stalled), "{err}");
+    // Its fingerprint is kept, not the token, and no token of its own made.
+    let printed = run.join("token.fingerprint");
+    let print = std::fs::read_to_string(&printed).unwrap();
+    assert!(
+        print.starts_with("sha256:") && !print.contains(secret),
+        "{print}"
+    );
+    assert!(!run.join("token").exists());
+    // A resume without the token would lock its peers out: refused, and
+    // it makes no token.
+    let (ok, err) = train(&run, None, None);
+    assert!(
+        !ok && err.contains(&format!("the run in {} was started with", run.display()))
+            && err.contains("resume it with the same --token-file or EMBSHARD_TOKEN"),
+        "{err}"
+    );
+    assert!(!run.join("token").exists());
+    // Another token is refused; the same one, from a file or the
+    // environment, is taken.
+    let (ok, err) = train(&run, Some(&wrong), None);
+    assert!(
+        !ok && err.contains(&format!(
+            "the cluster token in {} is not the one the run in {} was started with",
+            wrong.display(),
+            run.display()
+        )),
+        "{err}"
+    );
+    let (ok, err) = train(&run, None, Some(secret));
+    assert!(!ok && err.contains(stalled), "{err}");
+    let (ok, err) = train(&run, Some(&token), None);
+    assert!(!ok && err.contains(stalled), "{err}");
+    assert_eq!(std::fs::read_to_string(&printed).unwrap(), print);
+
+    // A run whose learner made its token: another one is refused too.
+    let run = dir.path().join("made");
+    let (ok, err) = train(&run, None, None);
+    assert!(!ok && err.contains(stalled), "{err}");
+    assert!(!run.join("token.fingerprint").exists());
+    let (ok, err) = train(&run, None, Some("another token"));
+    let made = run.join("token");
+    assert!(
+        !ok && err.contains(&format!("pass --token-file {}", made.display())),
+        "{err}"
+    );
+    let (ok, err) = train(&run, Some(&made), None);
+    assert!(!ok && err.contains(stalled), "{err}");
+}

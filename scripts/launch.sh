@@ -6,12 +6,16 @@
 # (tables never seen in training).
 #
 # Usage: scripts/launch.sh [options]
-#   --config FILE        configuration (default: configs/default.toml, or
-#                        the resumed run's own config.toml)
+#   --config FILE        configuration (default: configs/default.toml); a
+#                        resumed run keeps its own config.toml, for training,
+#                        generate and eval: a --config given then is ignored,
+#                        with a warning
 #   --run-dir DIR        the run's config, metrics, checkpoints and logs/
 #                        (default: runs/default); an existing run there is
-#                        resumed, not overwritten
-#   --resume DIR         continue the run in DIR (same as --run-dir DIR)
+#                        resumed, not overwritten (the command that started
+#                        a run continues it)
+#   --resume DIR         continue the run in DIR; refused if DIR holds no
+#                        run (no config.toml)
 #   --actors N           actor processes (default: 2)
 #   --benchworkers N     benchworker processes (default: 1)
 #   --backend sim|cpu|cuda
@@ -41,8 +45,9 @@
 #                        ENDPOINT, on this host (token: --token-file FILE or
 #                        EMBSHARD_TOKEN), and wait for them
 #   --token-file FILE    the cluster token (default: a new one, in DIR/token,
-#                        kept on resume; EMBSHARD_TOKEN counts only with
-#                        --add-actors)
+#                        kept on resume; a run started with --token-file
+#                        resumes only with the same token; EMBSHARD_TOKEN
+#                        counts only with --add-actors)
 #   --no-eval            stop after training (no comparison table)
 #
 # Ctrl-C stops everything cleanly: the learner writes a final checkpoint and
@@ -68,12 +73,14 @@ ADD=""
 LEARNER=""
 TOKEN_FILE=""
 EVAL=1
+RESUME_ASKED=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --config) need $#; CONFIG=$(realpath "$2"); shift 2 ;;
     --backend) need $#; BACKEND=$2; shift 2 ;;
     --search-budget) need $#; BUDGET=$2; shift 2 ;;
-    --run-dir|--resume) need $#; RUN_DIR=$(realpath -m "$2"); shift 2 ;;
+    --run-dir) need $#; RUN_DIR=$(realpath -m "$2"); RESUME_ASKED=0; shift 2 ;;
+    --resume) need $#; RUN_DIR=$(realpath -m "$2"); RESUME_ASKED=1; shift 2 ;;
     --actors) need $#; ACTORS=$2; shift 2 ;;
     --benchworkers) need $#; BENCHES=$2; shift 2 ;;
     --port) need $#; PORT=$2; shift 2 ;;
@@ -96,6 +103,9 @@ done
 [ -z "$BIND_HOST" ] || [[ "$BIND_HOST" =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]] ||
   { [[ "$BIND_HOST" =~ ^[A-Za-z0-9._-]+$ ]] && [ -e "/sys/class/net/$BIND_HOST" ]; } ||
   die "--bind-host/EMBSHARD_BIND_HOST: '$BIND_HOST' is neither an IPv4 address nor an interface of this host"
+# --resume continues a run; it never starts one.
+[ "$RESUME_ASKED" = 0 ] || [ -f "$RUN_DIR/config.toml" ] ||
+  die "--resume: no run to resume in $RUN_DIR (it holds no config.toml); --run-dir $RUN_DIR starts one there"
 [ -z "$ADD" ] || [ -n "$LEARNER" ] || die "--add-actors needs --learner ENDPOINT"
 [ -n "$ADD" ] || [ -z "$LEARNER" ] || die "--learner goes with --add-actors"
 [ "$BENCHES" -ge 1 ] || [ -n "$ADD" ] || die "training needs at least one benchworker"
@@ -198,17 +208,25 @@ fi
 
 RUN_DIR=${RUN_DIR:-$EMBSHARD_ROOT/runs/default}
 # A run with a finished checkpoint, or one stopped before its first with
-# measurements logged (both what `learner train --resume` takes), is
-# continued with its own configuration and backend.
+# measurements logged (both what `learner train --resume` takes), or any
+# run --resume names, is continued with its own configuration and backend.
+# Its config.toml is what it trains with, so generate and eval take it too.
 RESUME=0
-if compgen -G "$RUN_DIR/checkpoints/step-[0-9]*[0-9]" >/dev/null ||
+if [ "$RESUME_ASKED" = 1 ] || compgen -G "$RUN_DIR/checkpoints/step-[0-9]*[0-9]" >/dev/null ||
   { [ -s "$RUN_DIR/cost_buffer.jsonl" ] && [ -f "$RUN_DIR/config.toml" ]; }; then
   RESUME=1
-  CONFIG=${CONFIG:-$RUN_DIR/config.toml}
+  [ -z "$CONFIG" ] || [ "$CONFIG" = "$RUN_DIR/config.toml" ] ||
+    echo "launch: warning: continuing the run in $RUN_DIR with its own config.toml; --config $CONFIG is ignored (by training, generate and eval)" >&2
+  CONFIG=$RUN_DIR/config.toml
   RECORDED=$(cat "$RUN_DIR/backend" 2>/dev/null || echo sim)
   [ -z "$BACKEND" ] || [ "$BACKEND" = "$RECORDED" ] ||
     die "the run in $RUN_DIR measures with '$RECORDED', not '$BACKEND'"
   BACKEND=$RECORDED
+fi
+# A run another learner trains in is left alone, its endpoint and logs
+# included (that learner holds RUN/lock; a second one would stop anyway).
+if [ -f "$RUN_DIR/lock" ] && command -v flock >/dev/null && ! flock -n "$RUN_DIR/lock" true; then
+  die "another learner (pid $(cat "$RUN_DIR/lock" 2>/dev/null)) is training in $RUN_DIR: stop it first, or pick another --run-dir"
 fi
 CONFIG=${CONFIG:-$EMBSHARD_ROOT/configs/default.toml}
 BACKEND=${BACKEND:-sim}

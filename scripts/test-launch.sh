@@ -9,10 +9,13 @@
 # folder) and must: start the peers where the hostfile or srun says, finish
 # training with every measurement, keep the token off every command line;
 # when the learner dies mid-run, launch.sh must exit and leave nothing
-# running on the "remote" hosts; and launch.sh must refuse a mode it cannot
-# run (no srun, no hosts, a host that does not answer or lacks the
-# binaries) before starting anything. scripts/test.sh runs it after the cargo
-# tests; it sets up through launch.sh like any user.
+# running on the "remote" hosts; a second launch on a run in training must
+# be refused without touching it; a resumed run must keep its own config
+# (a --config given is ignored, with a warning); and launch.sh must refuse
+# a mode it cannot run (no srun, no hosts, a host that does not answer or
+# lacks the binaries) or --resume on a folder with no run, before starting
+# anything. scripts/test.sh runs it after the cargo tests; it sets up
+# through launch.sh like any user.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 T=$(mktemp -d)
@@ -122,6 +125,12 @@ for _ in $(seq 1 300); do
 done
 check "hostfile, learner killed: both actors joined first" test "$(joined "$L"/actor-*.log 2>/dev/null)" -ge 2
 check "--bind-host: the learner listened on 127.0.0.1" grep -q '^tcp://127\.0\.0\.1:' "$T/crash/endpoint"
+# A second launch on the run in training stops before touching it.
+SECOND=0
+launch --run-dir "$T/crash" >"$T/second.out" 2>&1 || SECOND=$?
+check "a second launch on a run in training is refused and leaves it alone" \
+  test "$SECOND" = 2 -a -f "$T/crash/endpoint" \
+  -a "$(grep -c "another learner (pid [0-9]*) is training in" "$T/second.out")" = 1
 LEARNER_PID=$(pgrep -f -- "learner train --run-dir $T/crash " || true)
 [ -z "$LEARNER_PID" ] || kill -KILL "$LEARNER_PID"
 STATUS=0
@@ -166,12 +175,16 @@ else
 fi
 
 # A run stopped before its first checkpoint, with measurements logged: a
-# plain launch resumes it (fresh networks, every logged measurement kept).
+# plain launch resumes it (fresh networks, every logged measurement kept),
+# with its own config.toml for generate too, whatever --config says.
 mkdir -p "$T/early"
 cp "$T/small.toml" "$T/early/config.toml"
 head -n 3 "$T/local/cost_buffer.jsonl" >"$T/early/cost_buffer.jsonl" 2>/dev/null || true
-if launch --run-dir "$T/early" --actors 1 --benchworkers 1 >"$T/early.out" 2>&1; then
+sed -e "s#$T/data#$T/other-data#" "$T/small.toml" >"$T/other.toml"
+if launch --run-dir "$T/early" --config "$T/other.toml" --actors 1 --benchworkers 1 >"$T/early.out" 2>&1; then
   check "early stop: resumed, training finished with $WANT measurements" trained "$T/early"
+  check "early stop: --config warned about and unused (generate took the run's config)" \
+    test ! -e "$T/other-data" -a "$(grep -c "warning: continuing the run in .*--config .*/other.toml is ignored" "$T/early.out")" = 1
   check "early stop: the 3 logged measurements kept, first in the log" \
     cmp -s <(head -n 3 "$T/local/cost_buffer.jsonl") <(head -n 3 "$T/early/cost_buffer.jsonl")
   check "early stop: fresh networks trained on them" grep -q "fresh networks" "$T/early/logs/learner.log"
@@ -206,6 +219,10 @@ check "refused: a host that does not answer over ssh" \
 printf 'bare\nnodeA\n' >"$T/hosts-bare"
 check "refused: a host without the binaries" \
   refused "host bare has no" "$T/bin:$PATH" --hostfile "$T/hosts-bare"
+mkdir "$T/no-run"
+check "refused: --resume on a folder with no run in it" \
+  refused "no run to resume in" "$T/bin:$PATH" --resume "$T/no-run"
+check "... and its folder stays empty" test -z "$(ls -A "$T/no-run")"
 
 if [ "$FAILS" != 0 ]; then
   echo "test-launch: $FAILS checks failed" >&2

@@ -502,6 +502,11 @@ pub struct ClusterConfig {
     pub peer_timeout_s: f64,
     /// A measurement not back after this long goes to another benchworker.
     pub job_timeout_s: f64,
+    /// Without progress for this long (no measurement, cost step, policy
+    /// update or unroll), with no measurement job out and no benchworker
+    /// setting up within `job_timeout_s`, training stops with an error
+    /// (after a checkpoint) instead of waiting for peers that will not come.
+    pub stall_timeout_s: f64,
 }
 
 impl Default for ClusterConfig {
@@ -514,6 +519,7 @@ impl Default for ClusterConfig {
             heartbeat_s: 1.0,
             peer_timeout_s: 10.0,
             job_timeout_s: 600.0,
+            stall_timeout_s: 120.0,
         }
     }
 }
@@ -524,6 +530,7 @@ impl ClusterConfig {
         seconds("cluster.heartbeat_s", self.heartbeat_s)?;
         seconds("cluster.job_timeout_s", self.job_timeout_s)?;
         seconds("cluster.peer_timeout_s", self.peer_timeout_s)?;
+        seconds("cluster.stall_timeout_s", self.stall_timeout_s)?;
         if self.peer_timeout_s < 2.0 * self.heartbeat_s {
             return Err(format!(
                 "cluster.peer_timeout_s ({}) must be at least twice cluster.heartbeat_s ({})",
@@ -935,6 +942,10 @@ mod tests {
             refused(
                 &format!("[cluster]\njob_timeout_s = {v}\n"),
                 "cluster.job_timeout_s",
+            );
+            refused(
+                &format!("[cluster]\nstall_timeout_s = {v}\n"),
+                "cluster.stall_timeout_s",
             );
             refused(
                 &format!("[cuda]\njoin_timeout_s = {v}\n"),

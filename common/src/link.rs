@@ -263,17 +263,27 @@ pub const TOKEN_ENV: &str = "EMBSHARD_TOKEN";
 /// `None` when neither is given. Tokens never travel on command lines,
 /// where every user of the host can read them.
 pub fn read_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
-    let token = match file {
-        Some(f) => std::fs::read_to_string(f)
-            .with_context(|| format!("reading the cluster token from {}", f.display()))?,
+    let (token, from) = match file {
+        Some(f) => (
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading the cluster token from {}", f.display()))?,
+            f.display().to_string(),
+        ),
         None => match std::env::var(TOKEN_ENV) {
-            Ok(t) => t,
+            Ok(t) => (t, TOKEN_ENV.to_string()),
             Err(_) => return Ok(None),
         },
     };
     let token = token.trim().to_string();
-    anyhow::ensure!(!token.is_empty(), "the cluster token is empty");
+    anyhow::ensure!(!token.is_empty(), "the cluster token in {from} is empty");
     Ok(Some(token))
+}
+
+/// A cluster token's fingerprint, to recognise the token later without
+/// keeping it: `sha256:` and the token's SHA-256 in hex.
+pub fn token_fingerprint(token: &str) -> String {
+    use sha2::Digest as _;
+    format!("sha256:{:x}", sha2::Sha256::digest(token.as_bytes()))
 }
 
 /// A new random cluster token.
@@ -428,6 +438,25 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tokens_fingerprint_is_its_sha256_and_an_empty_token_file_is_named() {
+        // FIPS 180-2's example.
+        assert_eq!(
+            token_fingerprint("abc"),
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, " secret\n").unwrap();
+        assert_eq!(read_token(Some(&path)).unwrap().as_deref(), Some("secret"));
+        std::fs::write(&path, "\n").unwrap();
+        let e = read_token(Some(&path)).unwrap_err().to_string();
+        assert!(
+            e.contains(path.to_str().unwrap()) && e.contains("empty"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_link_and_a_hub_talk_and_garbage_is_counted() {

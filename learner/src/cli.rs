@@ -12,6 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::baselines::Method;
 use crate::data::TrainedShapes;
 use crate::eval::{evaluate, Report};
+use crate::runlock::RunLock;
 
 /// The embshard learner: learns to place embedding tables on GPUs.
 ///
@@ -61,11 +62,14 @@ pub enum Command {
     /// processes on any host that connect to --bind (`actor run`,
     /// `benchworker serve`; scripts/launch.sh starts them). With
     /// --actors 0 --benchworkers 0 and no --bind, everything runs in one
-    /// thread, reproducibly. Ctrl-C writes a checkpoint and stops every peer.
+    /// thread, reproducibly. Ctrl-C writes a checkpoint and stops every peer;
+    /// so does an error that stops training (no progress for the cluster's
+    /// stall_timeout_s, say).
     /// Writes DIR/config.toml (the resolved configuration),
     /// DIR/metrics.jsonl (one line per policy update), DIR/cost_buffer.jsonl
     /// (every measurement, fsynced) and DIR/checkpoints/step-N/; --resume
-    /// continues a run after a crash.
+    /// continues a run after a crash. One learner at a time trains in a
+    /// DIR (it holds DIR/lock): a second one is refused.
     ///
     /// Examples:
     ///   learner train --config configs/default.toml --run-dir runs/first
@@ -153,7 +157,9 @@ pub struct TrainArgs {
     pub benchworkers: Option<usize>,
     /// File holding the cluster token that peers must present (or set
     /// EMBSHARD_TOKEN). With --bind and neither, a random token is written
-    /// to DIR/token (readable by its owner only) for the peers to use.
+    /// to DIR/token (readable by its owner only) for the peers to use; a
+    /// token given is recorded as its fingerprint in DIR/token.fingerprint.
+    /// A resume with --bind must use the run's token: the peers hold it.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
 }
@@ -321,6 +327,9 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let dir = &args.run_dir;
     let log_path = dir.join("cost_buffer.jsonl");
     let metrics_path = dir.join("metrics.jsonl");
+    // One learner per run directory, from before its state is read until
+    // training ends; a folder not there yet is locked once made, below.
+    let early_lock = dir.is_dir().then(|| RunLock::take(dir)).transpose()?;
     let has_run = !checkpoint::list(dir).is_empty();
     let cfg = if args.resume {
         if args.config.is_some() {
@@ -384,6 +393,27 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     );
     let train_tasks = crate::data::train_tasks(&cfg)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let _lock = match early_lock {
+        Some(lock) => lock,
+        None => RunLock::take(dir)?,
+    };
+    // The networks are small: one libtorch thread each for the learner and
+    // every actor beats threads that spin against each other for the cores.
+    tch::set_num_threads(1);
+    // What measures plans and acts, set up before the run's state is
+    // touched: a backend that cannot start or a token that cannot be had
+    // stops the run here, before training (and its checkpoint on error).
+    let mut workers = if alone {
+        Workers::Alone(benchworker::build(args.backend, &cfg)?)
+    } else {
+        Workers::Cluster(crate::runtime::ClusterRun {
+            bind: args.bind.iter().cloned().collect(),
+            token: cluster_token(&args, bound_before)?,
+            actors,
+            benchworkers,
+            backend: args.backend,
+        })
+    };
     if let Some(shapes) = TrainedShapes::of(&train_tasks) {
         shapes.write(dir)?;
     }
@@ -457,9 +487,6 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .open(&metrics_path)
         .with_context(|| format!("opening {}", metrics_path.display()))?;
     let t = &cfg.train;
-    // The networks are small: one libtorch thread each for the learner and
-    // every actor beats threads that spin against each other for the cores.
-    tch::set_num_threads(1);
     // Ctrl-C (or SIGTERM): finish the update in progress, checkpoint, exit.
     let stop = common::link::stop_on_signal();
     let bar = train_progress((t.iterations * t.policy_steps) as u64);
@@ -494,51 +521,39 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }),
     };
     let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
-    let lags = if alone {
-        let mut oracle = benchworker::build(args.backend, &cfg)?;
-        while !trainer.done() && !stopped() {
-            trainer.iteration(oracle.as_mut(), &mut hooks)?;
+    let mut began = false;
+    let rounds = run_rounds(
+        &mut trainer,
+        &mut workers,
+        &mut hooks,
+        &stop,
+        dir,
+        &mut began,
+    );
+    drop(hooks);
+    bar.finish_and_clear();
+    let lags = match rounds {
+        Ok(lags) => lags,
+        // As on Ctrl-C, what was learned is kept (the run's curves and
+        // measurements are on disk already); a setup that failed before
+        // training began (a port in use) has nothing to add.
+        Err(e) if began => {
+            let resume = resume_command(&args);
+            let saved = sync_file(&metrics_path)
+                .and_then(|()| checkpoint::save(dir, &trainer, t.keep_checkpoints));
+            return Err(match saved {
+                Ok(at) => e.context(format!(
+                    "training stopped; what it learned is in checkpoint {}, which `{resume}` \
+                     continues from once the cause is dealt with",
+                    at.display()
+                )),
+                Err(not) => e.context(format!(
+                    "training stopped, and no checkpoint of it could be written ({not:#}); \
+                     `{resume}` continues from the run's last one"
+                )),
+            });
         }
-        None
-    } else {
-        let run = crate::runtime::ClusterRun {
-            bind: args.bind.iter().cloned().collect(),
-            token: cluster_token(args.token_file.as_deref(), args.bind.is_some(), dir)?,
-            actors,
-            benchworkers,
-            backend: args.backend,
-        };
-        let (report, _) =
-            crate::runtime::train_cluster(&mut trainer, &run, &mut hooks, &stop, |bound| {
-                if let Some(e) = bound.first() {
-                    tracing::info!("learner listening at {e}");
-                    common::fs::write_atomic(&dir.join("endpoint"), format!("{e}\n").as_bytes())?;
-                }
-                Ok(())
-            })?;
-        let refused = [
-            report.bad_unrolls,
-            report.uncredited_unrolls,
-            report.drops.total(),
-            report.refused_peers,
-            report.bad_envelopes,
-        ];
-        if refused.iter().sum::<u64>() > 0 {
-            tracing::warn!(
-                "{} malformed unrolls, {} unrolls sent without a credit, {} undecodable frames, \
-                 {} refused peers, {} messages with a mismatched envelope",
-                refused[0],
-                refused[1],
-                refused[2],
-                refused[3],
-                refused[4]
-            );
-        }
-        Some((
-            report.lag_quantile(0.5),
-            report.lag_quantile(0.99),
-            report.weights_sent,
-        ))
+        Err(e) => return Err(e),
     };
     if stopped() && !trainer.done() {
         sync_file(&metrics_path)?;
@@ -548,8 +563,6 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             at.display()
         );
     }
-    drop(hooks);
-    bar.finish_and_clear();
     let secs = start.0.elapsed().as_secs_f64();
     let steps = trainer.counters.env_steps - start.1;
     let c = &trainer.counters;
@@ -573,6 +586,87 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where training's measurements and unrolls come from.
+enum Workers {
+    /// Algorithm 1 in this thread, measuring on this oracle.
+    Alone(Box<dyn benchworker::Oracle>),
+    /// Actor and benchworker threads, and processes that connect to `--bind`.
+    Cluster(crate::runtime::ClusterRun),
+}
+
+/// Policy lag median and 99th percentile, and weight messages sent, of a
+/// cluster run.
+type Lags = (u64, u64, u64);
+
+/// Trains until every round is done or `stop` is set; `began` is set once
+/// training has begun (a cluster's endpoints bound).
+fn run_rounds(
+    trainer: &mut crate::train::Trainer,
+    workers: &mut Workers,
+    hooks: &mut crate::train::Hooks,
+    stop: &std::sync::atomic::AtomicBool,
+    dir: &Path,
+    began: &mut bool,
+) -> anyhow::Result<Option<Lags>> {
+    let run = match workers {
+        Workers::Alone(oracle) => {
+            *began = true;
+            while !trainer.done() && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                trainer.iteration(oracle.as_mut(), hooks)?;
+            }
+            return Ok(None);
+        }
+        Workers::Cluster(run) => run,
+    };
+    let (report, _) = crate::runtime::train_cluster(trainer, run, hooks, stop, |bound| {
+        *began = true;
+        if let Some(e) = bound.first() {
+            tracing::info!("learner listening at {e}");
+            common::fs::write_atomic(&dir.join("endpoint"), format!("{e}\n").as_bytes())?;
+        }
+        Ok(())
+    })?;
+    let refused = [
+        report.bad_unrolls,
+        report.uncredited_unrolls,
+        report.drops.total(),
+        report.refused_peers,
+        report.bad_envelopes,
+    ];
+    if refused.iter().sum::<u64>() > 0 {
+        tracing::warn!(
+            "{} malformed unrolls, {} unrolls sent without a credit, {} undecodable frames, \
+             {} refused peers, {} messages with a mismatched envelope",
+            refused[0],
+            refused[1],
+            refused[2],
+            refused[3],
+            refused[4]
+        );
+    }
+    Ok(Some((
+        report.lag_quantile(0.5),
+        report.lag_quantile(0.99),
+        report.weights_sent,
+    )))
+}
+
+/// The command that resumes the run `args` trained: with the endpoint its
+/// peers know and the token file it was given.
+fn resume_command(args: &TrainArgs) -> String {
+    let dir = &args.run_dir;
+    let mut c = format!("learner train --run-dir {} --resume", dir.display());
+    if let Some(bind) = &args.bind {
+        let bound = std::fs::read_to_string(dir.join("endpoint")).unwrap_or_default();
+        let endpoint = Some(bound.trim()).filter(|b| !b.is_empty()).unwrap_or(bind);
+        c.push_str(&format!(" --bind {endpoint}"));
+    }
+    if let Some(file) = &args.token_file {
+        c.push_str(&format!(" --token-file {}", file.display()));
+    }
+    c
+}
+
 /// Flushes a file's written data to disk.
 fn sync_file(path: &std::path::Path) -> anyhow::Result<()> {
     std::fs::File::open(path)
@@ -581,28 +675,97 @@ fn sync_file(path: &std::path::Path) -> anyhow::Result<()> {
 }
 
 /// The cluster token: from `--token-file`, else `EMBSHARD_TOKEN`, else
-/// (for a learner that accepts remote peers) a new random one written to
-/// RUN/token for the peers (kept on resume), else a random one for the
-/// threads alone.
-fn cluster_token(
-    file: Option<&std::path::Path>,
-    remote: bool,
-    run: &std::path::Path,
-) -> anyhow::Result<String> {
-    if let Some(t) = common::link::read_token(file)? {
-        return Ok(t);
+/// (for a learner that accepts remote peers) RUN/token's, made at random
+/// when there is none, else a random one for the threads alone.
+///
+/// The token of a run with remote peers is recorded: in RUN/token when the
+/// learner made it, as its fingerprint in RUN/token.fingerprint (never the
+/// token itself) when it was given. A resume must present the same token,
+/// or every peer that outlived the learner would be refused; `bound_before`
+/// says the run listened for peers before (a run that did with neither
+/// file had its token given, before fingerprints were kept).
+fn cluster_token(args: &TrainArgs, bound_before: bool) -> anyhow::Result<String> {
+    use common::link::{read_token, token_fingerprint, TOKEN_ENV};
+    let given = read_token(args.token_file.as_deref())?;
+    if args.bind.is_none() {
+        // Threads alone: they start and stop with the learner.
+        return Ok(given.unwrap_or_else(common::link::random_token));
     }
-    let path = run.join("token");
-    // A resumed run keeps its token: its peers still hold it.
-    if remote && path.exists() {
-        return Ok(common::link::read_token(Some(&path))?.unwrap_or_default());
-    }
-    let token = common::link::random_token();
-    if remote {
-        common::link::write_token(&path, &token)?;
-        tracing::info!("cluster token written to {}", path.display());
+    let dir = &args.run_dir;
+    let made = dir.join("token");
+    let printed = dir.join("token.fingerprint");
+    let recorded = if made.exists() {
+        read_token(Some(&made))?.map(|t| token_fingerprint(&t))
+    } else if printed.exists() {
+        let text = std::fs::read_to_string(&printed)
+            .with_context(|| format!("reading {}", printed.display()))?;
+        Some(text.trim().to_string())
+    } else {
+        None
+    };
+    let Some(token) = given else {
+        // A resumed run keeps its token: its peers still hold it.
+        if made.exists() {
+            return Ok(read_token(Some(&made))?.unwrap_or_default());
+        }
+        anyhow::ensure!(
+            !(args.resume && (printed.exists() || bound_before)),
+            "the run in {} was started with a cluster token from --token-file or {TOKEN_ENV}, \
+             which its peers hold: resume it with the same --token-file or {TOKEN_ENV}",
+            dir.display()
+        );
+        let token = common::link::random_token();
+        common::link::write_token(&made, &token)?;
+        remove_stale(&printed)?;
+        tracing::info!("cluster token written to {}", made.display());
+        return Ok(token);
+    };
+    let print = token_fingerprint(&token);
+    match recorded {
+        Some(r) if r == print => {}
+        Some(_) if args.resume => {
+            let from = match &args.token_file {
+                Some(f) => f.display().to_string(),
+                None => TOKEN_ENV.to_string(),
+            };
+            let (record, fix, file) = if made.exists() {
+                (
+                    format!("its token is in {}", made.display()),
+                    format!("pass --token-file {}", made.display()),
+                    &made,
+                )
+            } else {
+                (
+                    format!("{} holds its fingerprint", printed.display()),
+                    format!("pass the same token by --token-file or {TOKEN_ENV}"),
+                    &printed,
+                )
+            };
+            anyhow::bail!(
+                "the cluster token in {from} is not the one the run in {} was started with, \
+                 which its peers hold ({record}): {fix}; or, to change the token, remove {} \
+                 and restart every peer with the new one",
+                dir.display(),
+                file.display()
+            );
+        }
+        // A new run, or one that kept no record of its token yet.
+        _ => {
+            common::fs::write_private(&printed, format!("{print}\n").as_bytes())?;
+            remove_stale(&made)?;
+        }
     }
     Ok(token)
+}
+
+/// Removes a file that no longer holds for the run, if it is there.
+fn remove_stale(path: &Path) -> anyhow::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", path.display()))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn generate(args: GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {

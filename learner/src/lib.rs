@@ -14,7 +14,8 @@
 //! - [`adam`]: Adam with state a checkpoint can hold.
 //! - [`train`]: the losses, the model, and the trainer's pieces of Algorithm 1.
 //! - [`runtime`]: asynchronous training with actors and benchworkers over ZeroMQ.
-//! - [`checkpoint`], [`costlog`]: the run's durable state.
+//! - [`checkpoint`], [`costlog`]: the run's durable state; [`runlock`]: one
+//!   learner per run directory.
 //! - [`cli`]: the `learner` command line.
 
 pub mod adam;
@@ -24,6 +25,7 @@ pub mod cli;
 pub mod costlog;
 pub mod data;
 pub mod eval;
+pub mod runlock;
 pub mod runtime;
 pub mod search;
 pub mod torchrec;

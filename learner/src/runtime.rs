@@ -36,10 +36,6 @@ use common::protocol::{DropCounts, Message, Role, Weights};
 
 use crate::train::{CostSample, Hooks, Pick, PickId, Trainer};
 
-/// Without progress for this long, and with no measurement job out within
-/// `cluster.job_timeout_s`, training stops with an error instead of waiting
-/// for peers that will not come.
-pub const STALL_TIMEOUT: Duration = Duration::from_secs(120);
 /// Jobs that fail this many times in a row stop training.
 const MAX_JOB_FAILURES: usize = 10;
 
@@ -845,6 +841,10 @@ impl<'t, 'a> Learner<'t, 'a> {
         self.trainer.counters.policy_version += 1;
         let mut last_progress = Instant::now();
         let mut progress_mark = self.progress_mark();
+        // Without progress for this long, and with no measurement job out
+        // within `cluster.job_timeout_s`, training stops with an error
+        // instead of waiting for peers that will not come.
+        let stall_timeout = Duration::from_secs_f64(self.trainer.config().cluster.stall_timeout_s);
         while !self.trainer.done() && !stop.load(Ordering::Relaxed) {
             let turn = Instant::now();
             self.keep_alive();
@@ -865,7 +865,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             if mark != progress_mark {
                 progress_mark = mark;
                 last_progress = Instant::now();
-            } else if last_progress.elapsed() > STALL_TIMEOUT && !self.measuring() {
+            } else if last_progress.elapsed() > stall_timeout && !self.measuring() {
                 let count = |r: Role| self.peers.values().filter(|p| p.role == r).count();
                 let ready = self
                     .peers
@@ -873,9 +873,9 @@ impl<'t, 'a> Learner<'t, 'a> {
                     .filter(|p| p.role == Role::Benchworker && p.ready)
                     .count();
                 anyhow::bail!(
-                    "no progress for {:?}: {} actors and {} benchworkers connected ({ready} \
-                     ready), {} jobs out",
-                    STALL_TIMEOUT,
+                    "no progress for {} s (cluster.stall_timeout_s): {} actors and {} \
+                     benchworkers connected ({ready} ready), {} jobs out",
+                    stall_timeout.as_secs_f64(),
                     count(Role::Actor),
                     count(Role::Benchworker),
                     self.jobs.len()

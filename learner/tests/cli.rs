@@ -503,3 +503,209 @@ fn a_run_in_one_thread_resumed_after_a_round_goes_on_as_if_never_stopped() {
         "{err}"
     );
 }
+
+/// Everything of a run that a learner writes but its logs, file by file.
+fn snapshot(run: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<(std::path::PathBuf, Vec<u8>)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(run, &mut out);
+    out.sort();
+    out
+}
+
+#[test]
+fn a_second_learner_on_a_run_in_training_is_refused_and_a_killed_ones_lock_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, data) = small_run_config(dir.path(), 2);
+    let run = dir.path().join("run");
+    let mut args = train_args(&cfg, &run).to_vec();
+    args.extend(["--actors", "0", "--benchworkers", "0"]);
+    let (ok, _, err) = learner(&args);
+    assert!(ok, "{err}");
+    // Two more rounds, resumed as a cluster whose peers never come: the
+    // learner holds the run while it waits for them.
+    let config = run.join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("\niterations = 2\n", "\niterations = 4\n"),
+    )
+    .unwrap();
+    let bind = ["--resume", "--bind", "tcp://127.0.0.1:0"];
+    let mut first = Command::new(env!("CARGO_BIN_EXE_learner"))
+        .args(["train", "--run-dir", run.to_str().unwrap()])
+        .args(bind)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the first learner's endpoint",
+        std::time::Duration::from_secs(60),
+        || run.join("endpoint").exists(),
+    );
+    let before = snapshot(&run);
+    let mut second = vec!["train", "--run-dir", run.to_str().unwrap()];
+    second.extend(bind);
+    let (ok, _, err) = learner(&second);
+    let held = format!(
+        "another learner (pid {}) is training in {}",
+        first.id(),
+        run.display()
+    );
+    assert!(!ok && err.contains(&held), "{err}");
+    // A new run over it is refused the same way, before its own checks.
+    let (ok, _, err) = learner(&train_args(&cfg, &run));
+    assert!(!ok && err.contains(&held), "{err}");
+    assert!(
+        before == snapshot(&run),
+        "the refused learners wrote nothing"
+    );
+    // Readers of the run are not held up.
+    let (ok, _, err) = learner(&[
+        "plan",
+        "--tables",
+        data.join("pool.test.csv").to_str().unwrap(),
+        "--devices",
+        "4",
+        "--memory-gb",
+        "64",
+        "--checkpoint",
+        run.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = learner(&[
+        "eval",
+        "--suite",
+        data.join("dlrm-12x3.test.json").to_str().unwrap(),
+        "--methods",
+        "lookup,policy",
+        "--checkpoint",
+        run.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+
+    // SIGKILL: the lock goes with the process, and the run resumes (with
+    // threads this time) to its end.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let (ok, stdout, err) = learner(&[
+        "train",
+        "--run-dir",
+        run.to_str().unwrap(),
+        "--resume",
+        "--actors",
+        "1",
+        "--benchworkers",
+        "1",
+    ]);
+    assert!(ok && stdout.contains("trained 4 iterations"), "{err}");
+}
+
+#[test]
+fn a_cluster_run_resumes_only_with_the_token_its_peers_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _) = small_run_config(dir.path(), 2);
+    // Learners with no peers give up after a second (with a checkpoint):
+    // one that got past its token has run.
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("[cluster]\nstall_timeout_s = 1.0\n");
+    std::fs::write(&cfg, text).unwrap();
+    let stalled = "no progress for 1 s";
+    let secret = "the cluster's own token";
+    let token = dir.path().join("token");
+    std::fs::write(&token, format!("{secret}\n")).unwrap();
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "another token\n").unwrap();
+    // `learner train` on `run` with --bind, the token from `file` or in
+    // EMBSHARD_TOKEN (and none from the test's environment).
+    let train = |run: &std::path::Path, file: Option<&std::path::Path>, env: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_learner"));
+        c.args(["train", "--run-dir", run.to_str().unwrap()])
+            .args([
+                "--bind",
+                "tcp://127.0.0.1:0",
+                "--actors",
+                "0",
+                "--benchworkers",
+                "0",
+            ])
+            .env_remove("EMBSHARD_TOKEN");
+        if run.join("config.toml").exists() {
+            c.arg("--resume");
+        } else {
+            c.args(["--config", cfg.to_str().unwrap()]);
+        }
+        if let Some(f) = file {
+            c.args(["--token-file", f.to_str().unwrap()]);
+        }
+        if let Some(t) = env {
+            c.env("EMBSHARD_TOKEN", t);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+
+    let run = dir.path().join("given");
+    let (ok, err) = train(&run, Some(&token), None);
+    assert!(!ok && err.contains(stalled), "{err}");
+    // Its fingerprint is kept, not the token, and no token of its own made.
+    let printed = run.join("token.fingerprint");
+    let print = std::fs::read_to_string(&printed).unwrap();
+    assert!(
+        print.starts_with("sha256:") && !print.contains(secret),
+        "{print}"
+    );
+    assert!(!run.join("token").exists());
+    // A resume without the token would lock its peers out: refused, and
+    // it makes no token.
+    let (ok, err) = train(&run, None, None);
+    assert!(
+        !ok && err.contains(&format!("the run in {} was started with", run.display()))
+            && err.contains("resume it with the same --token-file or EMBSHARD_TOKEN"),
+        "{err}"
+    );
+    assert!(!run.join("token").exists());
+    // Another token is refused; the same one, from a file or the
+    // environment, is taken.
+    let (ok, err) = train(&run, Some(&wrong), None);
+    assert!(
+        !ok && err.contains(&format!(
+            "the cluster token in {} is not the one the run in {} was started with",
+            wrong.display(),
+            run.display()
+        )),
+        "{err}"
+    );
+    let (ok, err) = train(&run, None, Some(secret));
+    assert!(!ok && err.contains(stalled), "{err}");
+    let (ok, err) = train(&run, Some(&token), None);
+    assert!(!ok && err.contains(stalled), "{err}");
+    assert_eq!(std::fs::read_to_string(&printed).unwrap(), print);
+
+    // A run whose learner made its token: another one is refused too.
+    let run = dir.path().join("made");
+    let (ok, err) = train(&run, None, None);
+    assert!(!ok && err.contains(stalled), "{err}");
+    assert!(!run.join("token.fingerprint").exists());
+    let (ok, err) = train(&run, None, Some("another token"));
+    let made = run.join("token");
+    assert!(
+        !ok && err.contains(&format!("pass --token-file {}", made.display())),
+        "{err}"
+    );
+    let (ok, err) = train(&run, Some(&made), None);
+    assert!(!ok && err.contains(stalled), "{err}");
+}

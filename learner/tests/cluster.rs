@@ -1,6 +1,7 @@
 //! The cluster as real processes on loopback with ephemeral ports: actors,
 //! benchworkers and the learner killed with SIGKILL mid-run, strangers with
-//! the wrong token, garbage on the learner's port. Each test is bounded in
+//! the wrong token, garbage on the learner's port, a learner that gives up
+//! waiting for peers (with a checkpoint). Each test is bounded in
 //! time; the recovery times are printed (run with --nocapture to see them).
 //!
 //! The `actor` and `benchworker` binaries are the ones built beside the
@@ -386,4 +387,72 @@ fn ctrl_c_while_the_learner_waits_for_peers_stops_it_with_a_checkpoint() {
     let err = std::fs::read_to_string(&l.err).unwrap();
     assert!(err.contains("--resume continues"), "{err}");
     assert_eq!(learner::checkpoint::list(&dir.path().join("run")).len(), 1);
+}
+
+#[test]
+fn a_learner_that_stops_for_want_of_progress_checkpoints_first_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = setup(d, 3, "");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let short = text.replace(
+        "peer_timeout_s = 3.0\n",
+        "peer_timeout_s = 3.0\nstall_timeout_s = 2.0\n",
+    );
+    assert_ne!(short, text);
+    std::fs::write(&cfg, short).unwrap();
+    // A benchworker and no actor: the first round's plans are measured and
+    // the cost network fitted to them, then no unroll comes.
+    let (mut l1, ep) = fresh_learner(d, "learner1", &cfg, "0", "1");
+    let status = l1.exited(Duration::from_secs(60));
+    let err = std::fs::read_to_string(&l1.err).unwrap();
+    assert!(!status.success() && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("no progress for 2 s")
+            && err.contains("what it learned is in checkpoint")
+            && err.contains(&format!("--resume --bind {ep}")),
+        "{err}"
+    );
+    let run = d.join("run");
+    let checkpoints = learner::checkpoint::list(&run);
+    assert_eq!(checkpoints.len(), 1, "{err}");
+    let counters: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(checkpoints[0].join("counters.json")).unwrap())
+            .unwrap();
+    assert_eq!(counters["policy_updates"], 0);
+    assert_eq!(
+        counters["cost_steps"], 5,
+        "the cost network's steps are kept"
+    );
+    let log = run.join("cost_buffer.jsonl");
+    assert_eq!(lines(&log), 3);
+
+    // Resumed with threads this time: it goes on from that checkpoint and
+    // measures no plan twice.
+    std::fs::remove_file(run.join("endpoint")).unwrap();
+    let (mut l2, _) = learner(
+        d,
+        "learner2",
+        &[
+            "--resume",
+            "--bind",
+            &ep,
+            "--actors",
+            "1",
+            "--benchworkers",
+            "1",
+        ],
+    );
+    let out = l2.finish(Duration::from_secs(120));
+    assert!(out.contains("trained 3 iterations"), "{out}");
+    let err = std::fs::read_to_string(&l2.err).unwrap();
+    assert!(
+        err.contains(&format!(
+            "resuming from {} (iteration 0, 3 measurements)",
+            checkpoints[0].display()
+        )),
+        "{err}"
+    );
+    assert_eq!(lines(&log), 9);
+    assert_eq!(lines(&run.join("metrics.jsonl")), 9);
 }

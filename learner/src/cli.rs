@@ -131,9 +131,10 @@ pub struct TrainArgs {
     /// Run directory: configuration, metrics and checkpoint go there.
     #[arg(long)]
     pub run_dir: PathBuf,
-    /// The oracle that measures plans.
-    #[arg(long, value_enum, default_value = "sim")]
-    pub backend: benchworker::Backend,
+    /// The oracle that measures plans (default: sim; a resumed run, the one
+    /// it measured with, recorded in DIR/backend).
+    #[arg(long, value_enum)]
+    pub backend: Option<benchworker::Backend>,
     /// Continue the run in --run-dir from its newest intact checkpoint, with
     /// its own config.toml and every measurement of its cost-buffer log (a
     /// run stopped before its first checkpoint: fresh networks, trained on
@@ -321,6 +322,53 @@ fn keep_metrics_until(path: &Path, step: usize) -> anyhow::Result<f64> {
     Ok(kept.last().map_or(0.0, |(_, e)| *e))
 }
 
+/// The oracle a run measures with: its cost buffer holds one oracle's
+/// measurements, so a resumed run keeps the backend it started with
+/// (recorded in `DIR/backend` when it starts; a run from before the record
+/// takes the one asked for, or `sim`).
+fn run_backend(
+    dir: &std::path::Path,
+    asked: Option<benchworker::Backend>,
+    resume: bool,
+) -> anyhow::Result<benchworker::Backend> {
+    use clap::ValueEnum;
+    let name = |b: benchworker::Backend| {
+        b.to_possible_value()
+            .map_or_else(|| format!("{b:?}"), |v| v.get_name().to_string())
+    };
+    let path = dir.join("backend");
+    let recorded = match std::fs::read_to_string(&path) {
+        _ if !resume => None,
+        Ok(text) => Some(
+            benchworker::Backend::from_str(text.trim(), true).map_err(|_| {
+                anyhow::anyhow!(
+                    "{}: `{}` is no backend (sim, cpu or cuda)",
+                    path.display(),
+                    text.trim()
+                )
+            })?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    match (recorded, asked) {
+        (Some(r), Some(a)) if r != a => anyhow::bail!(
+            "the run in {} measures with the {} backend (its cost buffer holds {} \
+             measurements), not {}: go on without --backend, or start another --run-dir",
+            dir.display(),
+            name(r),
+            name(r),
+            name(a)
+        ),
+        (Some(r), _) => Ok(r),
+        (None, a) => {
+            let b = a.unwrap_or(benchworker::Backend::Sim);
+            common::fs::write_atomic(&path, format!("{}\n", name(b)).as_bytes())?;
+            Ok(b)
+        }
+    }
+}
+
 fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     use crate::checkpoint;
     use crate::costlog::CostLog;
@@ -397,6 +445,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         Some(lock) => lock,
         None => RunLock::take(dir)?,
     };
+    let backend = run_backend(dir, args.backend, args.resume)?;
     // The networks are small: one libtorch thread each for the learner and
     // every actor beats threads that spin against each other for the cores.
     tch::set_num_threads(1);
@@ -404,14 +453,14 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     // touched: a backend that cannot start or a token that cannot be had
     // stops the run here, before training (and its checkpoint on error).
     let mut workers = if alone {
-        Workers::Alone(benchworker::build(args.backend, &cfg)?)
+        Workers::Alone(benchworker::build(backend, &cfg)?)
     } else {
         Workers::Cluster(crate::runtime::ClusterRun {
             bind: args.bind.iter().cloned().collect(),
             token: cluster_token(&args, bound_before)?,
             actors,
             benchworkers,
-            backend: args.backend,
+            backend,
         })
     };
     if let Some(shapes) = TrainedShapes::of(&train_tasks) {

@@ -110,6 +110,28 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     assert_eq!(metrics.lines().count(), 6, "one line per policy update");
     let last: serde_json::Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
     assert_eq!(last["measurements"], 6);
+    // The run keeps its oracle: a resume on another would mix measurements.
+    assert_eq!(
+        std::fs::read_to_string(run.join("backend")).unwrap(),
+        "sim\n"
+    );
+    let run_str = run.to_str().unwrap();
+    let (ok, _, err) = learner(&[
+        "train",
+        "--run-dir",
+        run_str,
+        "--resume",
+        "--backend",
+        "cpu",
+    ]);
+    assert!(
+        !ok && err.contains("measures with the sim backend"),
+        "{err}"
+    );
+    assert_eq!(
+        metrics,
+        std::fs::read_to_string(run.join("metrics.jsonl")).unwrap()
+    );
 
     let pool = data.join("pool.test.csv");
     let plan_with = |devices: &str, memory_gb: &str, run: &std::path::Path, extra: &[&str]| {

@@ -122,7 +122,12 @@ impl CpuOracle {
         if have < need {
             self.arena = None; // free the old arena before allocating the new one
             let size = (need as f64 * ARENA_SLACK) as i64;
-            self.arena = Some(Tensor::f_full([size], WEIGHT_INIT, F32)?);
+            // Not `f_full`: an op taking a `Scalar` panics when it fails
+            // (the scalar's drop unwraps libtorch's pending error), and an
+            // allocation may. Filling in place allocates nothing.
+            let mut arena = Tensor::f_empty([size], F32)?;
+            let _ = arena.f_fill_(WEIGHT_INIT)?;
+            self.arena = Some(arena);
         }
         let Some(arena) = self.arena.as_ref() else {
             return Ok(Vec::new());
@@ -314,10 +319,11 @@ impl DeviceWork {
         let bags = self.bags.f_index_select(0, &order)?;
         let (unique, _, counts) = rows.f_unique_consecutive(false, true, None)?;
         let starts = counts.f_cumsum(0, Kind::Int64)?.f_sub(&counts)?;
-        let row_grad = sum_bags(&self.grad, &bags, &starts)?;
-        let _ = self
-            .weight
-            .f_index_add_(0, &unique, &row_grad.f_mul_scalar(-LEARNING_RATE)?)?;
+        let mut row_grad = sum_bags(&self.grad, &bags, &starts)?;
+        // In place: an op that takes a `Scalar` must not allocate (a failed
+        // allocation would panic, see [`CpuOracle::weights`]).
+        let _ = row_grad.f_mul_scalar_(-LEARNING_RATE)?;
+        let _ = self.weight.f_index_add_(0, &unique, &row_grad)?;
         Ok(())
     }
 }
@@ -347,11 +353,16 @@ impl Exchange {
             cols.push(width);
             width += t.dim as i64;
         }
+        // Allocated, then filled in place (see [`CpuOracle::weights`]).
         let buffers = |fill: f64| {
             split
                 .iter()
-                .map(|&(_, n)| Tensor::f_full([n, width], fill, F32))
-                .collect::<Result<Vec<_>, _>>()
+                .map(|&(_, n)| {
+                    let mut b = Tensor::f_empty([n, width], F32)?;
+                    let _ = b.f_fill_(fill)?;
+                    Ok(b)
+                })
+                .collect::<Result<Vec<_>, TchError>>()
         };
         let (recv, grads) = (buffers(0.0)?, buffers(GRAD_VALUE)?);
         Ok(Exchange {
@@ -543,6 +554,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("lower cpu.batch"), "{e}");
+    }
+
+    #[test]
+    fn an_allocation_that_fails_is_an_error_not_a_panic() {
+        // Past the check, should the estimate fall short: 2^58 bytes.
+        let mut o = oracle(16);
+        assert!(o.weights(&[(1 << 40, 1 << 16)]).is_err());
+        let wide = [crate::test_table("w", 10, 1 << 16, 1.0, &[(0, 1.0)])];
+        assert!(Exchange::build(&wide, 1, 1 << 40).is_err());
+        let m = o.measure(&wide, &plan(1, vec![0])).unwrap();
+        assert!(m.cost_ms > 0.0);
     }
 
     #[test]

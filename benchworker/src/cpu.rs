@@ -37,6 +37,15 @@
 //! after `cpu.warmup` unmeasured ones. As in `sim`, the forward all-to-all is
 //! a collective that starts when the slowest device arrives:
 //! `fwd_comm_d = max_e fwd_e − fwd_d + copy_d`, and `bwd_comm_d = copy_d`.
+//!
+//! *Memory*: before allocating anything, a measurement estimates what it
+//! will take (`Footprint`: the weights the arena must grow by, outputs and
+//! gradients, lookups) and is refused, with an error naming the largest
+//! device and table and saying which of `cpu.max_rows` and `cpu.batch` to
+//! lower, when that is more than [`MEMORY_SHARE`] of the memory
+//! `/proc/meminfo` says is available (a fixed [`FALLBACK_MEMORY`] where it
+//! cannot be read), or when it draws more than [`MAX_LOOKUPS`] lookups. An
+//! allocation that fails nonetheless is an error too, never a panic.
 
 use std::time::Instant;
 
@@ -57,9 +66,31 @@ const F32: (Kind, Device) = (Kind::Float, Device::Cpu);
 const WEIGHT_INIT: f64 = 0.01;
 const GRAD_VALUE: f64 = 1e-3;
 const LEARNING_RATE: f64 = 1e-3;
-/// Most lookups one measurement may draw (their indices, offsets and bags
-/// take about 24 bytes each).
-const MAX_LOOKUPS: f64 = (1u64 << 28) as f64;
+/// Most lookups one measurement may draw, whatever the memory. On one core
+/// here, generating them takes about 0.4 s per million (once: they are
+/// kept) and each round 0.05 s per million, so this cap keeps a measurement
+/// under a minute at the default 7 rounds; the whole 856-table trace at the
+/// default `cpu.batch` (2048) draws 27.7 million.
+pub const MAX_LOOKUPS: f64 = (1u64 << 26) as f64;
+/// Bytes a lookup takes at a measurement's peak: its generation's
+/// temporaries, its copies in the cache and in its device's fused lookups,
+/// the backward's sort and segment reduction. Measured here as the peak
+/// resident memory of single-table measurements of 8 and 17 million lookups,
+/// less that of a tiny one: 79 to 80 bytes. With it, [`Footprint`] came
+/// within −14 % to +7 % of the peak of every plan tried (one table of 2
+/// to 17 million lookups, or of dim 4096; 200 tables on 8 devices: 8.7 GiB
+/// estimated, 8.2 measured).
+const LOOKUP_BYTES: f64 = 80.0;
+const F32_BYTES: f64 = 4.0;
+const GIB: f64 = (1u64 << 30) as f64;
+/// Share of the memory this machine has available (`MemAvailable` in
+/// `/proc/meminfo`, read before each measurement) that one measurement may
+/// take: the rest is a margin for the estimate's error and for the other
+/// processes on the host. Several `cpu` benchworkers on one host each see
+/// what the others hold already, but not what they are about to allocate.
+pub const MEMORY_SHARE: f64 = 0.75;
+/// What one measurement may take where `/proc/meminfo` cannot be read.
+pub const FALLBACK_MEMORY: f64 = 8.0 * GIB;
 /// Lookups kept between measurements (about 16 bytes each), so that plans
 /// over the same tables do not generate them again.
 const LOOKUP_CACHE: i64 = 1 << 25;
@@ -115,6 +146,39 @@ impl CpuOracle {
         })
     }
 
+    /// Elements the weight arena holds now.
+    fn arena_elements(&self) -> f64 {
+        self.arena.as_ref().map_or(0.0, |a| a.numel() as f64)
+    }
+
+    /// Refuses a plan whose measurement would take more memory than
+    /// `budget`, saying what to lower.
+    fn check_memory(
+        &self,
+        tables: &[Table],
+        plan: &Plan,
+        budget: &Budget,
+    ) -> Result<(), OracleError> {
+        let f = Footprint::of(tables, plan, &self.cfg, self.arena_elements());
+        tracing::debug!(
+            "cpu backend: the plan takes about {:.3} GiB ({:.3} weights, {:.3} outputs, \
+             {:.3} lookups) of the {:.3} GiB {}",
+            f.total() / GIB,
+            f.weights / GIB,
+            f.outputs / GIB,
+            f.lookups / GIB,
+            budget.bytes / GIB,
+            budget.source
+        );
+        if f.total() <= budget.bytes {
+            return Ok(());
+        }
+        Err(OracleError::Backend {
+            backend: BACKEND,
+            message: f.refusal(tables, &self.cfg, budget),
+        })
+    }
+
     /// Views of the arena shaped `[rows, dim]`, one per shape.
     fn weights(&mut self, shapes: &[(i64, i64)]) -> Result<Vec<Tensor>, TchError> {
         let need: i64 = shapes.iter().map(|(r, c)| r * c).sum();
@@ -122,7 +186,12 @@ impl CpuOracle {
         if have < need {
             self.arena = None; // free the old arena before allocating the new one
             let size = (need as f64 * ARENA_SLACK) as i64;
-            self.arena = Some(Tensor::f_full([size], WEIGHT_INIT, F32)?);
+            // Not `f_full`: an op taking a `Scalar` panics when it fails
+            // (the scalar's drop unwraps libtorch's pending error), and an
+            // allocation may. Filling in place allocates nothing.
+            let mut arena = Tensor::f_empty([size], F32)?;
+            let _ = arena.f_fill_(WEIGHT_INIT)?;
+            self.arena = Some(arena);
         }
         let Some(arena) = self.arena.as_ref() else {
             return Ok(Vec::new());
@@ -183,26 +252,195 @@ impl Oracle for CpuOracle {
     fn measure(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, OracleError> {
         check_plan(tables, plan)?;
         self.last_spread = None;
-        let lookups: f64 = tables
+        let per_table: Vec<f64> = tables
             .iter()
             .map(|t| indices::lookups_per_batch(t, self.cfg.batch))
-            .sum();
+            .collect();
+        let lookups: f64 = per_table.iter().sum();
         if lookups > MAX_LOOKUPS {
+            let busiest = busiest(&per_table).unwrap_or(0);
             return Err(OracleError::Backend {
                 backend: BACKEND,
                 message: format!(
-                    "the plan needs {lookups:.0} lookups per iteration at cpu.batch = {}, \
-                     more than the {MAX_LOOKUPS:.0} this backend holds in memory; \
-                     lower cpu.batch",
-                    self.cfg.batch
+                    "the plan draws {lookups:.0} lookups per iteration at cpu.batch = {} \
+                     (table `{}` {:.0} of them), more than the {MAX_LOOKUPS:.0} one \
+                     measurement may draw; lower cpu.batch",
+                    self.cfg.batch, tables[busiest].name, per_table[busiest]
                 ),
             });
         }
+        self.check_memory(tables, plan, &Budget::here())?;
         self.run(tables, plan).map_err(backend_error)
     }
 
     fn spread(&self) -> Option<Spread> {
         self.last_spread
+    }
+}
+
+/// How much memory one measurement may take, and where the figure comes from.
+#[derive(Debug, Clone, PartialEq)]
+struct Budget {
+    bytes: f64,
+    /// Says where `bytes` comes from, after "the N GiB".
+    source: String,
+}
+
+impl Budget {
+    /// [`MEMORY_SHARE`] of this machine's available memory, or
+    /// [`FALLBACK_MEMORY`] where `/proc/meminfo` cannot be read.
+    fn here() -> Budget {
+        Budget::from_meminfo(std::fs::read_to_string("/proc/meminfo").ok().as_deref())
+    }
+
+    fn from_meminfo(meminfo: Option<&str>) -> Budget {
+        match meminfo.and_then(mem_available) {
+            Some(available) => Budget {
+                bytes: MEMORY_SHARE * available,
+                source: format!(
+                    "one measurement may take ({:.0} % of the {:.1} GiB /proc/meminfo \
+                     says are available)",
+                    100.0 * MEMORY_SHARE,
+                    available / GIB
+                ),
+            },
+            None => Budget {
+                bytes: FALLBACK_MEMORY,
+                source: "one measurement may take where /proc/meminfo cannot be read".into(),
+            },
+        }
+    }
+}
+
+/// `MemAvailable` of a `/proc/meminfo`, in bytes.
+fn mem_available(meminfo: &str) -> Option<f64> {
+    let line = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
+    let kib: f64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    Some(kib * 1024.0)
+}
+
+/// The table with the most lookups, first among equals.
+fn busiest(lookups: &[f64]) -> Option<usize> {
+    (0..lookups.len()).reduce(|a, b| if lookups[b] > lookups[a] { b } else { a })
+}
+
+/// What one measurement will allocate, in bytes, by what for, and who asks
+/// for most of it.
+#[derive(Debug, Clone, PartialEq)]
+struct Footprint {
+    /// What the weight arena must grow by: the devices' fused fp32 weights
+    /// (`[Σ capped rows, widest dim]` each) with [`ARENA_SLACK`], less what it
+    /// holds already (freed first). No optimizer state: the update is plain
+    /// SGD, whatever `memory.optimizer` says.
+    weights: f64,
+    /// Per device, its pooled output and its output gradient (`[T_d·B,
+    /// widest dim]` each); the exchange's receive and gradient buffers
+    /// (`[B_e, Σ dims]` each); the backward's per-row gradients (`[unique
+    /// rows, widest dim]`, unique rows at most its lookups and its rows) of
+    /// the device with the most, one device at a time.
+    outputs: f64,
+    /// [`LOOKUP_BYTES`] per lookup.
+    lookups: f64,
+    /// The device with the largest weight, its widest table and its rows.
+    heaviest: Option<(usize, usize, f64)>,
+    /// The table with the most lookups.
+    busiest: Option<usize>,
+}
+
+impl Footprint {
+    /// The footprint of measuring `plan` with an arena of `arena` elements.
+    fn of(tables: &[Table], plan: &Plan, cfg: &CpuConfig, arena: f64) -> Footprint {
+        let batch = cfg.batch as f64;
+        let per_table: Vec<f64> = tables
+            .iter()
+            .map(|t| indices::lookups_per_batch(t, cfg.batch))
+            .collect();
+        let (mut weight, mut outputs, mut row_grads) = (0.0, 0.0, 0.0f64);
+        let mut heaviest: Option<(usize, usize, f64, f64)> = None;
+        for (d, group) in plan.groups().iter().enumerate() {
+            let Some(&widest) = group.iter().max_by_key(|&&t| tables[t].dim) else {
+                continue;
+            };
+            let dim = f64::from(tables[widest].dim);
+            let rows: f64 = group
+                .iter()
+                .map(|&t| indices::capped_rows(&tables[t], cfg.max_rows) as f64)
+                .sum();
+            let lookups: f64 = group.iter().map(|&t| per_table[t]).sum();
+            let elements = rows * dim;
+            weight += elements;
+            if heaviest.is_none_or(|(_, _, _, e)| elements > e) {
+                heaviest = Some((d, widest, rows, elements));
+            }
+            outputs += 2.0 * group.len() as f64 * batch * dim * F32_BYTES;
+            row_grads = row_grads.max(lookups.min(rows) * dim * F32_BYTES);
+        }
+        let dims: f64 = tables.iter().map(|t| f64::from(t.dim)).sum();
+        outputs += 2.0 * batch * dims * F32_BYTES + row_grads;
+        let weights = if weight > arena {
+            (weight * ARENA_SLACK - arena).max(0.0) * F32_BYTES
+        } else {
+            0.0
+        };
+        Footprint {
+            weights,
+            outputs,
+            lookups: per_table.iter().sum::<f64>() * LOOKUP_BYTES,
+            heaviest: heaviest.map(|(d, t, rows, _)| (d, t, rows)),
+            busiest: busiest(&per_table),
+        }
+    }
+
+    fn total(&self) -> f64 {
+        self.weights + self.outputs + self.lookups
+    }
+
+    /// Why a plan of this footprint is refused, and what to lower.
+    fn refusal(&self, tables: &[Table], cfg: &CpuConfig, budget: &Budget) -> String {
+        let gib = |b: f64| b / GIB;
+        let mut parts = Vec::new();
+        if let Some((d, t, rows)) = self.heaviest {
+            parts.push(format!(
+                "{:.1} GiB of fp32 weights (the largest, device {d}'s: {rows:.0} rows, each \
+                 table's capped at cpu.max_rows, × dim {} of its widest table `{}`)",
+                gib(self.weights),
+                tables[t].dim,
+                tables[t].name
+            ));
+        }
+        parts.push(format!(
+            "{:.1} GiB of outputs and gradients",
+            gib(self.outputs)
+        ));
+        if let Some(t) = self.busiest {
+            parts.push(format!(
+                "{:.1} GiB of lookups (table `{}` draws the most, {:.0} per iteration)",
+                gib(self.lookups),
+                tables[t].name,
+                indices::lookups_per_batch(&tables[t], cfg.batch)
+            ));
+        }
+        let lower = if self.weights >= self.outputs + self.lookups {
+            format!(
+                "lower cpu.max_rows (now {}) to shrink the weights, or cpu.batch (now {})",
+                cfg.max_rows, cfg.batch
+            )
+        } else {
+            format!(
+                "lower cpu.batch (now {}) to shrink the lookups and outputs, or \
+                 cpu.max_rows (now {})",
+                cfg.batch, cfg.max_rows
+            )
+        };
+        format!(
+            "measuring the plan would take about {:.1} GiB: {}; more than the {:.1} GiB {}; {lower}",
+            gib(self.total()),
+            parts.join(", "),
+            gib(budget.bytes),
+            budget.source
+        )
     }
 }
 
@@ -314,10 +552,11 @@ impl DeviceWork {
         let bags = self.bags.f_index_select(0, &order)?;
         let (unique, _, counts) = rows.f_unique_consecutive(false, true, None)?;
         let starts = counts.f_cumsum(0, Kind::Int64)?.f_sub(&counts)?;
-        let row_grad = sum_bags(&self.grad, &bags, &starts)?;
-        let _ = self
-            .weight
-            .f_index_add_(0, &unique, &row_grad.f_mul_scalar(-LEARNING_RATE)?)?;
+        let mut row_grad = sum_bags(&self.grad, &bags, &starts)?;
+        // In place: an op that takes a `Scalar` must not allocate (a failed
+        // allocation would panic, see [`CpuOracle::weights`]).
+        let _ = row_grad.f_mul_scalar_(-LEARNING_RATE)?;
+        let _ = self.weight.f_index_add_(0, &unique, &row_grad)?;
         Ok(())
     }
 }
@@ -347,11 +586,16 @@ impl Exchange {
             cols.push(width);
             width += t.dim as i64;
         }
+        // Allocated, then filled in place (see [`CpuOracle::weights`]).
         let buffers = |fill: f64| {
             split
                 .iter()
-                .map(|&(_, n)| Tensor::f_full([n, width], fill, F32))
-                .collect::<Result<Vec<_>, _>>()
+                .map(|&(_, n)| {
+                    let mut b = Tensor::f_empty([n, width], F32)?;
+                    let _ = b.f_fill_(fill)?;
+                    Ok(b)
+                })
+                .collect::<Result<Vec<_>, TchError>>()
         };
         let (recv, grads) = (buffers(0.0)?, buffers(GRAD_VALUE)?);
         Ok(Exchange {
@@ -543,6 +787,139 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("lower cpu.batch"), "{e}");
+        // 2 × 10^8 lookups at the default batch, all of the 100 rows hot:
+        // it took minutes and 11 GB, refused now before anything is drawn.
+        let hot = crate::test_table("hot", 100, 16, 1e5, &[(16, 1.0)]);
+        let start = Instant::now();
+        let e = oracle(CpuConfig::default().batch)
+            .measure(&[table("a", 100, 8, 1.0), hot], &plan(2, vec![0, 1]))
+            .unwrap_err()
+            .to_string();
+        assert!(start.elapsed().as_secs_f64() < 5.0, "{e}");
+        assert!(
+            e.contains("204802048 lookups") && e.contains("table `hot` 204800000 of them"),
+            "{e}"
+        );
+        assert!(e.contains("lower cpu.batch"), "{e}");
+    }
+
+    #[test]
+    fn a_plan_whose_weights_cannot_fit_memory_is_refused_naming_device_and_table() {
+        // A CSV accepts 2^40 rows of dim 65536: with that row cap, 2^58
+        // bytes of weights, which no machine has.
+        let tables = vec![
+            table("a", 100, 8, 1.0),
+            crate::test_table("huge", 1 << 40, 1 << 16, 1.0, &[(0, 1.0)]),
+        ];
+        let mut o = CpuOracle::new(
+            CpuConfig {
+                max_rows: 1 << 40,
+                ..cfg(16)
+            },
+            MemoryModel::default(),
+        )
+        .unwrap();
+        let e = o.measure(&tables, &plan(2, vec![0, 1])).unwrap_err();
+        assert!(matches!(e, OracleError::Backend { .. }), "{e:?}");
+        let e = e.to_string();
+        assert!(e.starts_with("cpu backend: "), "{e}");
+        assert!(
+            e.contains("device 1's: 1099511627776 rows") && e.contains("`huge`"),
+            "{e}"
+        );
+        assert!(
+            e.contains("lower cpu.max_rows (now 1099511627776)") && e.contains("cpu.batch"),
+            "{e}"
+        );
+        assert!(o.spread().is_none());
+        // The oracle goes on measuring what fits.
+        let m = o.measure(&tables[..1], &plan(1, vec![0])).unwrap();
+        assert!(m.cost_ms > 0.0);
+    }
+
+    #[test]
+    fn an_allocation_that_fails_is_an_error_not_a_panic() {
+        // Past the check, should the estimate fall short: 2^58 bytes.
+        let mut o = oracle(16);
+        assert!(o.weights(&[(1 << 40, 1 << 16)]).is_err());
+        let wide = [crate::test_table("w", 10, 1 << 16, 1.0, &[(0, 1.0)])];
+        assert!(Exchange::build(&wide, 1, 1 << 40).is_err());
+        let m = o.measure(&wide, &plan(1, vec![0])).unwrap();
+        assert!(m.cost_ms > 0.0);
+    }
+
+    #[test]
+    fn the_footprint_counts_weights_outputs_and_lookups() {
+        let tables = vec![
+            table("a", 3000, 16, 4.0),
+            table("b", 9000, 64, 2.0),
+            table("c", 500, 32, 8.0),
+        ];
+        let p = plan(2, vec![0, 1, 1]);
+        let c = cfg(128); // rows capped at 5000
+        let f = Footprint::of(&tables, &p, &c, 0.0);
+        // Device 0: 3000 rows × 16; device 1: (5000 + 500) rows × 64.
+        let elements = 3000.0 * 16.0 + 5500.0 * 64.0;
+        assert_eq!(f.weights, elements * ARENA_SLACK * 4.0);
+        // Outputs and gradients [T_d·B, D_max]; the exchange's two
+        // [B, Σ dims]; device 1's row gradients, min(1280 lookups, 5500
+        // rows) × 64.
+        let outputs = 2.0 * 128.0 * (16.0 + 2.0 * 64.0) * 4.0
+            + 2.0 * 128.0 * (16.0 + 64.0 + 32.0) * 4.0
+            + 1280.0 * 64.0 * 4.0;
+        assert_eq!(f.outputs, outputs);
+        assert_eq!(f.lookups, (512.0 + 256.0 + 1024.0) * LOOKUP_BYTES);
+        assert_eq!(f.heaviest, Some((1, 1, 5500.0)));
+        assert_eq!(f.busiest, Some(2));
+        assert_eq!(f.total(), f.weights + f.outputs + f.lookups);
+        // An arena that holds the weights already: nothing to grow.
+        let mut o = oracle(128);
+        o.measure(&tables, &p).unwrap();
+        assert_eq!(o.arena_elements(), (elements * ARENA_SLACK).floor());
+        assert_eq!(
+            Footprint::of(&tables, &p, &c, o.arena_elements()).weights,
+            0.0
+        );
+    }
+
+    #[test]
+    fn plans_beyond_the_memory_budget_are_refused_saying_what_to_lower() {
+        // 2048 × 1000 lookups: about 156 MiB of them, little else.
+        let tables = vec![table("a", 1000, 8, 1.0), table("busy", 1000, 8, 1000.0)];
+        let p = plan(2, vec![0, 1]);
+        let o = oracle(2048);
+        let budget = |mib: f64| Budget {
+            bytes: mib * (1 << 20) as f64,
+            source: "allowed here".into(),
+        };
+        assert!(o.check_memory(&tables, &p, &budget(200.0)).is_ok());
+        let e = o
+            .check_memory(&tables, &p, &budget(100.0))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("than the 0.1 GiB allowed here")
+                && e.contains("table `busy` draws the most"),
+            "{e}"
+        );
+        assert!(
+            e.contains("lower cpu.batch (now 2048) to shrink the lookups and outputs"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_budget_is_a_share_of_the_available_memory_or_a_fixed_one() {
+        let meminfo = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:    2048 kB\n";
+        let b = Budget::from_meminfo(Some(meminfo));
+        assert_eq!(b.bytes, MEMORY_SHARE * 2048.0 * 1024.0);
+        assert!(b.source.contains("/proc/meminfo says"), "{}", b.source);
+        for unreadable in [None, Some("MemTotal: 1 kB\n"), Some("MemAvailable: lots\n")] {
+            let b = Budget::from_meminfo(unreadable);
+            assert_eq!(b.bytes, FALLBACK_MEMORY, "{unreadable:?}");
+            assert!(b.source.contains("cannot be read"), "{}", b.source);
+        }
+        assert!(Budget::here().bytes > 0.0);
     }
 
     #[test]

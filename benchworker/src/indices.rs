@@ -194,13 +194,40 @@ pub fn lookups_per_batch(table: &Table, batch: u64) -> f64 {
     (batch as f64 * pooling).round()
 }
 
+/// `v` as a 0-dim i64 tensor on `x`'s device: the constant of an op on `x`.
+/// tch's ops that take a `Scalar` (`f_add_scalar`, `f_ge`, …) panic when
+/// libtorch fails instead of returning the error (the `Scalar`'s drop
+/// unwraps the error still pending), and failing to allocate a large
+/// result is such a failure; with a tensor for the constant, it is an error.
+fn constant(x: &Tensor, v: i64) -> Result<Tensor, TchError> {
+    Tensor::f_from_slice(&[v])?
+        .f_to_device(x.device())?
+        .f_squeeze()
+}
+
+fn shift_right(x: &Tensor, bits: i64) -> Result<Tensor, TchError> {
+    x.f_bitwise_right_shift(&constant(x, bits)?)
+}
+
+fn shift_left(x: &Tensor, bits: i64) -> Result<Tensor, TchError> {
+    x.f_bitwise_left_shift(&constant(x, bits)?)
+}
+
+fn and(x: &Tensor, mask: i64) -> Result<Tensor, TchError> {
+    x.f_bitwise_and_tensor(&constant(x, mask)?)
+}
+
+fn add(x: &Tensor, v: i64) -> Result<Tensor, TchError> {
+    x.f_add(&constant(x, v)?)
+}
+
 fn xorshift(x: &Tensor, shift: i64) -> Result<Tensor, TchError> {
-    x.f_bitwise_xor_tensor(&x.f_bitwise_right_shift_tensor_scalar(shift)?)
+    x.f_bitwise_xor_tensor(&shift_right(x, shift)?)
 }
 
 /// `x · c mod 2^32` for `x < 2^32`, `c < 2^31`.
 fn mul32(x: &Tensor, c: i64) -> Result<Tensor, TchError> {
-    x.f_mul_scalar(c)?.f_bitwise_and(MASK)
+    and(&x.f_mul(&constant(x, c)?)?, MASK)
 }
 
 /// A bijective 32-bit hash of values in `[0, 2^32)`.
@@ -213,8 +240,9 @@ fn hash(x: &Tensor) -> Result<Tensor, TchError> {
 /// Draws `i` (an i64 tensor of counters below 2^32) of a stream: uniform
 /// in `[0, 2^32)`.
 fn draw(key: Key, i: &Tensor) -> Result<Tensor, TchError> {
-    let x = i.f_add_scalar(key.add)?.f_bitwise_and(MASK)?;
-    hash(&hash(&x)?.f_bitwise_xor(key.xor)?)
+    let x = and(&add(i, key.add)?, MASK)?;
+    let h = hash(&x)?;
+    hash(&h.f_bitwise_xor_tensor(&constant(&h, key.xor)?)?)
 }
 
 /// Draws `0..count` of a stream.
@@ -224,7 +252,7 @@ fn draws(key: Key, count: i64, device: Device) -> Result<Tensor, TchError> {
 
 /// A draw scaled to `[0, n)` for `n ≤ 2^31`: `⌊u · n / 2^32⌋`.
 fn below(u: &Tensor, n: i64) -> Result<Tensor, TchError> {
-    u.f_mul_scalar(n)?.f_bitwise_right_shift_tensor_scalar(32)
+    shift_right(&u.f_mul(&constant(u, n)?)?, 32)
 }
 
 /// Where the bins' cumulative shares fall among 32-bit draws: draw `u`
@@ -262,12 +290,10 @@ fn feistel(x: &Tensor, bits: u32, table_seed: u64) -> Result<Tensor, TchError> {
     let mut x = x.shallow_clone();
     for round in 0..FEISTEL_ROUNDS {
         let k = key(table_seed.wrapping_add(round), Stream::Rows);
-        let l = x.f_bitwise_right_shift_tensor_scalar(i64::from(right))?;
-        let r = x.f_bitwise_and((1i64 << right) - 1)?;
-        let f = draw(k, &r)?.f_bitwise_and((1i64 << left) - 1)?;
-        x = r
-            .f_bitwise_left_shift_tensor_scalar(i64::from(left))?
-            .f_bitwise_or_tensor(&l.f_bitwise_xor_tensor(&f)?)?;
+        let l = shift_right(&x, i64::from(right))?;
+        let r = and(&x, (1i64 << right) - 1)?;
+        let f = and(&draw(k, &r)?, (1i64 << left) - 1)?;
+        x = shift_left(&r, i64::from(left))?.f_bitwise_or_tensor(&l.f_bitwise_xor_tensor(&f)?)?;
         std::mem::swap(&mut left, &mut right);
     }
     Ok(x)
@@ -285,7 +311,10 @@ fn sample_rows(count: i64, rows: u64, table_seed: u64, device: Device) -> Result
         table_seed,
     )?;
     loop {
-        let out = y.f_ge(rows as i64)?.f_nonzero()?.f_squeeze_dim(1)?;
+        let out = y
+            .f_ge_tensor(&constant(&y, rows as i64)?)?
+            .f_nonzero()?
+            .f_squeeze_dim(1)?;
         if out.size()[0] == 0 {
             return Ok(y);
         }
@@ -345,24 +374,25 @@ pub fn for_table(
         .into_iter()
         .filter(|&t| t < SPAN)
     {
-        bin = bin.f_add(&u.f_ge(t)?.f_to_kind(Kind::Int64)?)?;
+        bin = bin.f_add(&u.f_ge_tensor(&constant(&u, t)?)?.f_to_kind(Kind::Int64)?)?;
     }
     let floors = Tensor::f_from_slice(&bin_floors())?.f_to_device(device)?;
     let lo = floors.f_index_select(0, &bin)?;
-    let within = draws(key(seed, Stream::Count), slots, device)?
-        .f_mul(&lo)?
-        .f_bitwise_right_shift_tensor_scalar(32)?;
-    let count = lo.f_add_scalar(1)?.f_add(&within)?;
+    let within = shift_right(
+        &draws(key(seed, Stream::Count), slots, device)?.f_mul(&lo)?,
+        32,
+    )?;
+    let count = add(&lo, 1)?.f_add(&within)?;
     // Counts run until they reach `n`: the one that crosses it is cut,
     // those after it are 0.
     let before = count.f_cumsum(0, Kind::Int64)?.f_sub(&count)?;
-    let unique = before.f_lt(n)?.f_sum(Kind::Int64)?.int64_value(&[]);
-    let used = before
-        .f_narrow(0, 0, unique)?
-        .f_neg()?
-        .f_add_scalar(n)?
+    let unique = before
+        .f_lt_tensor(&constant(&before, n)?)?
+        .f_sum(Kind::Int64)?
+        .f_int64_value(&[])?;
+    let used = add(&before.f_narrow(0, 0, unique)?.f_neg()?, n)?
         .f_minimum(&count.f_narrow(0, 0, unique)?)?;
-    let drawn = used.f_sum(Kind::Int64)?.int64_value(&[]);
+    let drawn = used.f_sum(Kind::Int64)?.f_int64_value(&[])?;
 
     // The slots' rows, each repeated its count times, slot after slot.
     let mut looked_up = sample_rows(unique, rows, seed, device)?
@@ -379,15 +409,14 @@ pub fn for_table(
     // is a bijection), so every device sorts them into the same order.
     let bag = below(&draws(key(seed, Stream::Bag), n, device)?, batch)?;
     let place = draws(key(seed, Stream::Place), n, device)?;
-    let (sorted, order) = bag
-        .f_bitwise_left_shift_tensor_scalar(32)?
+    let (sorted, order) = shift_left(&bag, 32)?
         .f_bitwise_or_tensor(&place)?
         .f_sort(0, false)?;
     let lengths = bag.f_bincount(None::<Tensor>, batch)?;
     Ok(Lookups {
         indices: looked_up.f_index_select(0, &order)?,
         offsets: lengths.f_cumsum(0, Kind::Int64)?.f_sub(&lengths)?,
-        bags: sorted.f_bitwise_right_shift_tensor_scalar(32)?,
+        bags: shift_right(&sorted, 32)?,
     })
 }
 
@@ -481,9 +510,9 @@ pub fn fuse(tables: Vec<Lookups>, rows: &[i64]) -> Result<Lookups, TchError> {
     let (mut indices, mut offsets, mut bags) = (Vec::new(), Vec::new(), Vec::new());
     let (mut first_row, mut lookups, mut first_bag) = (0, 0, 0);
     for (l, r) in tables.into_iter().zip(rows) {
-        indices.push(l.indices.f_add_scalar(first_row)?);
-        offsets.push(l.offsets.f_add_scalar(lookups)?);
-        bags.push(l.bags.f_add_scalar(first_bag)?);
+        indices.push(add(&l.indices, first_row)?);
+        offsets.push(add(&l.offsets, lookups)?);
+        bags.push(add(&l.bags, first_bag)?);
         first_row += r;
         lookups += l.len();
         first_bag += l.bags();

@@ -472,6 +472,85 @@ mod tests {
         }
     }
 
+    /// A `cpu` benchworker asked to measure a plan whose weights no machine
+    /// holds tells the learner the job failed, and measures the next one.
+    #[test]
+    fn a_measurement_that_cannot_fit_memory_is_a_failed_job_not_a_crash() {
+        use common::link::Hub;
+        use common::protocol::Role;
+        let ctx = zmq::Context::new();
+        let endpoint = "inproc://serve-too-large";
+        let mut hub = Hub::bind(&ctx, endpoint).unwrap();
+        let huge = Task {
+            name: "huge".into(),
+            devices: 1,
+            memory_gb: 1e9,
+            tables: vec![crate::test_table("h", 1 << 40, 1 << 16, 1.0, &[(0, 1.0)])],
+        };
+        let tasks = vec![huge, task("small", 1)];
+        let config_toml = "[cpu]\nmax_rows = 1099511627776\nbatch = 16\nwarmup = 0\nrepeats = 1\n";
+        let opts = ServeOptions {
+            endpoint: endpoint.into(),
+            token: "t".into(),
+            backend: Backend::Cpu,
+            wait: Duration::from_secs(60),
+            group: None,
+        };
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let worker = s.spawn(|| serve(&ctx, &opts, &stop));
+            // What the benchworker says next, heartbeats aside.
+            let next = |hub: &mut Hub| loop {
+                let m = hub.recv(30_000).unwrap().expect("the benchworker speaks");
+                if m.message != Message::Heartbeat {
+                    return m;
+                }
+            };
+            let hello = next(&mut hub);
+            assert!(
+                matches!(
+                    hello.message,
+                    Message::Hello {
+                        role: Role::Benchworker,
+                        ..
+                    }
+                ),
+                "{:?}",
+                hello.message
+            );
+            let to = hello.from;
+            let welcome = Message::Welcome {
+                peer: 1,
+                config_toml: config_toml.into(),
+                tasks: tasks.clone(),
+            };
+            assert!(hub.send(&to, 0, &welcome));
+            assert!(matches!(next(&mut hub).message, Message::Ready { .. }));
+            for (job, task) in [(1, 0), (2, 1)] {
+                let m = Message::MeasureJob {
+                    job,
+                    task,
+                    assignment: vec![0],
+                };
+                assert!(hub.send(&to, 0, &m));
+            }
+            match next(&mut hub).message {
+                Message::JobFailed { job: 1, error } => {
+                    assert!(error.starts_with("huge: cpu backend: "), "{error}");
+                    assert!(error.contains("lower cpu.max_rows"), "{error}");
+                }
+                m => panic!("{m:?}"),
+            }
+            assert!(matches!(
+                next(&mut hub).message,
+                Message::Measurement { job: 2, .. }
+            ));
+            assert!(hub.send(&to, 0, &Message::Shutdown));
+            let report = worker.join().unwrap().unwrap();
+            assert_eq!((report.measured, report.failed), (1, 1));
+        });
+    }
+
     #[test]
     fn tasks_wider_than_the_benchworker_are_named_once_at_welcome() {
         let tasks = [task("a", 4), task("b", 8), task("c", 4), task("d", 6)];

@@ -129,3 +129,39 @@ fn a_wait_no_duration_can_hold_fails_with_the_option_named() {
         );
     }
 }
+
+/// A table the CSV check accepts but whose weights no machine holds (2^40
+/// rows of dim 65536, with a row cap that keeps them): the `cpu` backend
+/// refuses it with what to lower, before allocating anything.
+#[test]
+fn a_cpu_measurement_too_large_for_memory_fails_with_what_to_lower() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("tables.csv");
+    let p = dir.path().join("plan.json");
+    let c = dir.path().join("config.toml");
+    std::fs::write(&t, format!("{HEADER}\nhuge,1099511627776,65536,1,{BINS}\n")).unwrap();
+    std::fs::write(
+        &p,
+        r#"{"devices": 1, "assignment": [{"table": "huge", "device": 0}]}"#,
+    )
+    .unwrap();
+    std::fs::write(&c, "[cpu]\nmax_rows = 1099511627776\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_benchworker"))
+        .args(["measure", "--backend", "cpu", "--tables"])
+        .arg(&t)
+        .arg("--placement")
+        .arg(&p)
+        .arg("--config")
+        .arg(&c)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("plan.json: cpu backend: ")
+            && err.contains("`huge`")
+            && err.contains("lower cpu.max_rows"),
+        "{err}"
+    );
+}

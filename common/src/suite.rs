@@ -97,7 +97,26 @@ impl Suite {
         })?;
         let dir = path.parent().unwrap_or(Path::new("."));
         let pool_path = dir.join(&file.pool);
-        let pool = pool::read(&pool_path)?;
+        let pool = pool::read(&pool_path).map_err(|e| match e {
+            // The pool's own path alone does not say where it came from.
+            Error::Io { cause, .. } => Error::Invalid {
+                path: path.to_path_buf(),
+                location: "pool".into(),
+                message: format!(
+                    "cannot read the pool `{}` at {}: {cause}{}",
+                    file.pool,
+                    std::path::absolute(&pool_path)
+                        .unwrap_or_else(|_| pool_path.clone())
+                        .display(),
+                    if Path::new(&file.pool).is_relative() {
+                        "; `pool` is a path relative to the suite file's folder"
+                    } else {
+                        ""
+                    }
+                ),
+            },
+            e => e,
+        })?;
         let tasks = resolve_tasks(&file, &pool, mem, path)?;
         Ok(Suite {
             path: path.to_path_buf(),
@@ -388,6 +407,33 @@ mod tests {
         std::fs::remove_file(dir.path().join("pool.csv")).unwrap();
         let e = Suite::load(&p, &mem()).unwrap_err().to_string();
         assert!(e.contains("pool.csv"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_pool_names_the_suite_and_where_the_pool_was_looked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("suites");
+        std::fs::create_dir(&sub).unwrap();
+        let p = sub.join("s.json");
+        write(
+            &p,
+            &SuiteFile {
+                pool: "nothere.csv".into(),
+                tasks: vec![spec(&["t1"], 2, 1.0)],
+            },
+        )
+        .unwrap();
+        let e = Suite::load(&p, &mem()).unwrap_err().to_string();
+        let resolved = sub.join("nothere.csv");
+        assert!(
+            e.starts_with(&format!("{}: pool: ", p.display())),
+            "the suite file first: {e}"
+        );
+        assert!(
+            e.contains("`nothere.csv`") && e.contains(&resolved.display().to_string()),
+            "the pool as written and where it was looked for: {e}"
+        );
+        assert!(e.contains("relative to the suite file's folder"), "{e}");
     }
 
     #[test]

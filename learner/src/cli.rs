@@ -44,8 +44,9 @@ pub enum Command {
     ///
     /// For every task of the suite, every method places the tables and the
     /// oracle measures the plan. Prints per method the mean cost (ms) over
-    /// the tasks it solved, the tasks it failed (no memory-feasible plan) and
-    /// its cost relative to the best heuristic.
+    /// the tasks it solved, the tasks it failed (no memory-feasible plan, or
+    /// a plan the oracle failed to measure: a warning says why, and the
+    /// other tasks stand) and its cost relative to the best heuristic.
     ///
     /// Example:
     ///   learner eval --suite data/generated/dlrm-50x4.test.json --methods all --backend sim

@@ -1,6 +1,9 @@
 //! `eval`: every method on every task of a suite, measured by one oracle.
-//! A method that finds no memory-feasible plan for a task is counted as a
-//! failure for that task (`null` in `per_task_ms`), never dropped.
+//! A method that finds no memory-feasible plan for a task, or whose plan the
+//! oracle fails to measure (with a warning naming the task, the method and
+//! the oracle's error), is counted as a failure for that task (`null` in
+//! `per_task_ms`), never dropped; the other tasks' measurements stand. Only
+//! an evaluation in which no measurement succeeded is an error.
 
 use std::collections::BTreeMap;
 
@@ -50,9 +53,41 @@ pub struct Setting<'a> {
     pub model: Option<&'a crate::train::Model>,
 }
 
+/// What became of the oracle's measurements over an evaluation.
+#[derive(Default)]
+struct Outcomes {
+    measured: usize,
+    /// The first failure, returned if nothing at all was measured.
+    first_error: Option<OracleError>,
+}
+
+impl Outcomes {
+    /// A measurement's cost, or `None` (a failure of `method` on `task`)
+    /// with a warning when the oracle failed.
+    fn cost(&mut self, task: &str, method: Method, r: Result<f64, OracleError>) -> Option<f64> {
+        match r {
+            Ok(c) => {
+                self.measured += 1;
+                Some(c)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "task `{task}`, method `{}`: measuring failed, counted as a failure of \
+                     that method on that task: {e}",
+                    method.name()
+                );
+                self.first_error.get_or_insert(e);
+                None
+            }
+        }
+    }
+}
+
 /// Evaluates `methods` on `suite`. Every heuristic runs on every task, asked
 /// for or not: the best of them is the yardstick, and `search` starts from
-/// it. `on_task` is called after each task (for a progress bar).
+/// it. `on_task` is called after each task (for a progress bar). A plan the
+/// oracle fails to measure is its method's failure on that task; the
+/// oracle's error is returned only when it measured nothing at all.
 pub fn evaluate(
     suite: &Suite,
     methods: &[Method],
@@ -67,43 +102,41 @@ pub fn evaluate(
         model,
     } = *setting;
     let mut per_method: BTreeMap<Method, Vec<Option<f64>>> = BTreeMap::new();
+    let mut outcomes = Outcomes::default();
     for (k, task) in suite.tasks.iter().enumerate() {
         let ctx = Context::for_task(task, mem, batch);
         let task_seed = cfg.seed ^ fnv1a(task.name.as_bytes()) ^ k as u64;
         let mut best_start: Option<(common::Plan, f64)> = None;
         for m in Method::ALL.into_iter().filter(|m| m.is_heuristic()) {
             let mut rng = ChaCha8Rng::seed_from_u64(task_seed ^ fnv1a(m.name().as_bytes()));
-            let cost = match place(m, &ctx, &mut rng) {
-                Some(plan) => {
-                    let c = oracle.measure(&task.tables, &plan)?.cost_ms;
-                    if best_start.as_ref().is_none_or(|(_, b)| c < *b) {
-                        best_start = Some((plan, c));
-                    }
-                    Some(c)
+            let cost = place(m, &ctx, &mut rng).and_then(|plan| {
+                let measured = oracle.measure(&task.tables, &plan).map(|r| r.cost_ms);
+                let c = outcomes.cost(&task.name, m, measured)?;
+                if best_start.as_ref().is_none_or(|(_, b)| c < *b) {
+                    best_start = Some((plan, c));
                 }
-                None => None,
-            };
+                Some(c)
+            });
             per_method.entry(m).or_default().push(cost);
         }
         if methods.contains(&Method::Search) {
-            let cost = match best_start {
-                Some((start, _)) => {
-                    let mut rng = ChaCha8Rng::seed_from_u64(task_seed ^ 0x5ea7c4);
-                    let out = search::search(
-                        oracle,
-                        &task.tables,
-                        &start,
-                        task.cap_bytes(),
-                        mem,
-                        cfg.search_budget,
-                        &mut rng,
-                    )?;
-                    // Measured once more, like every other method: under
-                    // noise the search's own best figure is biased low.
-                    Some(oracle.measure(&task.tables, &out.plan)?.cost_ms)
-                }
-                None => None,
-            };
+            let cost = best_start.and_then(|(start, _)| {
+                let mut rng = ChaCha8Rng::seed_from_u64(task_seed ^ 0x5ea7c4);
+                let measured = search::search(
+                    oracle,
+                    &task.tables,
+                    &start,
+                    task.cap_bytes(),
+                    mem,
+                    cfg.search_budget,
+                    &mut rng,
+                )
+                // Measured once more, like every other method: under noise
+                // the search's own best figure is biased low.
+                .and_then(|out| oracle.measure(&task.tables, &out.plan))
+                .map(|r| r.cost_ms);
+                outcomes.cost(&task.name, Method::Search, measured)
+            });
             per_method.entry(Method::Search).or_default().push(cost);
         }
         if let (true, Some(model)) = (methods.contains(&Method::Policy), model) {
@@ -111,11 +144,17 @@ pub fn evaluate(
             let cost = if infeasible {
                 None
             } else {
-                Some(oracle.measure(&task.tables, &plan)?.cost_ms)
+                let measured = oracle.measure(&task.tables, &plan).map(|r| r.cost_ms);
+                outcomes.cost(&task.name, Method::Policy, measured)
             };
             per_method.entry(Method::Policy).or_default().push(cost);
         }
         on_task();
+    }
+    if outcomes.measured == 0 {
+        if let Some(e) = outcomes.first_error {
+            return Err(e);
+        }
     }
     Ok(report(suite, oracle.name(), methods, per_method))
 }
@@ -303,6 +342,79 @@ mod tests {
         let json = serde_json::to_value(&r).unwrap();
         assert!(json["methods"]["size"]["per_task_ms"].is_array());
         assert!(r.to_string().contains("best heuristic"));
+    }
+
+    /// The sim oracle, failing every plan of the tasks with these tables.
+    struct FailingOn {
+        sim: SimOracle,
+        tasks: Vec<Vec<String>>,
+    }
+
+    impl Oracle for FailingOn {
+        fn name(&self) -> &'static str {
+            "sim"
+        }
+
+        fn measure(
+            &mut self,
+            tables: &[common::Table],
+            plan: &common::Plan,
+        ) -> Result<common::Measurement, OracleError> {
+            let names: Vec<String> = tables.iter().map(|t| t.name.clone()).collect();
+            if self.tasks.contains(&names) {
+                return Err(OracleError::Backend {
+                    backend: "sim",
+                    message: "can't allocate memory".into(),
+                });
+            }
+            self.sim.measure(tables, plan)
+        }
+    }
+
+    #[test]
+    fn a_task_the_oracle_fails_on_fails_there_and_the_others_stand() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = suite(dir.path(), 1000.0);
+        let mem = MemoryModel::default();
+        let cfg = EvalConfig {
+            search_budget: 100,
+            seed: 0,
+        };
+        let setting = Setting {
+            mem: &mem,
+            cfg: &cfg,
+            batch: 65536,
+            model: None,
+        };
+        let names = |k: usize| -> Vec<String> {
+            s.tasks[k].tables.iter().map(|t| t.name.clone()).collect()
+        };
+        let mut sim = SimOracle::new(SimConfig::default(), mem);
+        let whole = evaluate(&s, &Method::ALL, &mut sim, &setting, || {}).unwrap();
+        let mut failing = FailingOn {
+            sim: SimOracle::new(SimConfig::default(), mem),
+            tasks: vec![names(1)],
+        };
+        let mut calls = 0;
+        let r = evaluate(&s, &Method::ALL, &mut failing, &setting, || calls += 1).unwrap();
+        assert_eq!(calls, 3, "every task is evaluated");
+        assert_eq!(r.methods.len(), whole.methods.len());
+        for (name, res) in &r.methods {
+            let all = &whole.methods[name].per_task_ms;
+            assert_eq!(res.per_task_ms[1], None, "{name}");
+            assert_eq!(res.failures, 1, "{name}");
+            assert_eq!(
+                (res.per_task_ms[0], res.per_task_ms[2]),
+                (all[0], all[2]),
+                "{name}: the tasks measured are kept"
+            );
+            assert!(res.mean_cost_ms.is_some(), "{name}");
+        }
+        assert!(r.to_string().contains("1/3"));
+        // Nothing measured at all: the oracle's error.
+        failing.tasks = (0..3).map(names).collect();
+        let e = evaluate(&s, &Method::ALL, &mut failing, &setting, || {}).unwrap_err();
+        assert!(e.to_string().contains("can't allocate memory"), "{e}");
     }
 
     #[test]

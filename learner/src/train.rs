@@ -1132,10 +1132,10 @@ pub(crate) mod tests {
         (cfg, suite)
     }
 
-    #[test]
-    fn replaying_an_unroll_gives_back_the_actors_log_probabilities() {
-        let dir = tempfile::tempdir().unwrap();
-        let (cfg, suite) = small_data(dir.path());
+    /// A fresh model's unroll of `episodes` sampled episodes (seeded) of the
+    /// small configuration's first training task.
+    fn fresh_unroll(dir: &Path, episodes: usize, seed: u64) -> (Config, Model, MdpTask, Unroll) {
+        let (cfg, suite) = small_data(dir);
         let model = Model::new(&cfg);
         let task = &suite.tasks[0];
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
@@ -1143,9 +1143,16 @@ pub(crate) mod tests {
             &model.policy,
             &model.cost,
             &mdp,
-            8,
-            Mode::Sample { seed: 1 },
+            episodes,
+            Mode::Sample { seed },
         );
+        (cfg, model, mdp, u)
+    }
+
+    #[test]
+    fn replaying_an_unroll_gives_back_the_actors_log_probabilities() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, model, mdp, u) = fresh_unroll(dir.path(), 8, 1);
         let r = tch::no_grad(|| replay(&model.policy, &mdp, &u));
         let diff = (&r.logp - &u.behaviour_logp).abs().max().double_value(&[]);
         assert!(diff < 1e-4, "replayed log-probabilities differ by {diff}");
@@ -1165,17 +1172,7 @@ pub(crate) mod tests {
     #[test]
     fn reward_scalings_and_reinforce_follow_their_definitions() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut cfg, suite) = small_data(dir.path());
-        let model = Model::new(&cfg);
-        let task = &suite.tasks[0];
-        let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
-        let mut u = rollout(
-            &model.policy,
-            &model.cost,
-            &mdp,
-            16,
-            Mode::Sample { seed: 1 },
-        );
+        let (mut cfg, model, mdp, mut u) = fresh_unroll(dir.path(), 16, 1);
         // An untrained cost network may predict anything; use known costs.
         let costs: Vec<f32> = (0..16).map(|k| 10.0 + (k * 7 % 16) as f32).collect();
         u.predicted_cost_ms = Tensor::from_slice(&costs);
@@ -1208,17 +1205,7 @@ pub(crate) mod tests {
     #[test]
     fn step_rewards_are_each_steps_added_cost_and_keep_every_episodes_return() {
         let dir = tempfile::tempdir().unwrap();
-        let (cfg, suite) = small_data(dir.path());
-        let model = Model::new(&cfg);
-        let task = &suite.tasks[0];
-        let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
-        let u = rollout(
-            &model.policy,
-            &model.cost,
-            &mdp,
-            8,
-            Mode::Sample { seed: 2 },
-        );
+        let (_, _, mdp, u) = fresh_unroll(dir.path(), 8, 2);
         let last = scaled_rewards(&u, RewardScale::Balanced);
         let m = u.actions.size()[0];
         let end = step_rewards(&u, &last, false);
@@ -1231,7 +1218,7 @@ pub(crate) mod tests {
         let feats: Vec<f32> = Vec::try_from(u.device_features.view([-1])).unwrap();
         let acts: Vec<i64> = Vec::try_from(u.actions.view([-1])).unwrap();
         let got: Vec<f32> = Vec::try_from(steps.view([-1])).unwrap();
-        let (e, d) = (8usize, task.devices);
+        let (e, d) = (8usize, mdp.devices);
         let w = actor::nets::DEVICE_FEATURES as usize;
         let mut nonzero = 0;
         for i in 0..(m as usize - 1) * e {

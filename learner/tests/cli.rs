@@ -246,6 +246,13 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     );
 }
 
+/// Adds lines at the end of a configuration file.
+fn append(cfg: &std::path::Path, lines: &str) {
+    let mut text = std::fs::read_to_string(cfg).unwrap();
+    text.push_str(lines);
+    std::fs::write(cfg, text).unwrap();
+}
+
 /// Writes a configuration for small, quick runs of `iterations` and
 /// generates its data; returns the config path and the data folder.
 fn small_run_config(
@@ -382,9 +389,7 @@ fn measurements_of_a_run_killed_before_its_first_checkpoint_are_kept() {
     let dir = tempfile::tempdir().unwrap();
     let (cfg, _) = small_run_config(dir.path(), 40);
     // Checkpoints only at the end.
-    let mut text = std::fs::read_to_string(&cfg).unwrap();
-    text.push_str("checkpoint_every = 1000\n");
-    std::fs::write(&cfg, text).unwrap();
+    append(&cfg, "checkpoint_every = 1000\n");
     let run = dir.path().join("run");
     let log = run.join("cost_buffer.jsonl");
     let mut child = start_training(&cfg, &run);
@@ -639,9 +644,7 @@ fn a_cluster_run_resumes_only_with_the_token_its_peers_hold() {
     let (cfg, _) = small_run_config(dir.path(), 2);
     // Learners with no peers give up after a second (with a checkpoint):
     // one that got past its token has run.
-    let mut text = std::fs::read_to_string(&cfg).unwrap();
-    text.push_str("[cluster]\nstall_timeout_s = 1.0\n");
-    std::fs::write(&cfg, text).unwrap();
+    append(&cfg, "[cluster]\nstall_timeout_s = 1.0\n");
     let stalled = "no progress for 1 s";
     let secret = "the cluster's own token";
     let token = dir.path().join("token");

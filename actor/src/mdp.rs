@@ -1,5 +1,5 @@
 //! The estimated MDP (DESIGN §4): placing a task's tables one per step, with
-//! the state's cost features and the final reward predicted by the cost
+//! the devices' features and the final reward predicted by the cost
 //! network instead of measured. `E` episodes of one task run in lockstep, so
 //! each step is one batched forward of the policy.
 //!
@@ -368,7 +368,7 @@ pub fn try_rollout(
         actions: stack("actions", &actions)?,
         behaviour_logp: stack("log-probabilities", &logps)?,
         masks: stack("masks", &masks)?,
-        device_features: stack("cost features", &feats)?,
+        device_features: stack("device features", &feats)?,
         predicted_cost_ms: predicted,
         reward_scale,
         infeasible,
@@ -667,6 +667,14 @@ mod tests {
             &mut out,
         );
         assert_eq!(out, [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, -1.0]);
+        // Two devices tie for the largest forward: adding to one leaves the
+        // other's as the others' largest.
+        out.clear();
+        let now = [[2.0, 0.0, 0.0], [2.0, 0.0, 0.0]];
+        let with = [[2.5, 0.0, 0.0], [2.0, 1.0, 0.0]];
+        device_features(&now, &with, &[0, 0], 1, 10, 1.0, &mut out);
+        let added: Vec<f32> = out.chunks(8).map(|f| f[6]).collect();
+        assert_eq!(added, [0.5, 1.0]);
     }
 
     /// Tables of one size and varied pooling: with room for six per device

@@ -301,7 +301,8 @@ pub struct ModelConfig {
     /// Policy network: its own table MLP.
     pub policy_table_hidden: i64,
     pub policy_table_out: i64,
-    /// Policy network: cost-feature MLP 3 → hidden → out.
+    /// Policy network: the device features' MLP (8 → hidden → out; see
+    /// the actor's `mdp::device_features`).
     pub cost_feature_hidden: i64,
     pub cost_feature_out: i64,
     /// Hidden width of the per-device score MLP and of the value head.
@@ -768,7 +769,26 @@ impl Config {
         self.generate.validate()?;
         self.data.validate()?;
         self.model.validate()?;
-        self.train.validate()
+        self.train.validate()?;
+        // Step rewards come from the composed iteration cost; REINFORCE
+        // uses neither them nor λ.
+        if self.train.step_rewards && self.model.overall_cost != OverallCost::Composed {
+            return Err(
+                "train.step_rewards needs model.overall_cost = \"composed\" (a step's \
+                        added cost is the composed iteration cost's)"
+                    .into(),
+            );
+        }
+        if self.train.update == Update::Reinforce
+            && (self.train.step_rewards || self.train.lambda != 1.0)
+        {
+            return Err(
+                "train.step_rewards and train.lambda are V-trace's: with train.update = \
+                        \"reinforce\" leave them at false and 1"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 }
 
@@ -933,6 +953,25 @@ mod tests {
                 .to_string();
             assert!(e.contains(field), "{text}: {e}");
         };
+        // V-trace's λ, and step rewards only where they mean something.
+        for v in ["0.0", "-0.5", "1.5", "nan"] {
+            refused(&format!("[train]\nlambda = {v}\n"), "train.lambda");
+        }
+        refused(
+            "[train]\nstep_rewards = true\nreward = \"raw\"\n",
+            "train.reward",
+        );
+        refused(
+            "[train]\nstep_rewards = true\n[model]\noverall_cost = \"head\"\n",
+            "model.overall_cost",
+        );
+        refused(
+            "[train]\nlambda = 0.9\nupdate = \"reinforce\"\n",
+            "train.update",
+        );
+        let ok =
+            "[train]\nstep_rewards = true\nlambda = 0.9\n[model]\noverall_cost = \"composed\"\n";
+        assert!(Config::from_toml(ok, Path::new("c.toml")).is_ok());
         // Durations libstd cannot hold, or that would never end.
         for v in ["nan", "inf", "1e20", "0.0", "-1.0", "1e-300"] {
             refused(

@@ -167,7 +167,10 @@ fn verify(dir: &Path) -> anyhow::Result<()> {
 /// trained model's users need the networks alone).
 fn load_one(cfg: &Config, dir: &Path, optimizer: bool) -> anyhow::Result<Loaded> {
     verify(dir)?;
-    let model = Model::load(cfg, dir)?;
+    let model = Model::load(cfg, dir).context(
+        "its networks do not fit the run's [model] settings: trained with other settings, or \
+         by another version of embshard (train again, or use the version that trained it)",
+    )?;
     let optimizer = if optimizer {
         Tensor::load_multi(dir.join("optimizer.ot")).context("loading optimizer.ot")?
     } else {
@@ -206,13 +209,9 @@ pub fn load_latest(cfg: &Config, run: &Path) -> anyhow::Result<Option<Loaded>> {
                 .with_context(|| format!("setting {} aside", dir.display()))?;
             continue;
         }
-        return load_one(cfg, &dir, true).map(Some).with_context(|| {
-            format!(
-                "checkpoint {} is intact but does not load: trained with other [model] \
-                 settings than the run's config.toml, or by another version of embshard",
-                dir.display()
-            )
-        });
+        return load_one(cfg, &dir, true)
+            .map(Some)
+            .with_context(|| format!("checkpoint {} is intact but does not load", dir.display()));
     }
     Ok(None)
 }
@@ -255,9 +254,7 @@ pub fn load_latest_model(cfg: &Config, run: &Path) -> anyhow::Result<Option<Load
         }
         return load_one(cfg, &dir, false).map(Some).with_context(|| {
             format!(
-                "checkpoint {} is intact but does not fit the networks of {}: \
-                 trained with other [model] settings, or by another version of embshard \
-                 (train again, or use the version that trained it)",
+                "checkpoint {} is intact but does not load with {}",
                 dir.display(),
                 run.join("config.toml").display()
             )

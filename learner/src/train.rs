@@ -124,8 +124,8 @@ pub struct Replay {
 }
 
 /// Re-runs the policy along an unroll: its table representations, hence the
-/// device sums, depend on the current parameters; the cost features are the
-/// environment's and are taken as recorded.
+/// device sums, depend on the current parameters; the device features are
+/// the environment's and are taken as recorded.
 pub fn replay(policy: &PolicyNet, task: &MdpTask, u: &Unroll) -> Replay {
     let (m, e) = (u.actions.size()[0], u.actions.size()[1]);
     let d = task.devices as i64;
@@ -1227,6 +1227,29 @@ pub(crate) mod tests {
             nonzero += usize::from(added != 0.0);
         }
         assert!(nonzero > 0, "no step added to the iteration cost");
+        // The steps' added costs, the last one's included, telescope to the
+        // predicted iteration cost of the finished plan wherever no device
+        // stayed empty (an empty device costs nothing in the features, and
+        // its heads' bias in the cost network's prediction).
+        let mut checked = 0;
+        for k in 0..e {
+            if (0..d).any(|dev| !u.plans[k].contains(&dev)) {
+                continue;
+            }
+            let total: f32 = (0..m as usize)
+                .map(|t| {
+                    let i = t * e + k;
+                    feats[(i * d + acts[i] as usize) * w + ADDED_ITERATION_COST as usize]
+                })
+                .sum();
+            let want = -last.double_value(&[k as i64]) as f32;
+            assert!(
+                (total - want).abs() < 1e-3 * (1.0 + want.abs()),
+                "episode {k}: {total} vs {want}"
+            );
+            checked += 1;
+        }
+        assert!(checked > 0, "every episode left a device empty");
     }
 
     #[test]

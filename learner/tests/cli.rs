@@ -241,7 +241,9 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     }
     let (ok, _, err) = plan_with("8", "64", &edited, &[]);
     assert!(
-        !ok && err.contains("intact but does not fit") && !err.contains("damaged"),
+        !ok && err.contains("intact but does not load")
+            && err.contains("do not fit the run's [model] settings")
+            && !err.contains("damaged"),
         "{err}"
     );
 }

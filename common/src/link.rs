@@ -16,6 +16,14 @@ use crate::config::Config;
 use crate::protocol::{decode, encode, DropCounts, Header, Message, Role, MAX_FRAME_BYTES};
 use crate::Task;
 
+/// A peer's routing id: its process's incarnation (random, never zero)
+/// behind a tag (ZeroMQ reserves ids that start with a zero byte).
+fn routing_id(incarnation: u64) -> Vec<u8> {
+    let mut id = b"embs".to_vec();
+    id.extend_from_slice(&incarnation.to_le_bytes());
+    id
+}
+
 fn configure(socket: &zmq::Socket) -> anyhow::Result<()> {
     socket.set_linger(0)?;
     // libzmq closes a tcp connection whose peer sends a bigger message.
@@ -80,6 +88,12 @@ impl Link {
         // Queue nothing while the learner is away: what it would get on
         // reconnecting is stale (a restarted learner says hello anew).
         socket.set_immediate(true)?;
+        // The learner knows a peer by its connection's routing id: one of
+        // this process's own keeps it the same peer when libzmq reconnects
+        // after a dropped connection (the hub hands the id over), so what
+        // it sends then (a measurement in progress) still counts.
+        let incarnation = crate::protocol::new_incarnation();
+        socket.set_identity(&routing_id(incarnation))?;
         socket
             .connect(endpoint)
             .with_context(|| format!("connecting to the learner at {endpoint}"))?;
@@ -87,7 +101,7 @@ impl Link {
             socket,
             envelope: Envelope {
                 sender: 0,
-                incarnation: crate::protocol::new_incarnation(),
+                incarnation,
                 seq: 0,
             },
             last_heard: Instant::now(),
@@ -363,6 +377,9 @@ impl Hub {
         socket.set_linger(2000)?;
         // A reply to a peer that has gone is an error, not a silent drop.
         socket.set_router_mandatory(true)?;
+        // A peer that reconnects (its routing id is its own, see
+        // `Link::connect`) takes its id over from the stale connection.
+        socket.set_router_handover(true)?;
         socket
             .bind(endpoint)
             .with_context(|| format!("binding the learner to {endpoint}"))?;
@@ -479,5 +496,47 @@ mod tests {
         assert_eq!(hub.drops.by_reason.get("bad_magic"), Some(&1));
         // A reply to a peer that never existed fails instead of vanishing.
         assert!(!hub.send(b"nobody", 0, &Message::Shutdown));
+    }
+
+    #[test]
+    fn a_peer_that_reconnects_keeps_its_routing_id() {
+        let ctx = zmq::Context::new();
+        let mut hub = Hub::bind(&ctx, "inproc://reconnect-test").unwrap();
+        let endpoint = hub.bind_also("tcp://127.0.0.1:0").unwrap();
+        let mut link = Link::connect(&ctx, &endpoint).unwrap();
+        // Nothing is queued until the connection stands: say it until heard.
+        let first = (0..50)
+            .find_map(|_| {
+                let _ = link.send(0, &Message::Heartbeat);
+                hub.recv(100).unwrap()
+            })
+            .expect("the hub never heard the link");
+        assert_eq!(first.from, routing_id(link.envelope.incarnation));
+        let seq = first.header.seq;
+        // A second connection with the same id while the first still
+        // stands (a reconnect before the old connection is seen to drop):
+        // it takes the id over, and its messages come from the same peer.
+        let again = ctx.socket(zmq::DEALER).unwrap();
+        again.set_identity(&first.from).unwrap();
+        again.connect(&endpoint).unwrap();
+        let frame = encode(
+            &Header {
+                sender: 0,
+                incarnation: link.envelope.incarnation,
+                seq: seq + 100,
+                policy_version: 0,
+            },
+            &Message::Heartbeat,
+        );
+        let second = (0..50)
+            .find_map(|_| {
+                again.send(&frame, 0).unwrap();
+                hub.recv(100).unwrap().filter(|m| m.header.seq == seq + 100)
+            })
+            .expect("the hub never heard the second connection");
+        assert_eq!(second.from, first.from);
+        // Replies go to the new connection.
+        assert!(hub.send(&second.from, 0, &Message::Credit { n: 1 }));
+        assert_eq!(again.poll(zmq::POLLIN, 2000).unwrap(), 1);
     }
 }

@@ -225,7 +225,10 @@ if [ "$RESUME_ASKED" = 1 ] || compgen -G "$RUN_DIR/checkpoints/step-[0-9]*[0-9]"
 fi
 # A run another learner trains in is left alone, its endpoint and logs
 # included (that learner holds RUN/lock; a second one would stop anyway).
-if [ -f "$RUN_DIR/lock" ] && command -v flock >/dev/null && ! flock -n "$RUN_DIR/lock" true; then
+# (flock -E 75: only a lock held elsewhere, not a file it cannot open or
+# lock, counts as another learner.)
+if [ -f "$RUN_DIR/lock" ] && command -v flock >/dev/null &&
+  { flock -n -E 75 "$RUN_DIR/lock" true; [ $? = 75 ]; }; then
   die "another learner (pid $(cat "$RUN_DIR/lock" 2>/dev/null)) is training in $RUN_DIR: stop it first, or pick another --run-dir"
 fi
 CONFIG=${CONFIG:-$EMBSHARD_ROOT/configs/default.toml}

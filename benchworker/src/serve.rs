@@ -70,6 +70,34 @@ pub struct ServeReport {
     pub rejoined: u64,
 }
 
+/// Sends a job's answer, and while the connection is down (libzmq
+/// reconnects by itself, and the learner knows this peer again by its
+/// routing id) tries again for up to `patience`: a measurement is worth
+/// the wait. False when it never went out; the learner then gives its job
+/// to another benchworker once `cluster.job_timeout_s` has passed.
+fn send_answer(
+    link: &mut Link,
+    version: u64,
+    answer: &Message,
+    patience: Duration,
+) -> anyhow::Result<bool> {
+    let start = Instant::now();
+    loop {
+        if link.send(version, answer)? {
+            return Ok(true);
+        }
+        if start.elapsed() >= patience {
+            tracing::warn!(
+                "the learner was unreachable for {:.0} s: a {:?} is dropped",
+                patience.as_secs_f64(),
+                answer.kind()
+            );
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Checks a job against the welcome's tasks and builds its plan.
 fn job_plan<'t>(
     tasks: &'t [Task],
@@ -278,7 +306,7 @@ fn session(
                         Message::JobFailed { job, error }
                     }
                 };
-                link.send(header.policy_version, &reply)?;
+                send_answer(link, header.policy_version, &reply, timeout)?;
                 if stopping {
                     return Ok(End::Stop);
                 }
@@ -462,6 +490,36 @@ fn group_session(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_waits_for_the_connection_for_a_while_then_is_dropped() {
+        let ctx = zmq::Context::new();
+        // A free port, then nobody there.
+        let endpoint = common::link::Hub::bind(&ctx, "inproc://answer-port")
+            .unwrap()
+            .bind_also("tcp://127.0.0.1:0")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut link = Link::connect(&ctx, &endpoint).unwrap();
+        let answer = Message::JobFailed {
+            job: 7,
+            error: "x".into(),
+        };
+        let start = Instant::now();
+        let sent = send_answer(&mut link, 0, &answer, Duration::from_millis(300)).unwrap();
+        assert!(!sent && start.elapsed() >= Duration::from_millis(300));
+        // The learner comes back while the answer waits: it gets it.
+        let back = {
+            let (ctx, endpoint) = (ctx.clone(), endpoint.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                let mut hub = common::link::Hub::bind(&ctx, &endpoint).unwrap();
+                hub.recv(5000).unwrap().map(|m| m.message)
+            })
+        };
+        assert!(send_answer(&mut link, 0, &answer, Duration::from_secs(5)).unwrap());
+        assert_eq!(back.join().unwrap(), Some(answer));
+    }
 
     fn task(name: &str, devices: usize) -> Task {
         Task {

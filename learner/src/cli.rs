@@ -542,6 +542,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let bar = train_progress((t.iterations * t.policy_steps) as u64);
     bar.set_position(trainer.counters.policy_updates as u64);
     let start = (std::time::Instant::now(), trainer.counters.env_steps);
+    let learned_at_start = (trainer.counters.policy_updates, trainer.counters.cost_steps);
     let mut hooks = crate::train::Hooks {
         measured: Box::new(|s| log.append(s)),
         metrics: Box::new(|m| {
@@ -589,13 +590,26 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         // training began (a port in use) has nothing to add.
         Err(e) if began => {
             let resume = resume_command(&args);
+            // Nothing learned since the start (say, peers that never came):
+            // no checkpoint of untouched networks; the measurements are in
+            // the cost log, which a resume reads.
+            let c = &trainer.counters;
+            if (c.policy_updates, c.cost_steps) == learned_at_start {
+                return Err(e.context(format!(
+                    "training stopped before learning anything; `{resume}` goes on with the \
+                     measurements logged"
+                )));
+            }
             let saved = sync_file(&metrics_path)
                 .and_then(|()| checkpoint::save(dir, &trainer, t.keep_checkpoints));
             return Err(match saved {
                 Ok(at) => e.context(format!(
                     "training stopped; what it learned is in checkpoint {}, which `{resume}` \
-                     continues from once the cause is dealt with",
-                    at.display()
+                     continues from once the cause is dealt with (peer processes keep saying \
+                     hello to the endpoint; a run of scripts/launch.sh goes on with \
+                     `scripts/launch.sh --resume {}`)",
+                    at.display(),
+                    dir.display()
                 )),
                 Err(not) => e.context(format!(
                     "training stopped, and no checkpoint of it could be written ({not:#}); \

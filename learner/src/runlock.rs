@@ -51,6 +51,22 @@ impl RunLock {
                     path.display()
                 );
             }
+            // A file system without locks (some network mounts): no
+            // protection, but no reason to refuse the run.
+            Err(e)
+                if [
+                    rustix::io::Errno::NOSYS,
+                    rustix::io::Errno::OPNOTSUPP,
+                    rustix::io::Errno::NOLCK,
+                ]
+                .contains(&e) =>
+            {
+                tracing::warn!(
+                    "{} cannot be locked ({e}): nothing stops a second learner on this \
+                     run directory",
+                    path.display()
+                );
+            }
             Err(e) => {
                 return Err(std::io::Error::from(e))
                     .with_context(|| format!("locking {}", path.display()))

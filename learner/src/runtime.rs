@@ -1047,7 +1047,12 @@ pub fn train_cluster(
             })
             .collect();
         let result = learner.run(hooks, stop);
-        learner.shutdown(!run.bind.is_empty());
+        // Peers are told to stop only when training ended as asked: after
+        // an error they keep saying hello, as after a crash, so that a
+        // resume on the same endpoint finds them (threads stop below).
+        if result.is_ok() {
+            learner.shutdown(!run.bind.is_empty());
+        }
         threads_stop.store(true, Ordering::Relaxed);
         let report = ThreadsReport {
             actors: join_all(actors, "an actor"),

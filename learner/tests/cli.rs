@@ -644,8 +644,8 @@ fn a_second_learner_on_a_run_in_training_is_refused_and_a_killed_ones_lock_is_go
 fn a_cluster_run_resumes_only_with_the_token_its_peers_hold() {
     let dir = tempfile::tempdir().unwrap();
     let (cfg, _) = small_run_config(dir.path(), 2);
-    // Learners with no peers give up after a second (with a checkpoint):
-    // one that got past its token has run.
+    // Learners with no peers give up after a second: one that got past its
+    // token has run (and, having learned nothing, leaves no checkpoint).
     append(&cfg, "[cluster]\nstall_timeout_s = 1.0\n");
     let stalled = "no progress for 1 s";
     let secret = "the cluster's own token";
@@ -688,6 +688,8 @@ fn a_cluster_run_resumes_only_with_the_token_its_peers_hold() {
     let run = dir.path().join("given");
     let (ok, err) = train(&run, Some(&token), None);
     assert!(!ok && err.contains(stalled), "{err}");
+    assert!(err.contains("before learning anything"), "{err}");
+    assert!(learner::checkpoint::list(&run).is_empty());
     // Its fingerprint is kept, not the token, and no token of its own made.
     let printed = run.join("token.fingerprint");
     let print = std::fs::read_to_string(&printed).unwrap();

@@ -43,8 +43,9 @@
 //! gradients, lookups) and is refused, with an error naming the largest
 //! device and table and saying which of `cpu.max_rows` and `cpu.batch` to
 //! lower, when that is more than [`MEMORY_SHARE`] of the memory
-//! `/proc/meminfo` says is available (a fixed [`FALLBACK_MEMORY`] where it
-//! cannot be read), or when it draws more than [`MAX_LOOKUPS`] lookups. An
+//! `/proc/meminfo` says is available, or that the process's memory cgroup
+//! (a container's limit) leaves where that is less (a fixed
+//! [`FALLBACK_MEMORY`] where neither can be read), or when it draws more than [`MAX_LOOKUPS`] lookups. An
 //! allocation that fails nonetheless is an error too, never a panic.
 
 use std::time::Instant;
@@ -287,15 +288,43 @@ struct Budget {
 }
 
 impl Budget {
-    /// [`MEMORY_SHARE`] of this machine's available memory, or
-    /// [`FALLBACK_MEMORY`] where `/proc/meminfo` cannot be read.
+    /// [`MEMORY_SHARE`] of this machine's available memory, or of what
+    /// this process's memory cgroup (a container's limit) leaves where that
+    /// is less, or [`FALLBACK_MEMORY`] where `/proc/meminfo` cannot be read.
     fn here() -> Budget {
-        Budget::from_meminfo(std::fs::read_to_string("/proc/meminfo").ok().as_deref())
+        let read = |p: &str| std::fs::read_to_string(p).ok();
+        // cgroup v2, then v1.
+        let room = cgroup_room(
+            read("/sys/fs/cgroup/memory.max").as_deref(),
+            read("/sys/fs/cgroup/memory.current").as_deref(),
+        )
+        .or_else(|| {
+            cgroup_room(
+                read("/sys/fs/cgroup/memory/memory.limit_in_bytes").as_deref(),
+                read("/sys/fs/cgroup/memory/memory.usage_in_bytes").as_deref(),
+            )
+        });
+        Budget::from_sources(read("/proc/meminfo").as_deref(), room)
     }
 
+    #[cfg(test)]
     fn from_meminfo(meminfo: Option<&str>) -> Budget {
-        match meminfo.and_then(mem_available) {
-            Some(available) => Budget {
+        Budget::from_sources(meminfo, None)
+    }
+
+    fn from_sources(meminfo: Option<&str>, cgroup_room: Option<f64>) -> Budget {
+        let available = meminfo.and_then(mem_available);
+        match (available, cgroup_room) {
+            (a, Some(room)) if a.is_none_or(|a| room < a) => Budget {
+                bytes: MEMORY_SHARE * room,
+                source: format!(
+                    "one measurement may take ({:.0} % of the {:.1} GiB this process's \
+                     memory cgroup leaves below its limit)",
+                    100.0 * MEMORY_SHARE,
+                    room / GIB
+                ),
+            },
+            (Some(available), _) => Budget {
                 bytes: MEMORY_SHARE * available,
                 source: format!(
                     "one measurement may take ({:.0} % of the {:.1} GiB /proc/meminfo \
@@ -304,12 +333,20 @@ impl Budget {
                     available / GIB
                 ),
             },
-            None => Budget {
+            (None, _) => Budget {
                 bytes: FALLBACK_MEMORY,
                 source: "one measurement may take where /proc/meminfo cannot be read".into(),
             },
         }
     }
+}
+
+/// What a memory cgroup's limit leaves above its usage, in bytes (`None`
+/// without a limit: v2's `max`, or v1's near-2^63 "unlimited").
+fn cgroup_room(limit: Option<&str>, usage: Option<&str>) -> Option<f64> {
+    let limit: u64 = limit?.trim().parse().ok()?;
+    let usage: u64 = usage?.trim().parse().ok()?;
+    (limit < 1 << 60).then(|| limit.saturating_sub(usage) as f64)
 }
 
 /// `MemAvailable` of a `/proc/meminfo`, in bytes.
@@ -920,6 +957,18 @@ mod tests {
             assert!(b.source.contains("cannot be read"), "{}", b.source);
         }
         assert!(Budget::here().bytes > 0.0);
+        // A container's limit, where it leaves less than the host has.
+        let room = cgroup_room(Some("1073741824\n"), Some("536870912\n"));
+        assert_eq!(room, Some(512.0 * 1024.0 * 1024.0));
+        let b = Budget::from_sources(Some(meminfo), Some(1024.0));
+        assert_eq!(b.bytes, MEMORY_SHARE * 1024.0);
+        assert!(b.source.contains("cgroup"), "{}", b.source);
+        let b = Budget::from_sources(Some(meminfo), Some(1e12));
+        assert_eq!(b.bytes, MEMORY_SHARE * 2048.0 * 1024.0);
+        for unlimited in ["max\n", "9223372036854771712\n"] {
+            assert_eq!(cgroup_room(Some(unlimited), Some("100\n")), None);
+        }
+        assert_eq!(cgroup_room(None, Some("100")), None);
     }
 
     #[test]

@@ -293,6 +293,22 @@ pub fn read_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<Strin
     Ok(Some(token))
 }
 
+/// Whether a presented token is the cluster's, in time that does not
+/// depend on where they first differ (the digests are compared whole, so a
+/// peer cannot learn the token a byte at a time from how fast it is
+/// refused).
+pub fn tokens_match(presented: &str, cluster: &str) -> bool {
+    use sha2::Digest as _;
+    let (a, b) = (
+        sha2::Sha256::digest(presented.as_bytes()),
+        sha2::Sha256::digest(cluster.as_bytes()),
+    );
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
 /// A cluster token's fingerprint, to recognise the token later without
 /// keeping it: `sha256:` and the token's SHA-256 in hex.
 pub fn token_fingerprint(token: &str) -> String {
@@ -455,6 +471,14 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_match_only_themselves() {
+        assert!(tokens_match("s3cret", "s3cret"));
+        for other in ["s3creT", "s3cre", "s3cret ", "", "x"] {
+            assert!(!tokens_match(other, "s3cret"), "{other:?}");
+        }
+    }
 
     #[test]
     fn a_tokens_fingerprint_is_its_sha256_and_an_empty_token_file_is_named() {

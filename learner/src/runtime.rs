@@ -361,7 +361,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             message,
         } = incoming;
         if let Message::Hello { role, token } = message {
-            if token != self.token {
+            if !common::link::tokens_match(&token, &self.token) {
                 self.report.refused_peers += 1;
                 tracing::warn!("refused a {role:?}: wrong cluster token");
                 self.send(

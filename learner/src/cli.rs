@@ -869,6 +869,24 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .iter()
         .map(|p| Suite::load(p, &cfg.memory))
         .collect::<Result<Vec<_>, _>>()?;
+    // `search` measures its budget of plans per task: cheap on `sim`, a
+    // real measurement each on the others (said when it comes to more than
+    // a thousand).
+    let tasks: usize = suites.iter().map(|s| s.tasks.len()).sum();
+    if args.backend != benchworker::Backend::Sim
+        && methods.contains(&Method::Search)
+        && cfg.eval.search_budget * tasks > 1000
+    {
+        tracing::warn!(
+            "`search` measures eval.search_budget = {} plans per task on the {} backend: \
+             about {} measurements for {tasks} tasks (a cpu measurement of 50 tables on 4 \
+             devices takes about 0.65 s); lower it with --search-budget (scripts/launch.sh \
+             --backend cpu uses 20)",
+            cfg.eval.search_budget,
+            format!("{:?}", args.backend).to_lowercase(),
+            cfg.eval.search_budget * tasks
+        );
+    }
     let mut oracle = benchworker::build(args.backend, &cfg)?;
     let batch = match args.backend {
         benchworker::Backend::Sim => cfg.sim.batch,

@@ -241,13 +241,19 @@ impl std::fmt::Display for Report {
             "{:<12} {:>12} {:>8} {:>20}",
             "method", "mean_cost_ms", "failed", "vs_best_heuristic"
         )?;
+        // Means over fewer tasks than the others' are not comparable as
+        // they stand: marked, with a note.
+        let fewest = self.methods.values().map(|r| r.failures).min().unwrap_or(0);
+        let mut marked = false;
         for name in &self.order {
             let Some(r) = self.methods.get(name) else {
                 continue;
             };
-            let mean = r
-                .mean_cost_ms
-                .map_or("-".to_string(), |x| format!("{x:.3}"));
+            let partial = r.failures > fewest && r.mean_cost_ms.is_some();
+            marked |= partial;
+            let mean = r.mean_cost_ms.map_or("-".to_string(), |x| {
+                format!("{x:.3}{}", if partial { "*" } else { "" })
+            });
             let vs = r
                 .vs_best_heuristic_pct
                 .map_or("-".to_string(), |x| format!("{x:+.2}%"));
@@ -255,6 +261,13 @@ impl std::fmt::Display for Report {
                 f,
                 "{name:<12} {mean:>12} {:>8} {vs:>20}",
                 format!("{}/{}", r.failures, self.tasks.len())
+            )?;
+        }
+        if marked {
+            writeln!(
+                f,
+                "* mean over the tasks the method solved, fewer than another's: \
+                 compare by vs_best_heuristic (over the tasks both solved)"
             )?;
         }
         writeln!(
@@ -411,6 +424,19 @@ mod tests {
             assert!(res.mean_cost_ms.is_some(), "{name}");
         }
         assert!(r.to_string().contains("1/3"));
+        // Every method over the same tasks: no mean marked.
+        assert!(!r.to_string().contains('*'), "{r}");
+        // One over fewer: its mean is marked, and the note says why.
+        let mut fewer = r.clone();
+        fewer.methods.get_mut("lookup").unwrap().failures = 2;
+        let text = fewer.to_string();
+        let line = text.lines().find(|l| l.starts_with("lookup ")).unwrap();
+        assert!(line.contains('*'), "{text}");
+        assert!(
+            text.contains("* mean over the tasks the method solved"),
+            "{text}"
+        );
+        assert_eq!(text.matches('*').count(), 2, "{text}");
         // Nothing measured at all: the oracle's error.
         failing.tasks = (0..3).map(names).collect();
         let e = evaluate(&s, &Method::ALL, &mut failing, &setting, || {}).unwrap_err();

@@ -442,9 +442,9 @@ pub fn greedy_episode(policy: &PolicyNet, cost: &CostNet, task: &MdpTask) -> (Ve
         );
         // The first legal device of highest logit (torch's argmax).
         let mut best: Option<(usize, f32)> = None;
-        for d in (0..devices).filter(|&d| legal[d]) {
-            let width = DEVICE_FEATURES as usize;
-            let state = scorer.project_state(&features[d * width..(d + 1) * width]);
+        let per_device = features.chunks_exact(DEVICE_FEATURES as usize);
+        for (d, f) in per_device.enumerate().filter(|&(d, _)| legal[d]) {
+            let state = scorer.project_state(f);
             let logit = scorer.logit(&dev_tables[d], &state, &current);
             if best.is_none_or(|(_, b)| logit > b) {
                 best = Some((d, logit));

@@ -132,6 +132,17 @@ pub enum Backend {
     Cuda,
 }
 
+impl Backend {
+    /// Its name on the command line and in a run's `backend` file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sim => "sim",
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
 /// Whether this build has the `cuda` backend.
 pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
 

@@ -333,13 +333,14 @@ fn run_backend(
     resume: bool,
 ) -> anyhow::Result<benchworker::Backend> {
     use clap::ValueEnum;
-    let name = |b: benchworker::Backend| {
-        b.to_possible_value()
-            .map_or_else(|| format!("{b:?}"), |v| v.get_name().to_string())
-    };
     let path = dir.join("backend");
-    let recorded = match std::fs::read_to_string(&path) {
-        _ if !resume => None,
+    // A new run starts its own record, whatever a failed start left.
+    let read = if resume {
+        std::fs::read_to_string(&path)
+    } else {
+        Err(std::io::ErrorKind::NotFound.into())
+    };
+    let recorded = match read {
         Ok(text) => Some(
             benchworker::Backend::from_str(text.trim(), true).map_err(|_| {
                 anyhow::anyhow!(
@@ -357,14 +358,14 @@ fn run_backend(
             "the run in {} measures with the {} backend (its cost buffer holds {} \
              measurements), not {}: go on without --backend, or start another --run-dir",
             dir.display(),
-            name(r),
-            name(r),
-            name(a)
+            r.name(),
+            r.name(),
+            a.name()
         ),
         (Some(r), _) => Ok(r),
         (None, a) => {
             let b = a.unwrap_or(benchworker::Backend::Sim);
-            common::fs::write_atomic(&path, format!("{}\n", name(b)).as_bytes())?;
+            common::fs::write_atomic(&path, format!("{}\n", b.name()).as_bytes())?;
             Ok(b)
         }
     }
@@ -883,7 +884,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
              devices takes about 0.65 s); lower it with --search-budget (scripts/launch.sh \
              --backend cpu uses 20)",
             cfg.eval.search_budget,
-            format!("{:?}", args.backend).to_lowercase(),
+            args.backend.name(),
             cfg.eval.search_budget * tasks
         );
     }

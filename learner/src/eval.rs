@@ -311,22 +311,31 @@ mod tests {
         Suite::load(&dir.join("s.json"), &mem).unwrap()
     }
 
+    fn budget(search_budget: usize) -> EvalConfig {
+        EvalConfig {
+            search_budget,
+            seed: 0,
+        }
+    }
+
+    /// An evaluation of the sim's batch, with no trained model.
+    fn without_model<'a>(mem: &'a MemoryModel, cfg: &'a EvalConfig) -> Setting<'a> {
+        Setting {
+            mem,
+            cfg,
+            batch: 65536,
+            model: None,
+        }
+    }
+
     #[test]
     fn every_method_reports_every_task_and_search_is_best() {
         let dir = tempfile::tempdir().unwrap();
         let s = suite(dir.path(), 1000.0);
         let mem = MemoryModel::default();
         let mut sim = SimOracle::new(SimConfig::default(), mem);
-        let cfg = EvalConfig {
-            search_budget: 300,
-            seed: 0,
-        };
-        let setting = Setting {
-            mem: &mem,
-            cfg: &cfg,
-            batch: 65536,
-            model: None,
-        };
+        let cfg = budget(300);
+        let setting = without_model(&mem, &cfg);
         let mut calls = 0;
         let r = evaluate(&s, &Method::ALL, &mut sim, &setting, || calls += 1).unwrap();
         assert_eq!(calls, 3);
@@ -389,16 +398,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = suite(dir.path(), 1000.0);
         let mem = MemoryModel::default();
-        let cfg = EvalConfig {
-            search_budget: 100,
-            seed: 0,
-        };
-        let setting = Setting {
-            mem: &mem,
-            cfg: &cfg,
-            batch: 65536,
-            model: None,
-        };
+        let cfg = budget(100);
+        let setting = without_model(&mem, &cfg);
         let names = |k: usize| -> Vec<String> {
             s.tasks[k].tables.iter().map(|t| t.name.clone()).collect()
         };
@@ -472,12 +473,7 @@ mod tests {
             &s,
             &[Method::Lookup, Method::Torchrec],
             &mut sim,
-            &Setting {
-                mem: &mem,
-                cfg: &EvalConfig::default(),
-                batch: 65536,
-                model: None,
-            },
+            &without_model(&mem, &EvalConfig::default()),
             || {},
         )
         .unwrap();

@@ -164,15 +164,7 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     );
     let (ok, _, err) = plan_with("16", "64", &run, &[]);
     assert!(ok && !err.contains("per device"), "{err}");
-    let (ok, _, err) = learner(&[
-        "eval",
-        "--suite",
-        data.join("dlrm-12x3.test.json").to_str().unwrap(),
-        "--methods",
-        "lookup,policy",
-        "--checkpoint",
-        run.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = eval_methods(&data.join("dlrm-12x3.test.json"), &run, "lookup,policy");
     assert!(ok && !err.contains("far outside"), "{err}");
     // A suite of 12 tables on one device, three times the density: said,
     // when the policy is among the methods.
@@ -186,23 +178,12 @@ fn train_then_plan_writes_a_placement_of_every_table() {
         .to_string(),
     )
     .unwrap();
-    let eval_dense = |methods: &str| {
-        learner(&[
-            "eval",
-            "--suite",
-            dense.to_str().unwrap(),
-            "--methods",
-            methods,
-            "--checkpoint",
-            run.to_str().unwrap(),
-        ])
-    };
-    let (ok, _, err) = eval_dense("lookup,policy");
+    let (ok, _, err) = eval_methods(&dense, &run, "lookup,policy");
     assert!(
         ok && err.contains("1 of its 1 tasks lie far outside"),
         "{err}"
     );
-    let (ok, _, err) = eval_dense("lookup");
+    let (ok, _, err) = eval_methods(&dense, &run, "lookup");
     assert!(ok && !err.contains("far outside"), "{err}");
 
     let (ok, stdout, err) = plan_with("8", "64", &run, &["--format", "torchrec"]);
@@ -246,6 +227,23 @@ fn train_then_plan_writes_a_placement_of_every_table() {
             && !err.contains("damaged"),
         "{err}"
     );
+}
+
+/// `learner eval` of `methods` on `suite` with the model of `run`.
+fn eval_methods(
+    suite: &std::path::Path,
+    run: &std::path::Path,
+    methods: &str,
+) -> (bool, String, String) {
+    learner(&[
+        "eval",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--methods",
+        methods,
+        "--checkpoint",
+        run.to_str().unwrap(),
+    ])
 }
 
 /// Adds lines at the end of a configuration file.
@@ -612,15 +610,7 @@ fn a_second_learner_on_a_run_in_training_is_refused_and_a_killed_ones_lock_is_go
         run.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
-    let (ok, _, err) = learner(&[
-        "eval",
-        "--suite",
-        data.join("dlrm-12x3.test.json").to_str().unwrap(),
-        "--methods",
-        "lookup,policy",
-        "--checkpoint",
-        run.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = eval_methods(&data.join("dlrm-12x3.test.json"), &run, "lookup,policy");
     assert!(ok, "{err}");
 
     // SIGKILL: the lock goes with the process, and the run resumes (with

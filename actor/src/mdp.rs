@@ -10,9 +10,10 @@
 //! those costs and what the placement would add to the iteration cost
 //! ([`device_features`]). Tables are placed in descending order of their
 //! predicted single-table cost (DreamShard's order). A device is a legal
-//! action while the table still fits its memory; an episode with no legal
-//! device left is marked infeasible and continues on the device with the
-//! most free memory.
+//! action while the table fits its memory and leaves room for the tables
+//! still to come ([`legal_devices`]); an episode whose table fits no device
+//! is marked infeasible and continues on the device with the most free
+//! memory.
 //!
 //! The same code serves training rollouts (sampled actions) and `plan`
 //! (greedy actions).
@@ -173,6 +174,99 @@ pub fn device_features(
     }
 }
 
+/// The tables still to place after the current one, by their memory: what
+/// [`legal_devices`] must leave room for. Starts with every table of a
+/// task; [`Remaining::take`] removes the one being placed.
+#[derive(Debug, Clone)]
+pub struct Remaining {
+    /// Bytes, descending.
+    bytes: Vec<u64>,
+    total: u64,
+}
+
+impl Remaining {
+    pub fn new(bytes: &[u64]) -> Remaining {
+        let mut sorted = bytes.to_vec();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        Remaining {
+            total: sorted.iter().fold(0u64, |t, &b| t.saturating_add(b)),
+            bytes: sorted,
+        }
+    }
+
+    /// Takes out a table of `need` bytes (the one being placed).
+    pub fn take(&mut self, need: u64) {
+        // Descending: the first position whose bytes are not above `need`.
+        let at = self.bytes.partition_point(|&b| b > need);
+        if self.bytes.get(at) == Some(&need) {
+            self.bytes.remove(at);
+            self.total = self.total.saturating_sub(need);
+        }
+    }
+}
+
+/// Marks in `legal` the devices (of `used` bytes each, `cap` bytes of
+/// memory) that can take a table of `need` bytes so that the tables still
+/// to come (`rest`) fit too, packed best-fit in descending order of size.
+/// Where no device allows that, every device the table fits is legal (the
+/// episode may still end well: best fit is not the only packing); where it
+/// fits none, only the roomiest device, and the result is `true`: the
+/// episode ran out of memory. A placement therefore never walks into a dead
+/// end that best-fit packing would have seen, which a mask of the current
+/// step's memory alone does on a tight budget.
+///
+/// Cheap where memory is loose: when the free memory left after the table,
+/// summed over the devices, is at least what is to come plus `D − 1` times
+/// its largest table, any packing of the rest fits (a table that fits no
+/// device would leave under its size free on each), and no packing is run.
+pub fn legal_devices(
+    used: &[u64],
+    cap: u64,
+    need: u64,
+    rest: &Remaining,
+    legal: &mut [bool],
+    free: &mut Vec<u64>,
+) -> bool {
+    let mut any = false;
+    for (l, &u) in legal.iter_mut().zip(used) {
+        *l = u.saturating_add(need) <= cap;
+        any |= *l;
+    }
+    if !any {
+        let roomiest = (0..used.len()).min_by_key(|&x| used[x]).unwrap_or(0);
+        legal[roomiest] = true;
+        return true;
+    }
+    let largest = rest.bytes.first().copied().unwrap_or(0);
+    let free_after = used
+        .iter()
+        .fold(0u128, |t, &u| t + cap.saturating_sub(u) as u128)
+        .saturating_sub(need as u128);
+    let room_needed = rest.total as u128 + (used.len() as u128 - 1) * largest as u128;
+    if largest == 0 || free_after >= room_needed {
+        return false;
+    }
+    let fits = legal.to_vec();
+    let mut some = false;
+    for d in (0..used.len()).filter(|&d| fits[d]) {
+        free.clear();
+        free.extend(used.iter().map(|&u| cap.saturating_sub(u)));
+        free[d] -= need;
+        legal[d] = rest.bytes.iter().all(|&b| {
+            // Best fit: the device with the least room that still takes it.
+            let best = (0..free.len())
+                .filter(|&x| free[x] >= b)
+                .min_by_key(|&x| free[x]);
+            best.map(|x| free[x] -= b).is_some()
+        });
+        some |= legal[d];
+    }
+    if !some {
+        legal.copy_from_slice(&fits);
+    }
+    false
+}
+
 /// DreamShard's order: tables by predicted single-table cost, descending.
 pub fn placement_order(single: &[f32]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..single.len()).collect();
@@ -286,19 +380,14 @@ pub fn try_rollout(
         Vec::with_capacity(m),
         Vec::with_capacity(m),
     );
+    let (mut rest, mut free) = (Remaining::new(&task.bytes), Vec::new());
     for (step, &table) in order.iter().enumerate() {
         let need = task.bytes[table];
+        rest.take(need);
         let mut mask = vec![false; episodes * task.devices];
         for (k, u) in used.iter().enumerate() {
             let legal = &mut mask[k * task.devices..(k + 1) * task.devices];
-            for (dev, l) in legal.iter_mut().enumerate() {
-                *l = u[dev].saturating_add(need) <= task.cap_bytes;
-            }
-            if !legal.iter().any(|&l| l) {
-                infeasible[k] = true;
-                let roomiest = (0..task.devices).min_by_key(|&x| u[x]).unwrap_or(0);
-                legal[roomiest] = true;
-            }
+            infeasible[k] |= legal_devices(u, task.cap_bytes, need, &rest, legal, &mut free);
         }
         let mask_t = Tensor::from_slice(&mask).view([e, d]);
         let current = pol_repr
@@ -411,17 +500,15 @@ pub fn greedy_episode(policy: &PolicyNet, cost: &CostNet, task: &MdpTask) -> (Ve
     let mut used = vec![0u64; devices];
     let mut plan = vec![0usize; m];
     let mut infeasible = false;
+    let (mut rest, mut free, mut legal) = (
+        Remaining::new(&task.bytes),
+        Vec::new(),
+        vec![false; devices],
+    );
     for &table in &order {
         let need = task.bytes[table];
-        let mut legal: Vec<bool> = used
-            .iter()
-            .map(|&u| u.saturating_add(need) <= task.cap_bytes)
-            .collect();
-        if !legal.iter().any(|&l| l) {
-            infeasible = true;
-            let roomiest = (0..devices).min_by_key(|&x| used[x]).unwrap_or(0);
-            legal[roomiest] = true;
-        }
+        rest.take(need);
+        infeasible |= legal_devices(&used, task.cap_bytes, need, &rest, &mut legal, &mut free);
         let current = scorer.project_current(&pol_repr[table]);
         let projected = heads.project(&cost_repr[table]);
         with.clear();
@@ -711,6 +798,161 @@ mod tests {
         // The cap binds: some steps had illegal devices.
         assert_eq!(u.masks.all().int64_value(&[]), 0);
         assert_eq!(u.behaviour_logp.le(0.0).all().int64_value(&[]), 1);
+    }
+
+    /// Best-fit decreasing of `rest` into devices with `free` bytes each.
+    fn best_fit_packs(mut free: Vec<u64>, rest: &[u64]) -> bool {
+        let mut rest = rest.to_vec();
+        rest.sort_unstable_by(|a, b| b.cmp(a));
+        rest.iter().all(|&b| {
+            let best = (0..free.len())
+                .filter(|&x| free[x] >= b)
+                .min_by_key(|&x| free[x]);
+            best.map(|x| free[x] -= b).is_some()
+        })
+    }
+
+    #[test]
+    fn remaining_takes_out_one_table_of_the_size_placed() {
+        let mut rest = Remaining::new(&[5, 9, 5, 1]);
+        assert_eq!((rest.bytes.clone(), rest.total), (vec![9, 5, 5, 1], 20));
+        rest.take(5);
+        assert_eq!((rest.bytes.clone(), rest.total), (vec![9, 5, 1], 15));
+        rest.take(9);
+        rest.take(7); // no such table: nothing taken
+        assert_eq!((rest.bytes.clone(), rest.total), (vec![5, 1], 6));
+    }
+
+    #[test]
+    fn the_mask_keeps_room_for_the_tables_to_come() {
+        let mut free = Vec::new();
+        let mut legal = [false; 2];
+        // Cap 10, device 0 holds 3; a table of 4 now, then 7 and 6. Both
+        // devices have room for the 4, but on device 0 it leaves 3 and 10
+        // free, and the 6 finds no room after the 7.
+        let rest = {
+            let mut r = Remaining::new(&[4, 7, 6]);
+            r.take(4);
+            r
+        };
+        let out = legal_devices(&[3, 0], 10, 4, &rest, &mut legal, &mut free);
+        assert_eq!((legal, out), ([false, true], false));
+        // No device leaves room for what is to come: every device that
+        // fits is legal, and the episode has not run out yet.
+        let rest = {
+            let mut r = Remaining::new(&[4, 9, 9]);
+            r.take(4);
+            r
+        };
+        let out = legal_devices(&[3, 0], 10, 4, &rest, &mut legal, &mut free);
+        assert_eq!((legal, out), ([true, true], false));
+        // The table fits nowhere: the roomiest device, out of memory.
+        let out = legal_devices(&[8, 7], 10, 4, &rest, &mut legal, &mut free);
+        assert_eq!((legal, out), ([false, true], true));
+    }
+
+    #[test]
+    fn the_cheap_path_only_skips_packings_that_would_succeed() {
+        // Random small states: wherever the mask allows a device, a best-fit
+        // packing of the rest exists after placing there, unless no device
+        // allows one (then every device that fits is legal).
+        let mut rng = seeded(11);
+        let (mut checked, mut narrowed) = (0, 0);
+        for _ in 0..3000 {
+            let d = rand::Rng::gen_range(&mut rng, 1..5usize);
+            let cap = rand::Rng::gen_range(&mut rng, 10..40u64);
+            let used: Vec<u64> = (0..d)
+                .map(|_| rand::Rng::gen_range(&mut rng, 0..cap))
+                .collect();
+            let n = rand::Rng::gen_range(&mut rng, 0..6usize);
+            let sizes: Vec<u64> = (0..=n)
+                .map(|_| rand::Rng::gen_range(&mut rng, 1..cap / 2))
+                .collect();
+            let need = sizes[0];
+            let mut rest = Remaining::new(&sizes);
+            rest.take(need);
+            let (mut legal, mut free) = (vec![false; d], Vec::new());
+            if legal_devices(&used, cap, need, &rest, &mut legal, &mut free) {
+                assert!(used.iter().all(|&u| u + need > cap));
+                continue;
+            }
+            let fits: Vec<bool> = used.iter().map(|&u| u + need <= cap).collect();
+            let packs: Vec<bool> = (0..d)
+                .map(|x| {
+                    fits[x] && {
+                        let mut f: Vec<u64> = used.iter().map(|&u| cap - u).collect();
+                        f[x] -= need;
+                        best_fit_packs(f, &rest.bytes)
+                    }
+                })
+                .collect();
+            let want = if packs.iter().any(|&p| p) {
+                packs
+            } else {
+                fits.clone()
+            };
+            assert_eq!(
+                legal, want,
+                "used {used:?} cap {cap} need {need} rest {:?}",
+                rest.bytes
+            );
+            checked += 1;
+            narrowed += (legal != fits) as usize;
+        }
+        assert!(
+            checked > 1000 && narrowed > 50,
+            "{checked} checked, {narrowed} narrowed"
+        );
+    }
+
+    #[test]
+    fn on_a_tight_budget_episodes_keep_room_where_a_plain_mask_runs_out() {
+        let (_vs, policy, cost) = nets();
+        let mem = MemoryModel::default();
+        let (mut ours, mut plain) = (0, 0);
+        for seed in 0..8u64 {
+            let t = generate_pool(
+                &PoolGenConfig {
+                    tables: 40,
+                    ..Default::default()
+                },
+                100 + seed,
+            )
+            .unwrap();
+            let bytes: Vec<u64> = t.iter().map(|x| mem.table_bytes(x)).collect();
+            let devices = 4;
+            let share = bytes.iter().sum::<u64>() / devices as u64;
+            let cap = (share + share / 10).max(*bytes.iter().max().unwrap());
+            let task = MdpTask::new(&t, devices, cap, &mem);
+            let u = rollout(&policy, &cost, &task, 16, Mode::Sample { seed });
+            ours += u.infeasible.iter().filter(|&&x| x).count();
+            // The same kind of walk with only the step's own memory
+            // checked: a random fitting device, in the same order.
+            let mut rng = seeded(seed);
+            for _ in 0..16 {
+                let mut used = vec![0u64; devices];
+                let stuck = u.order.iter().any(|&k| {
+                    let fit: Vec<usize> = (0..devices)
+                        .filter(|&x| used[x] + bytes[k] <= cap)
+                        .collect();
+                    if fit.is_empty() {
+                        return true;
+                    }
+                    let x = fit[rand::Rng::gen_range(&mut rng, 0..fit.len())];
+                    used[x] += bytes[k];
+                    false
+                });
+                plain += stuck as usize;
+            }
+        }
+        assert!(
+            plain >= 20,
+            "the plain mask ran out in only {plain} of 128 episodes"
+        );
+        assert!(
+            ours * 4 <= plain,
+            "{ours} of 128 ran out, against {plain} with a plain mask"
+        );
     }
 
     #[test]

@@ -600,6 +600,21 @@ pub struct TrainConfig {
     /// own effect more than on the steps after it. Needs `reward =
     /// "balanced"` (the unit of the steps' costs).
     pub step_rewards: bool,
+    /// Reward units taken off the final reward of an episode that ran out
+    /// of memory (no legal device left for a table, which then went to the
+    /// device with the most free memory): without it, such a placement is
+    /// judged by its predicted cost alone, which may be low.
+    pub infeasible_penalty: f64,
+    /// Copies of each training task that rollouts also place with less
+    /// memory per device (measured plans keep the tasks' own): the policy
+    /// learns to fit a tight budget, which the training suites seldom ask
+    /// for. 0: none; 1: half the rollouts are on a tight copy.
+    pub tight_memory: usize,
+    /// A tight copy's memory per device, as a multiple of an even share
+    /// of its tables' memory, drawn uniformly from `[low, high]` per copy
+    /// (seeded by `seed`): never under its largest table, and a copy that
+    /// would not be tighter than its task is not made.
+    pub tight_memory_slack: [f64; 2],
     pub update: Update,
     pub reward: RewardScale,
     pub seed: u64,
@@ -634,6 +649,9 @@ impl Default for TrainConfig {
             clip_pg_rho: 1.0,
             lambda: 1.0,
             step_rewards: false,
+            infeasible_penalty: 0.0,
+            tight_memory: 0,
+            tight_memory_slack: [1.05, 1.5],
             update: Update::Vtrace,
             reward: RewardScale::Balanced,
             seed: 0,
@@ -688,6 +706,20 @@ impl TrainConfig {
                         of a step's cost)"
                     .into(),
             );
+        }
+        non_negative("train.infeasible_penalty", self.infeasible_penalty)?;
+        let [low, high] = self.tight_memory_slack;
+        if !(low >= 1.0 && high >= low && high.is_finite()) {
+            return Err(format!(
+                "train.tight_memory_slack = [{low}, {high}] must be [low, high] with \
+                 1 <= low <= high (multiples of an even share of a task's memory)"
+            ));
+        }
+        if self.tight_memory > 8 {
+            return Err(format!(
+                "train.tight_memory = {} must lie in 0..=8 (tight copies per training task)",
+                self.tight_memory
+            ));
         }
         positive("train.checkpoint_every", self.checkpoint_every as f64)?;
         positive("train.keep_checkpoints", self.keep_checkpoints as f64)
@@ -969,6 +1001,23 @@ mod tests {
             "[train]\nlambda = 0.9\nupdate = \"reinforce\"\n",
             "train.update",
         );
+        // Tight copies: multiples of an even share, at least 1, ordered.
+        for v in ["[0.9, 1.2]", "[1.5, 1.2]", "[1.1, inf]", "[nan, 1.2]"] {
+            refused(
+                &format!("[train]\ntight_memory_slack = {v}\n"),
+                "train.tight_memory_slack",
+            );
+        }
+        refused("[train]\ntight_memory = 9\n", "train.tight_memory");
+        for v in ["-1.0", "nan", "inf"] {
+            refused(
+                &format!("[train]\ninfeasible_penalty = {v}\n"),
+                "train.infeasible_penalty",
+            );
+        }
+        let tight = "[train]\ntight_memory = 2\ntight_memory_slack = [1.1, 1.1]\n\
+                     infeasible_penalty = 0.5\n";
+        assert!(Config::from_toml(tight, Path::new("c.toml")).is_ok());
         let ok =
             "[train]\nstep_rewards = true\nlambda = 0.9\n[model]\noverall_cost = \"composed\"\n";
         assert!(Config::from_toml(ok, Path::new("c.toml")).is_ok());

@@ -103,7 +103,8 @@ pub enum Message {
     /// A peer introduces itself; `token` must match the cluster's.
     Hello { role: Role, token: String },
     /// The learner accepts a peer: its id, the resolved configuration
-    /// (TOML) and the training tasks it will refer to by index.
+    /// (TOML) and the tasks rollouts place (the training tasks, then their
+    /// tight-memory copies), which unrolls refer to by index.
     Welcome {
         peer: u64,
         config_toml: String,

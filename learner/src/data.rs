@@ -73,6 +73,62 @@ pub fn train_tasks(cfg: &Config) -> Result<Vec<common::Task>> {
     Ok(tasks)
 }
 
+/// The tasks rollouts place: the training tasks, then
+/// `train.tight_memory` tight copies of each (less memory per device, see
+/// [`tight_copy`]). Measured plans are of the training tasks alone.
+pub fn rollout_tasks(tasks: &[common::Task], cfg: &Config) -> Vec<common::Task> {
+    let mut all = tasks.to_vec();
+    for copy in 0..cfg.train.tight_memory {
+        all.extend(
+            tasks
+                .iter()
+                .enumerate()
+                .filter_map(|(k, task)| tight_copy(task, k, copy, cfg)),
+        );
+    }
+    all
+}
+
+/// Copy `copy` of training task `k` with memory per device at a multiple
+/// of an even share of its tables' memory, drawn from
+/// `train.tight_memory_slack` (seeded by `train.seed`, `k` and `copy`), and
+/// never under its largest table; `None` when that is not below the
+/// task's own memory.
+pub fn tight_copy(
+    task: &common::Task,
+    k: usize,
+    copy: usize,
+    cfg: &Config,
+) -> Option<common::Task> {
+    use rand::{Rng, SeedableRng};
+    let [low, high] = cfg.train.tight_memory_slack;
+    let mut seed = Vec::with_capacity(24);
+    for n in [cfg.train.seed, k as u64, copy as u64] {
+        seed.extend_from_slice(&n.to_le_bytes());
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(common::fs::fnv1a(&seed));
+    let slack = if high > low {
+        rng.gen_range(low..=high)
+    } else {
+        low
+    };
+    let bytes: Vec<u64> = task
+        .tables
+        .iter()
+        .map(|t| cfg.memory.table_bytes(t))
+        .collect();
+    let share = bytes.iter().sum::<u64>() as f64 / task.devices.max(1) as f64;
+    let largest = bytes.iter().copied().max().unwrap_or(0) as f64;
+    let cap = (slack * share).max(largest);
+    (cap < task.cap_bytes() as f64).then(|| common::Task {
+        name: format!("{} (tight memory {copy})", task.name),
+        devices: task.devices,
+        // Rounded up, so that the largest table still fits the cap.
+        memory_gb: (cap + 1.0) / common::table::BYTES_PER_GB,
+        tables: task.tables.clone(),
+    })
+}
+
 /// The shapes of the tasks a model was trained on, kept beside its run
 /// (`trained_shapes.json`) so that `plan` and `eval` can say when a task
 /// lies far outside them: what carries over is the number of tables per
@@ -152,6 +208,59 @@ impl TrainedShapes {
 mod tests {
     use super::*;
     use common::config::SuiteConfig;
+
+    #[test]
+    fn tight_copies_have_less_memory_but_room_for_every_table() {
+        let pool = generate_pool(&Config::default().generate, 3).unwrap();
+        let mem = common::MemoryModel::default();
+        let task = |k: usize, memory_gb: f64| common::Task {
+            name: format!("t{k}"),
+            devices: 4,
+            memory_gb,
+            tables: pool[k * 40..(k + 1) * 40].to_vec(),
+        };
+        let tasks: Vec<_> = (0..6).map(|k| task(k, 1000.0)).collect();
+        let mut cfg = Config::default();
+        assert_eq!(rollout_tasks(&tasks, &cfg), tasks, "none by default");
+        cfg.train.tight_memory = 2;
+        let all = rollout_tasks(&tasks, &cfg);
+        assert_eq!(all.len(), 18);
+        assert_eq!(all[..6], tasks[..], "the training tasks come first");
+        let [low, high] = cfg.train.tight_memory_slack;
+        let mut slacks = Vec::new();
+        for (i, copy) in all[6..].iter().enumerate() {
+            let of = &tasks[i % 6];
+            assert_eq!((&copy.tables, copy.devices), (&of.tables, of.devices));
+            assert!(copy.memory_gb < of.memory_gb);
+            let bytes: Vec<u64> = of.tables.iter().map(|t| mem.table_bytes(t)).collect();
+            let largest = *bytes.iter().max().unwrap();
+            assert!(
+                copy.cap_bytes() >= largest,
+                "{}: the largest table fits",
+                copy.name
+            );
+            assert_eq!(copy.infeasibility(&mem), None, "{}", copy.name);
+            let share = bytes.iter().sum::<u64>() as f64 / 4.0;
+            let slack = copy.cap_bytes() as f64 / share;
+            // Drawn from the slack's range, unless the largest table
+            // needs more.
+            let at_largest = copy.cap_bytes() <= largest + 1;
+            assert!(
+                at_largest || (low - 1e-6..=high + 1e-6).contains(&slack),
+                "{}: {slack}",
+                copy.name
+            );
+            slacks.push(slack);
+        }
+        // Drawn, not one value; the same seed draws the same copies.
+        assert!(slacks.iter().any(|&s| (s - slacks[0]).abs() > 1e-3));
+        assert_eq!(rollout_tasks(&tasks, &cfg), all);
+        cfg.train.seed = 1;
+        assert_ne!(rollout_tasks(&tasks, &cfg), all);
+        // A task already tighter than any copy gets none.
+        let tight = vec![task(0, 1e-3)];
+        assert_eq!(rollout_tasks(&tight, &cfg), tight);
+    }
 
     #[test]
     fn tasks_far_outside_the_trained_tables_per_device_are_named() {

@@ -245,11 +245,11 @@ impl<'t, 'a> Learner<'t, 'a> {
             }),
         )?;
         fits(
-            "the welcome (the configuration and every training task's tables)",
+            "the welcome (the configuration and every rollout task's tables)",
             &Message::Welcome {
                 peer: 0,
                 config_toml: welcome_config.clone(),
-                tasks: trainer.tasks().to_vec(),
+                tasks: trainer.rollout_tasks().to_vec(),
             },
         )?;
         Ok(Learner {
@@ -406,7 +406,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             let welcome = Message::Welcome {
                 peer: id,
                 config_toml: self.welcome_config.clone(),
-                tasks: self.trainer.tasks().to_vec(),
+                tasks: self.trainer.rollout_tasks().to_vec(),
             };
             self.send(&from, &welcome);
             if role == Role::Actor {
@@ -461,7 +461,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                     }
                 }
                 let task = data.task as usize;
-                let checked = match self.trainer.tasks().get(task) {
+                let checked = match self.trainer.rollout_tasks().get(task) {
                     Some(t) => unroll_from_data(&data, t.tables.len(), t.devices),
                     None => Err(format!("unknown task {task}")),
                 };

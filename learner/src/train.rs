@@ -178,7 +178,7 @@ pub fn policy_loss(
 ) -> (Tensor, PolicyStats) {
     let (m, e) = (u.actions.size()[0], u.actions.size()[1]);
     let r = replay(policy, task, u);
-    let final_rewards = scaled_rewards(u, cfg.reward);
+    let final_rewards = penalized(scaled_rewards(u, cfg.reward), u, cfg.infeasible_penalty);
     let n = e as f64;
     let entropy = r.entropy.sum(Kind::Float) / n;
     if cfg.update == Update::Reinforce {
@@ -249,6 +249,20 @@ pub fn step_rewards(u: &Unroll, final_rewards: &Tensor, per_step: bool) -> Tenso
             .sum_dim_intlist([0i64].as_slice(), false, Kind::Float);
     rewards.get(m - 1).copy_(&rest);
     rewards
+}
+
+/// `rewards` (`[E]`, one per episode) less `penalty` for each episode
+/// that ran out of memory.
+pub fn penalized(rewards: Tensor, u: &Unroll, penalty: f64) -> Tensor {
+    if penalty == 0.0 || !u.infeasible.iter().any(|&x| x) {
+        return rewards;
+    }
+    let out: Vec<f32> = u
+        .infeasible
+        .iter()
+        .map(|&x| if x { penalty as f32 } else { 0.0 })
+        .collect();
+    rewards - Tensor::from_slice(&out)
 }
 
 /// `[E]` final rewards of an unroll under a reward scaling.
@@ -782,6 +796,10 @@ impl Counters {
 pub struct Trainer<'a> {
     cfg: &'a Config,
     tasks: &'a [Task],
+    /// The training tasks, then their tight-memory copies
+    /// ([`crate::data::rollout_tasks`]): what rollouts place.
+    rollout_tasks: Vec<Task>,
+    /// The rollout tasks' MDPs, in the same order.
     mdps: Vec<MdpTask>,
     pub model: Model,
     pub cost_opt: Adam,
@@ -813,11 +831,13 @@ impl<'a> Trainer<'a> {
         if let Ok(pos) = counters.rng_word_pos.parse::<u128>() {
             rng.set_word_pos(pos);
         }
+        let rollout_tasks = crate::data::rollout_tasks(tasks, cfg);
         Trainer {
-            mdps: tasks
+            mdps: rollout_tasks
                 .iter()
                 .map(|k| MdpTask::new(&k.tables, k.devices, k.cap_bytes(), &cfg.memory))
                 .collect(),
+            rollout_tasks,
             cost_opt: Adam::new(&model.cost_vs, cfg.train.cost_lr)
                 .with_weight_decay(cfg.train.cost_weight_decay),
             policy_opt: Adam::new(&model.policy_vs, cfg.train.policy_lr),
@@ -841,8 +861,15 @@ impl<'a> Trainer<'a> {
         self.cfg
     }
 
+    /// The training tasks: measured plans are theirs.
     pub fn tasks(&self) -> &'a [Task] {
         self.tasks
+    }
+
+    /// What rollouts place: the training tasks, then their tight-memory
+    /// copies (an unroll names its task by its index here).
+    pub fn rollout_tasks(&self) -> &[Task] {
+        &self.rollout_tasks
     }
 
     /// Whether the `j`-th plan measured in a round is the greedy pick
@@ -1008,9 +1035,10 @@ impl<'a> Trainer<'a> {
         self.counters.cost_steps += 1;
     }
 
-    /// Rolls out a batch of episodes on a random task in this thread.
+    /// Rolls out a batch of episodes on a random rollout task in this
+    /// thread.
     pub fn rollout(&mut self) -> (usize, Unroll) {
-        let k = self.rng.gen_range(0..self.tasks.len());
+        let k = self.rng.gen_range(0..self.mdps.len());
         let u = rollout(
             &self.model.policy,
             &self.model.cost,
@@ -1200,6 +1228,48 @@ pub(crate) mod tests {
         loss.backward();
         assert_eq!(stats.baseline_loss, 0.0);
         assert!(stats.loss.is_finite());
+    }
+
+    #[test]
+    fn episodes_that_ran_out_of_memory_lose_the_penalty_and_rollouts_place_tight_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cfg, suite) = small_data(dir.path());
+        cfg.train.tight_memory = 1;
+        cfg.train.tight_memory_slack = [1.0, 1.0];
+        cfg.train.infeasible_penalty = 0.75;
+        let mut trainer = Trainer::new(&cfg, &suite.tasks);
+        let n = suite.tasks.len();
+        assert!(trainer.rollout_tasks().len() > n, "tight copies are made");
+        // Rollouts place the copies too; an even share is too tight for
+        // an untrained policy's samples: some episodes run out of memory.
+        let (mut copies, mut short) = (0, None);
+        for _ in 0..40 {
+            let (k, u) = trainer.rollout();
+            assert!(k < trainer.rollout_tasks().len());
+            if k >= n {
+                copies += 1;
+                if u.infeasible.iter().any(|&x| x) && u.infeasible.iter().any(|&x| !x) {
+                    short = Some((k, u));
+                }
+            }
+        }
+        assert!(copies > 0, "no rollout on a tight copy in 40");
+        let (k, u) = short.expect("no tight rollout mixing fitting and overflowing episodes");
+        // The penalty falls on exactly the episodes that ran out.
+        let plain = scaled_rewards(&u, cfg.train.reward);
+        let less = penalized(plain.shallow_clone(), &u, cfg.train.infeasible_penalty);
+        let diff = Vec::<f32>::try_from(&plain - &less).unwrap();
+        for (d, &out) in diff.iter().zip(&u.infeasible) {
+            let want = if out { 0.75 } else { 0.0 };
+            assert!((d - want).abs() < 1e-6, "{d} for infeasible = {out}");
+        }
+        // The update learns from a tight copy's unroll, penalty included.
+        let before = trainer.counters.policy_updates;
+        let line = trainer.policy_update(k, &u, 0);
+        assert_eq!(trainer.counters.policy_updates, before + 1);
+        let share = u.infeasible.iter().filter(|&&x| x).count() as f64 / u.infeasible.len() as f64;
+        let want = plain.mean(Kind::Float).double_value(&[]) - 0.75 * share;
+        assert!((line.policy.mean_reward - want).abs() < 1e-4, "{line:?}");
     }
 
     #[test]

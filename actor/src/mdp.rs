@@ -474,77 +474,133 @@ pub fn try_rollout(
 /// millisecond instead of several. Returns the plan (device per table) and
 /// whether memory ran out somewhere.
 pub fn greedy_episode(policy: &PolicyNet, cost: &CostNet, task: &MdpTask) -> (Vec<usize>, bool) {
-    let _guard = tch::no_grad_guard();
-    let (m, devices) = (task.tables(), task.devices);
-    let cost_repr = cost.tables(&task.features);
-    let single = single_table_costs(cost, &cost_repr);
-    let order = placement_order(&single);
-    let scale = balanced_cost(&single, devices);
-    let rows = |t: &Tensor| -> Vec<Vec<f32>> {
-        let width = t.size()[1] as usize;
-        Vec::<f32>::try_from(t.to_kind(Kind::Float).view([-1]))
-            .unwrap_or_default()
-            .chunks_exact(width.max(1))
-            .map(<[f32]>::to_vec)
-            .collect()
-    };
-    let (pol_repr, cost_repr) = (rows(&policy.tables(&task.features)), rows(&cost_repr));
-    let (scorer, heads) = (policy.scorer(), cost.device_heads());
-    let h = scorer.hidden();
-    // Per device: the policy's summed table part, the cost heads' summed
-    // projections, and the predicted costs (zero while empty).
-    let mut dev_tables = vec![vec![0.0f32; h]; devices];
-    let mut dev_heads = vec![vec![0.0f32; heads.projected_width()]; devices];
-    let mut now = vec![[0.0f32; 3]; devices];
-    let (mut with, mut features, mut sum) = (Vec::new(), Vec::new(), Vec::new());
-    let mut used = vec![0u64; devices];
-    let mut plan = vec![0usize; m];
-    let mut infeasible = false;
-    let (mut rest, mut free, mut legal) = (
-        Remaining::new(&task.bytes),
-        Vec::new(),
-        vec![false; devices],
-    );
-    for &table in &order {
-        let need = task.bytes[table];
-        rest.take(need);
-        infeasible |= legal_devices(&used, task.cap_bytes, need, &rest, &mut legal, &mut free);
-        let current = scorer.project_current(&pol_repr[table]);
-        let projected = heads.project(&cost_repr[table]);
-        with.clear();
-        with.extend(dev_heads.iter().map(|dev| {
-            sum.clear();
-            sum.extend(dev.iter().zip(&projected).map(|(a, b)| a + b));
-            heads.finish(&sum)
-        }));
-        features.clear();
-        device_features(
-            &now,
-            &with,
-            &used,
-            need,
-            task.cap_bytes,
-            scale,
-            &mut features,
-        );
-        // The first legal device of highest logit (torch's argmax).
-        let mut best: Option<(usize, f32)> = None;
-        let per_device = features.chunks_exact(DEVICE_FEATURES as usize);
-        for (d, f) in per_device.enumerate().filter(|&(d, _)| legal[d]) {
-            let state = scorer.project_state(f);
-            let logit = scorer.logit(&dev_tables[d], &state, &current);
-            if best.is_none_or(|(_, b)| logit > b) {
-                best = Some((d, logit));
-            }
+    PlainEpisodes::new(policy, cost, task).greedy()
+}
+
+/// A task made ready for episodes on plain arrays: both networks' table
+/// representations, the placement order and the reward scale, computed
+/// once through libtorch; then each episode ([`PlainEpisodes::greedy`],
+/// [`PlainEpisodes::sampled`]) runs without a libtorch call, and several
+/// may run at once on different threads.
+#[derive(Debug, Clone)]
+pub struct PlainEpisodes {
+    order: Vec<usize>,
+    scale: f64,
+    bytes: Vec<u64>,
+    cap: u64,
+    devices: usize,
+    pol_repr: Vec<Vec<f32>>,
+    cost_repr: Vec<Vec<f32>>,
+    scorer: crate::nets::PolicyScorer,
+    heads: crate::nets::DeviceHeads,
+}
+
+impl PlainEpisodes {
+    pub fn new(policy: &PolicyNet, cost: &CostNet, task: &MdpTask) -> PlainEpisodes {
+        let _guard = tch::no_grad_guard();
+        let cost_repr = cost.tables(&task.features);
+        let single = single_table_costs(cost, &cost_repr);
+        let rows = |t: &Tensor| -> Vec<Vec<f32>> {
+            let width = t.size()[1] as usize;
+            Vec::<f32>::try_from(t.to_kind(Kind::Float).view([-1]))
+                .unwrap_or_default()
+                .chunks_exact(width.max(1))
+                .map(<[f32]>::to_vec)
+                .collect()
+        };
+        PlainEpisodes {
+            order: placement_order(&single),
+            scale: balanced_cost(&single, task.devices),
+            bytes: task.bytes.clone(),
+            cap: task.cap_bytes,
+            devices: task.devices,
+            pol_repr: rows(&policy.tables(&task.features)),
+            cost_repr: rows(&cost_repr),
+            scorer: policy.scorer(),
+            heads: cost.device_heads(),
         }
-        let d = best.map_or(0, |(d, _)| d);
-        used[d] = used[d].saturating_add(need);
-        plan[table] = d;
-        add_into(&mut dev_tables[d], &scorer.project_table(&pol_repr[table]));
-        add_into(&mut dev_heads[d], &projected);
-        now[d] = with[d];
     }
-    (plan, infeasible)
+
+    /// The greedy episode: the first legal device of highest logit at each
+    /// step. The plan (device per table) and whether memory ran out.
+    pub fn greedy(&self) -> (Vec<usize>, bool) {
+        self.run(None)
+    }
+
+    /// An episode sampled at `temperature` (1: the policy's own
+    /// probabilities; towards 0, the greedy episode) by the Gumbel-max
+    /// trick, with noise seeded by `seed`: the same seed, the same plan.
+    pub fn sampled(&self, seed: u64, temperature: f64) -> (Vec<usize>, bool) {
+        self.run(Some((seeded(seed), temperature as f32)))
+    }
+
+    fn run(&self, mut noise: Option<(rand_chacha::ChaCha8Rng, f32)>) -> (Vec<usize>, bool) {
+        let (scorer, heads, devices) = (&self.scorer, &self.heads, self.devices);
+        let h = scorer.hidden();
+        // Per device: the policy's summed table part, the cost heads' summed
+        // projections, and the predicted costs (zero while empty).
+        let mut dev_tables = vec![vec![0.0f32; h]; devices];
+        let mut dev_heads = vec![vec![0.0f32; heads.projected_width()]; devices];
+        let mut now = vec![[0.0f32; 3]; devices];
+        let (mut with, mut features, mut sum) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut scratch, mut state) = ([Vec::new(), Vec::new()], Vec::new());
+        let mut used = vec![0u64; devices];
+        let mut plan = vec![0usize; self.bytes.len()];
+        let mut infeasible = false;
+        let (mut rest, mut free, mut legal) = (
+            Remaining::new(&self.bytes),
+            Vec::new(),
+            vec![false; devices],
+        );
+        for &table in &self.order {
+            let need = self.bytes[table];
+            rest.take(need);
+            infeasible |= legal_devices(&used, self.cap, need, &rest, &mut legal, &mut free);
+            let current = scorer.project_current(&self.pol_repr[table]);
+            let projected = heads.project(&self.cost_repr[table]);
+            with.clear();
+            with.extend(dev_heads.iter().map(|dev| {
+                sum.clear();
+                sum.extend(dev.iter().zip(&projected).map(|(a, b)| a + b));
+                heads.finish(&sum)
+            }));
+            features.clear();
+            device_features(
+                &now,
+                &with,
+                &used,
+                need,
+                self.cap,
+                self.scale,
+                &mut features,
+            );
+            // The first legal device of highest logit (torch's argmax), with
+            // Gumbel noise when sampling.
+            let mut best: Option<(usize, f32)> = None;
+            let per_device = features.chunks_exact(DEVICE_FEATURES as usize);
+            for (d, f) in per_device.enumerate().filter(|&(d, _)| legal[d]) {
+                scorer.project_state_into(f, &mut scratch, &mut state);
+                let mut logit = scorer.logit(&dev_tables[d], &state, &current);
+                if let Some((rng, temperature)) = noise.as_mut() {
+                    let u: f64 = rand::Rng::gen_range(rng, 1e-12..1.0);
+                    logit += *temperature * (-(-u.ln()).ln()) as f32;
+                }
+                if best.is_none_or(|(_, b)| logit > b) {
+                    best = Some((d, logit));
+                }
+            }
+            let d = best.map_or(0, |(d, _)| d);
+            used[d] = used[d].saturating_add(need);
+            plan[table] = d;
+            add_into(
+                &mut dev_tables[d],
+                &scorer.project_table(&self.pol_repr[table]),
+            );
+            add_into(&mut dev_heads[d], &projected);
+            now[d] = with[d];
+        }
+        (plan, infeasible)
+    }
 }
 
 /// `sum += x`, element by element.
@@ -1026,6 +1082,55 @@ mod tests {
         let (a, _) = freq(1.0, 5);
         assert!(a[..5].iter().all(|&d| d == 0));
         assert!(a[5..].iter().any(|&d| d != 0));
+    }
+
+    #[test]
+    fn plain_samples_follow_the_batched_rollouts_distribution() {
+        // Four tables on two devices: plans, numbered by first use, have
+        // eight kinds. The plain sampler at a temperature and the batched
+        // rollout at the same temperature draw them alike; another
+        // temperature draws them differently (so the comparison can fail).
+        let (_vs, policy, cost) = nets();
+        let mem = MemoryModel::default();
+        let task = MdpTask::new(&tables(4), 2, u64::MAX, &mem);
+        let plain = PlainEpisodes::new(&policy, &cost, &task);
+        let n = 6000usize;
+        let histogram = |plans: Vec<Vec<usize>>| {
+            let mut h = std::collections::BTreeMap::<Vec<usize>, f64>::new();
+            for p in plans {
+                *h.entry(numbered_by_first_use(&p)).or_default() += 1.0 / n as f64;
+            }
+            h
+        };
+        let distance = |a: &std::collections::BTreeMap<Vec<usize>, f64>,
+                        b: &std::collections::BTreeMap<Vec<usize>, f64>| {
+            let keys: std::collections::BTreeSet<_> = a.keys().chain(b.keys()).collect();
+            keys.into_iter()
+                .map(|k| (a.get(k).unwrap_or(&0.0) - b.get(k).unwrap_or(&0.0)).abs())
+                .sum::<f64>()
+                / 2.0
+        };
+        let plain_at = |t: f64| histogram((0..n as u64).map(|i| plain.sampled(i, t).0).collect());
+        let batched_at = |t: f64| {
+            let mode = Mode::GreedyAndSamples {
+                seed: 9,
+                temperature: t,
+            };
+            let u = rollout(&policy, &cost, &task, n + 1, mode);
+            histogram(u.plans[1..].to_vec())
+        };
+        for t in [0.05, 0.3] {
+            let (a, b) = (plain_at(t), batched_at(t));
+            assert!(
+                distance(&a, &b) < 0.04,
+                "at temperature {t}: {a:?} against {b:?}"
+            );
+        }
+        let (cold, warm) = (plain_at(0.05), plain_at(0.3));
+        assert!(distance(&cold, &warm) > 0.1, "{cold:?} and {warm:?}");
+        // Seeded: the same seed, the same plan; towards zero, the greedy one.
+        assert_eq!(plain.sampled(7, 1.0), plain.sampled(7, 1.0));
+        assert_eq!(plain.sampled(7, 1e-9), plain.greedy());
     }
 
     #[test]

@@ -644,10 +644,10 @@ impl PolicyNet {
         PolicyScorer {
             hidden,
             table_width: o,
-            cost1: dense(&self.cost.l1),
-            cost2: dense(&self.cost.l2),
+            cost1: InputMajor::of(&dense(&self.cost.l1)),
+            cost2: InputMajor::of(&dense(&self.cost.l2)),
+            cost: InputMajor::of(&(block(o, cost_width), vec![0.0; hidden])),
             tables: block(0, o),
-            cost: block(o, cost_width),
             current: block(o + cost_width, o),
             b1,
             w2,
@@ -668,12 +668,45 @@ fn dense(l: &nn::Linear) -> (Vec<f32>, Vec<f32>) {
     (w, b)
 }
 
-/// `W·x + b` of a [`dense`] copy, with a ReLU after it.
-fn dense_relu((w, b): &(Vec<f32>, Vec<f32>), x: &[f32]) -> Vec<f32> {
-    w.chunks_exact(x.len().max(1))
-        .zip(b)
-        .map(|(row, b)| (dot(row, x) + b).max(0.0))
-        .collect()
+/// A linear layer stored input-major (`[in, out]`): `W·x + b` as the bias
+/// plus each input times its row, which vectorizes over the outputs and
+/// skips the inputs a ReLU before it zeroed (about half of them).
+#[derive(Debug, Clone)]
+struct InputMajor {
+    w: Vec<f32>,
+    b: Vec<f32>,
+}
+
+impl InputMajor {
+    /// From a [`dense`] copy (`[out, in]`).
+    fn of((w, b): &(Vec<f32>, Vec<f32>)) -> InputMajor {
+        let (out, inputs) = (b.len(), w.len() / b.len().max(1));
+        let mut t = vec![0.0f32; w.len()];
+        for (o, row) in w.chunks_exact(inputs.max(1)).enumerate() {
+            for (i, &x) in row.iter().enumerate() {
+                t[i * out + o] = x;
+            }
+        }
+        InputMajor { w: t, b: b.clone() }
+    }
+
+    /// `y = W·x + b`, with a ReLU after it if `relu`.
+    fn apply(&self, x: &[f32], y: &mut Vec<f32>, relu: bool) {
+        y.clear();
+        y.extend_from_slice(&self.b);
+        for (&xi, row) in x.iter().zip(self.w.chunks_exact(self.b.len().max(1))) {
+            if xi != 0.0 {
+                for (yj, &wj) in y.iter_mut().zip(row) {
+                    *yj += xi * wj;
+                }
+            }
+        }
+        if relu {
+            for v in y.iter_mut() {
+                *v = v.max(0.0);
+            }
+        }
+    }
 }
 
 /// The policy's device scores as plain arrays, for one greedy episode
@@ -688,12 +721,15 @@ fn dense_relu((w, b): &(Vec<f32>, Vec<f32>), x: &[f32]) -> Vec<f32> {
 pub struct PolicyScorer {
     hidden: usize,
     table_width: usize,
-    cost1: (Vec<f32>, Vec<f32>),
-    cost2: (Vec<f32>, Vec<f32>),
-    /// The score's first layer, split by input: `[hidden, table_width]`,
-    /// `[hidden, cost_width]`, `[hidden, table_width]`, and its bias.
+    /// The state features' MLP and the score's state part, input-major
+    /// (computed for every device at every step).
+    cost1: InputMajor,
+    cost2: InputMajor,
+    cost: InputMajor,
+    /// The score's first layer's table parts: `[hidden, table_width]`
+    /// twice (as a device's table, as the table being placed), and its
+    /// bias.
     tables: Vec<f32>,
-    cost: Vec<f32>,
     current: Vec<f32>,
     b1: Vec<f32>,
     w2: Vec<f32>,
@@ -728,9 +764,24 @@ impl PolicyScorer {
 
     /// A device's part from its state features (`DEVICE_FEATURES` values).
     pub fn project_state(&self, features: &[f32]) -> Vec<f32> {
+        let mut out = Vec::new();
+        self.project_state_into(features, &mut [Vec::new(), Vec::new()], &mut out);
+        out
+    }
+
+    /// [`PolicyScorer::project_state`] into `out`, with `scratch` for the
+    /// hidden layers: no allocation once the buffers have grown.
+    pub fn project_state_into(
+        &self,
+        features: &[f32],
+        scratch: &mut [Vec<f32>; 2],
+        out: &mut Vec<f32>,
+    ) {
         debug_assert_eq!(features.len(), DEVICE_FEATURES as usize);
-        let hidden = dense_relu(&self.cost1, features);
-        Self::project(&self.cost, &dense_relu(&self.cost2, &hidden))
+        let [h1, h2] = scratch;
+        self.cost1.apply(features, h1, true);
+        self.cost2.apply(h1, h2, true);
+        self.cost.apply(h2, out, false);
     }
 
     /// A device's logit from its three parts.

@@ -8,7 +8,7 @@
 //! actor's unroll.
 
 use actor::mdp::ADDED_ITERATION_COST;
-use actor::mdp::{greedy_episode, rollout, MdpTask, Mode, Unroll};
+use actor::mdp::{rollout, MdpTask, Mode, PlainEpisodes, Unroll};
 use actor::nets::{
     masked_log_softmax, CostNet, PlacedTables, PlanBatch, PolicyNet, COST_FEATURES, DEVICE_FEATURES,
 };
@@ -282,6 +282,30 @@ pub fn scaled_rewards(u: &Unroll, scale: RewardScale) -> Tensor {
     }
 }
 
+/// `f` of each item, in order, spread over up to one thread per core in
+/// consecutive shares when there are several items (for plain-Rust work
+/// such as `plan`'s episodes and searches: each is seeded, so the results do
+/// not depend on the threads).
+fn in_threads<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = items.len().min(cores);
+    if threads <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let share = items.len().div_ceil(threads);
+    let f = &f;
+    std::thread::scope(|scope| {
+        let running: Vec<_> = items
+            .chunks(share)
+            .map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<_>>()))
+            .collect();
+        running
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
+}
+
 /// One line of `metrics.jsonl`: written after every policy update.
 #[derive(Debug, Clone, Serialize)]
 pub struct Metrics {
@@ -457,7 +481,8 @@ impl Model {
     /// The policy's plan for a task, and whether it ran out of memory (see
     /// [`Model::estimate`] for its predicted cost): the candidate with the
     /// lowest predicted cost among the greedy episode, `plan_samples − 1`
-    /// sampled ones (one batched rollout, reproducible) and, with
+    /// sampled ones (plain arrays, spread over the cores, each seeded by its
+    /// number: reproducible) and, with
     /// `model.plan_heuristics`, the cheap heuristics' plans; then, for a
     /// feasible candidate and a composed overall cost, `model.plan_moves`
     /// hill-climbing moves and `model.plan_search` predicted plans of local
@@ -470,17 +495,15 @@ impl Model {
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
         let c = &self.plan_cfg;
         let k = c.plan_samples.max(1);
-        let mut candidates: Vec<(Vec<usize>, bool)> = if k == 1 {
-            // One greedy episode: plain arrays, no libtorch call per step.
-            vec![greedy_episode(&self.policy, &self.cost, &mdp)]
-        } else {
-            let mode = Mode::GreedyAndSamples {
-                seed: 0,
-                temperature: c.plan_temperature,
-            };
-            let u = rollout(&self.policy, &self.cost, &mdp, k, mode);
-            u.plans.into_iter().zip(u.infeasible).collect()
-        };
+        // The greedy episode and the sampled ones: plain arrays, no libtorch
+        // call per step, sample `i` seeded by `i` (reproducible, whatever
+        // the threads).
+        let episodes = PlainEpisodes::new(&self.policy, &self.cost, &mdp);
+        let indices: Vec<usize> = (0..k).collect();
+        let mut candidates: Vec<(Vec<usize>, bool)> = in_threads(&indices, |&i| match i {
+            0 => episodes.greedy(),
+            i => episodes.sampled(i as u64, c.plan_temperature),
+        });
         if c.plan_heuristics {
             use crate::baselines::Method::{Lookup, SizeLookup, Torchrec};
             let found =
@@ -527,26 +550,8 @@ impl Model {
             let Some(net) = &net else {
                 return starts.into_iter().map(|a| (a, f64::NAN)).collect();
             };
-            let one = |start: Vec<usize>| Self::search_from(net, task, mem, start, searched);
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let threads = starts.len().min(cores);
-            if threads <= 1 {
-                return starts.into_iter().map(one).collect();
-            }
-            // Consecutive shares, joined in order: the results keep the
-            // starts' order.
-            let share = starts.len().div_ceil(threads);
-            std::thread::scope(|scope| {
-                let running: Vec<_> = starts
-                    .chunks(share)
-                    .map(|part| {
-                        scope.spawn(move || part.iter().cloned().map(one).collect::<Vec<_>>())
-                    })
-                    .collect();
-                running
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                    .collect()
+            in_threads(&starts, |start| {
+                Self::search_from(net, task, mem, start.clone(), searched)
             })
         };
         if searching && c.plan_search_every_candidate {
@@ -1240,21 +1245,22 @@ pub(crate) mod tests {
         let mut trainer = Trainer::new(&cfg, &suite.tasks);
         let n = suite.tasks.len();
         assert!(trainer.rollout_tasks().len() > n, "tight copies are made");
-        // Rollouts place the copies too; an even share is too tight for
-        // an untrained policy's samples: some episodes run out of memory.
-        let (mut copies, mut short) = (0, None);
+        // Rollouts place the copies too.
+        let mut tight = None;
         for _ in 0..40 {
             let (k, u) = trainer.rollout();
             assert!(k < trainer.rollout_tasks().len());
             if k >= n {
-                copies += 1;
-                if u.infeasible.iter().any(|&x| x) && u.infeasible.iter().any(|&x| !x) {
-                    short = Some((k, u));
-                }
+                tight = Some((k, u));
             }
         }
-        assert!(copies > 0, "no rollout on a tight copy in 40");
-        let (k, u) = short.expect("no tight rollout mixing fitting and overflowing episodes");
+        let (k, mut u) = tight.expect("no rollout on a tight copy in 40");
+        let copy = &trainer.rollout_tasks()[k];
+        let of = suite.tasks.iter().find(|t| copy.name.starts_with(&t.name));
+        assert!(of.is_some_and(|of| copy.memory_gb < of.memory_gb && copy.tables == of.tables));
+        // The mask keeps room for the tables to come, so episodes seldom run
+        // out: say that every other one did.
+        u.infeasible = (0..u.infeasible.len()).map(|e| e % 2 == 0).collect();
         // The penalty falls on exactly the episodes that ran out.
         let plain = scaled_rewards(&u, cfg.train.reward);
         let less = penalized(plain.shallow_clone(), &u, cfg.train.infeasible_penalty);
@@ -1410,7 +1416,8 @@ pub(crate) mod tests {
                 let task = &suite.tasks[pick.task];
                 let planned_plan = trainer.model.plan(task, &cfg.memory).0;
                 let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
-                let episode = greedy_episode(&trainer.model.policy, &trainer.model.cost, &mdp).0;
+                let episode =
+                    actor::mdp::greedy_episode(&trainer.model.policy, &trainer.model.cost, &mdp).0;
                 if planned {
                     assert_eq!(pick.plan, planned_plan);
                     let predicted = trainer.model.estimate(&task.tables, &pick.plan).1;
@@ -1573,8 +1580,8 @@ pub(crate) mod tests {
     fn plans_over_memory_are_never_picked_for_measuring() {
         let dir = tempfile::tempdir().unwrap();
         let (cfg, suite) = small_data(dir.path());
-        // Tight memory: 50% more than an even share of the bytes, which the
-        // untrained policy's samples often run out of.
+        // A tenth more than an even share of the bytes (and room for the
+        // largest table): the heuristics' plans fit.
         let mut task = suite.tasks[0].clone();
         let bytes: Vec<u64> = task
             .tables
@@ -1582,42 +1589,37 @@ pub(crate) mod tests {
             .map(|t| cfg.memory.table_bytes(t))
             .collect();
         let even = bytes.iter().sum::<u64>() as f64 / task.devices as f64;
-        task.memory_gb = even * 1.5 / common::table::BYTES_PER_GB;
+        let largest = *bytes.iter().max().unwrap() as f64;
+        task.memory_gb = (even * 1.1).max(largest + 1.0) / common::table::BYTES_PER_GB;
         let tasks = vec![task];
         let task = &tasks[0];
-        let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
-        // Whether an untrained policy's samples run out of memory depends on
-        // its initial weights (about half of them do), and those on
-        // libtorch's generator, which the tests running beside this one
-        // share: the first training seed whose policy does. Its samples
-        // come from a generator of their own.
-        let samples = Mode::GreedyAndSamples {
-            seed: 0,
-            temperature: 1.0,
-        };
-        let seeded: Vec<Config> = (0..20)
-            .map(|seed| {
-                let mut cfg = cfg.clone();
-                cfg.train.seed = seed;
-                cfg
-            })
-            .collect();
-        let found = seeded
-            .iter()
-            .map(|cfg| Trainer::new(cfg, &tasks))
-            .find(|t| {
-                let u = rollout(&t.model.policy, &t.model.cost, &mdp, 200, samples);
-                u.infeasible.iter().any(|&x| x)
-            });
-        assert!(
-            found.is_some(),
-            "no sampled episode ran out of memory: the case tests nothing"
+        // The MDP's mask keeps room for the tables to come, so the policy's
+        // episodes seldom run out; these must: its rollouts see less memory
+        // than the task has (half an even share), every episode runs out,
+        // and its tables go to the devices with the most room, in the
+        // policy's order, which overflows the task's memory too.
+        let mut trainer = Trainer::new(&cfg, &tasks);
+        trainer.mdps[0] =
+            MdpTask::new(&task.tables, task.devices, (even * 0.5) as u64, &cfg.memory);
+        let u = rollout(
+            &trainer.model.policy,
+            &trainer.model.cost,
+            &trainer.mdps[0],
+            4,
+            Mode::Sample { seed: 1 },
         );
-        let mut trainer = found.unwrap();
+        assert!(u.infeasible.iter().all(|&x| x), "the case tests nothing");
         for round in 0..3 {
             trainer.counters.iteration = round;
             for j in 0..cfg.train.measure_per_iteration {
                 let pick = trainer.pick_plan(j);
+                if !trainer.greedy_pick(j) {
+                    // A sample ran out: a fitting heuristic plan instead.
+                    assert_eq!(
+                        Some(&pick.plan),
+                        trainer.fitting_heuristic_plan(task).as_ref()
+                    );
+                }
                 let mut used = vec![0u64; task.devices];
                 for (t, &d) in pick.plan.assignment.iter().enumerate() {
                     used[d] += bytes[t];

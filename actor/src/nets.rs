@@ -1150,6 +1150,42 @@ mod tests {
     }
 
     #[test]
+    fn the_plain_scorer_gives_the_networks_logits() {
+        tch::manual_seed(4);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let cfg = ModelConfig::default();
+        let net = PolicyNet::new(&vs.root(), &cfg);
+        let scorer = net.scorer();
+        let d = 6;
+        let dt = Tensor::randn([1, d, cfg.policy_table_out], (Kind::Float, Device::Cpu));
+        // Device features as the MDP makes them: some negative, some zero.
+        let cf = Tensor::randn([1, d, DEVICE_FEATURES], (Kind::Float, Device::Cpu)).relu()
+            - Tensor::rand([1, d, DEVICE_FEATURES], (Kind::Float, Device::Cpu)) * 0.5;
+        let cur = Tensor::randn([1, cfg.policy_table_out], (Kind::Float, Device::Cpu));
+        let out = net.forward(
+            &dt,
+            &cf,
+            &cur,
+            &Tensor::zeros([1], (Kind::Float, Device::Cpu)),
+        );
+        let want = Vec::<f32>::try_from(out.logits.view([-1])).unwrap();
+        let row = |t: &Tensor| Vec::<f32>::try_from(t.view([-1])).unwrap();
+        let current = scorer.project_current(&row(&cur));
+        let (mut scratch, mut state) = ([Vec::new(), Vec::new()], Vec::new());
+        for (k, w) in want.iter().enumerate() {
+            let k = k as i64;
+            let tables = scorer.project_table(&row(&dt.get(0).get(k)));
+            scorer.project_state_into(&row(&cf.get(0).get(k)), &mut scratch, &mut state);
+            assert_eq!(state, scorer.project_state(&row(&cf.get(0).get(k))));
+            let got = scorer.logit(&tables, &state, &current);
+            assert!(
+                (got - w).abs() < 1e-4 * (1.0 + w.abs()),
+                "device {k}: {got} against {w}"
+            );
+        }
+    }
+
+    #[test]
     fn policy_scores_every_device_of_any_count() {
         tch::manual_seed(0);
         let vs = nn::VarStore::new(Device::Cpu);

@@ -17,7 +17,7 @@ fn to_vec<T: tch::kind::Element + Copy>(t: &Tensor) -> Vec<T> {
 /// The most episodes an unroll may hold ([`unroll_from_data`] refuses more).
 pub const MAX_EPISODES: usize = 1 << 16;
 
-/// An unroll of training task `task` as plain data.
+/// An unroll of rollout task `task` as plain data.
 pub fn unroll_to_data(task: u32, u: &Unroll) -> UnrollData {
     let actions: Vec<i64> = to_vec(&u.actions);
     UnrollData {

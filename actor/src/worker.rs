@@ -1,5 +1,5 @@
 //! The actor's loop (DESIGN §3): introduce itself to the learner, take the
-//! configuration and training tasks from its welcome, keep the newest
+//! configuration and rollout tasks from its welcome, keep the newest
 //! weights, and roll out one unroll per credit on a task drawn at random.
 //! The same loop runs as a thread beside the learner (`inproc://`) and as
 //! the `actor` process (`tcp://`).
@@ -78,14 +78,14 @@ struct Setup {
     timeout: Duration,
 }
 
-/// Checks the welcome's configuration and training tasks (a bad one is an
+/// Checks the welcome's configuration and rollout tasks (a bad one is an
 /// error naming it, not a panic in the middle of a rollout) and builds the
 /// tasks' MDPs.
 fn setup(welcome: &Welcome) -> anyhow::Result<Setup> {
     let cfg = &welcome.config;
     anyhow::ensure!(
         !welcome.tasks.is_empty(),
-        "the learner sent no training tasks"
+        "the learner sent no rollout tasks"
     );
     let heartbeat = seconds("the learner's cluster.heartbeat_s", cfg.cluster.heartbeat_s)?;
     let timeout = seconds(
@@ -102,9 +102,8 @@ fn setup(welcome: &Welcome) -> anyhow::Result<Setup> {
         .iter()
         .enumerate()
         .map(|(k, task)| {
-            let bad = |e: String| {
-                anyhow::anyhow!("the learner's training task {k} (`{}`) {e}", task.name)
-            };
+            let bad =
+                |e: String| anyhow::anyhow!("the learner's rollout task {k} (`{}`) {e}", task.name);
             check_task(task).map_err(bad)?;
             check_unroll_size(k, task, episodes).map_err(bad)?;
             Ok(MdpTask::new(
@@ -296,7 +295,7 @@ fn session(
                 // Weights whose numbers overflow: no rollout until newer ones.
                 report.bad_weights += 1;
                 usable = false;
-                tracing::warn!("weights v{version} fail on training task {k}: {e}");
+                tracing::warn!("weights v{version} fail on rollout task {k}: {e}");
                 continue;
             }
         };
@@ -376,11 +375,11 @@ mod tests {
         cases.push((t, "too large"));
         for (bad, fault) in cases {
             let e = setup_error(&welcome(vec![task("good", 5, 2), bad]));
-            assert!(e.contains("training task 1 (`bad`)"), "{e}");
+            assert!(e.contains("rollout task 1 (`bad`)"), "{e}");
             assert!(e.contains(fault), "{e} (expected {fault})");
         }
         let e = setup_error(&welcome(vec![]));
-        assert!(e.contains("no training tasks"), "{e}");
+        assert!(e.contains("no rollout tasks"), "{e}");
     }
 
     #[test]
@@ -407,7 +406,7 @@ mod tests {
         let mut w = welcome(vec![task("t", 5, 2), task("big", 200, 8)]);
         w.config.train.episodes = 4096;
         let e = setup_error(&w);
-        assert!(e.contains("training task 1 (`big`)"), "{e}");
+        assert!(e.contains("rollout task 1 (`big`)"), "{e}");
         assert!(e.contains("train.episodes = 4096"), "{e}");
         assert!(e.contains("200 tables on 8 devices"), "{e}");
         // The floats fit; the masks and actions beside them do not.

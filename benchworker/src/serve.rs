@@ -220,7 +220,9 @@ fn heartbeating<T: Send>(
 /// more devices than this benchworker can measure (`most`): the learner
 /// hands their plans to other benchworkers, wide enough ones.
 fn too_wide(tasks: &[Task], most: usize) -> Option<String> {
-    let wide: Vec<&Task> = tasks.iter().filter(|t| t.devices > most).collect();
+    // The welcome's tight-memory copies are only rolled out, never measured.
+    let tasks: Vec<&Task> = tasks.iter().filter(|t| !t.is_tight_copy()).collect();
+    let wide: Vec<&&Task> = tasks.iter().filter(|t| t.devices > most).collect();
     let widest = wide.iter().max_by_key(|t| t.devices)?;
     Some(format!(
         "{} of the learner's {} training tasks need more devices than the {most} this \
@@ -607,7 +609,17 @@ mod tests {
 
     #[test]
     fn tasks_wider_than_the_benchworker_are_named_once_at_welcome() {
-        let tasks = [task("a", 4), task("b", 8), task("c", 4), task("d", 6)];
+        let mut tasks = vec![task("a", 4), task("b", 8), task("c", 4), task("d", 6)];
+        // Tight-memory copies (rolled out, never measured) are not counted.
+        let copies: Vec<Task> = tasks
+            .iter()
+            .map(|t| {
+                let mut c = t.clone();
+                c.name = Task::tight_copy_name(&t.name, 0);
+                c
+            })
+            .collect();
+        tasks.extend(copies);
         assert_eq!(too_wide(&tasks, 8), None);
         let w = too_wide(&tasks, 4).unwrap();
         assert!(w.contains("2 of the learner's 4 training tasks"), "{w}");

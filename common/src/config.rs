@@ -313,9 +313,10 @@ pub struct ModelConfig {
     /// Whether and how the cost network uses each table's work on a linear
     /// scale (see [`CostWork`]).
     pub cost_work: CostWork,
-    /// Episodes the policy rolls out in lockstep when it places for a user
-    /// (`plan`, eval's `policy`): its greedy episode and `plan_samples − 1`
-    /// samples; the plan with the lowest predicted cost wins. 1: greedy only.
+    /// Episodes the policy places when it places for a user (`plan`,
+    /// eval's `policy`): its greedy episode and `plan_samples − 1` samples
+    /// (each seeded by its number, spread over the cores); the plan with the
+    /// lowest predicted cost wins. 1: greedy only.
     pub plan_samples: usize,
     /// Whether `plan` also lets the cheap heuristics' plans (`lookup`,
     /// `size_lookup`, `torchrec`) compete on predicted cost.
@@ -608,7 +609,8 @@ pub struct TrainConfig {
     /// Copies of each training task that rollouts also place with less
     /// memory per device (measured plans keep the tasks' own): the policy
     /// learns to fit a tight budget, which the training suites seldom ask
-    /// for. 0: none; 1: half the rollouts are on a tight copy.
+    /// for. 0: none; 1: up to half the rollouts are on a tight copy (a
+    /// task already tighter than its drawn copy gets none).
     pub tight_memory: usize,
     /// A tight copy's memory per device, as a multiple of an even share
     /// of its tables' memory, drawn uniformly from `[low, high]` per copy

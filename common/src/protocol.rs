@@ -22,7 +22,7 @@ pub const MAGIC: [u8; 4] = *b"EMBS";
 /// Bumped on any incompatible change of the messages below.
 pub const PROTOCOL_VERSION: u16 = 4;
 /// The largest frame a peer accepts (weights of the default networks are
-/// about 200 KiB; a welcome carries the training tasks).
+/// about 200 KiB; a welcome carries the rollout tasks).
 pub const MAX_FRAME_BYTES: usize = 64 << 20;
 const PREFIX: usize = 7;
 
@@ -72,11 +72,11 @@ pub struct Weights {
     pub cost: Vec<NamedArray>,
 }
 
-/// `E` episodes of one training task rolled out on the estimated MDP,
+/// `E` episodes of one rollout task on the estimated MDP,
 /// time-major over the task's `M` tables (see `actor::mdp::Unroll`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UnrollData {
-    /// Index of the task in the training suite of the welcome.
+    /// Index of the task among the welcome's tasks (the rollout tasks).
     pub task: u32,
     pub episodes: u32,
     /// Table placed at each step.

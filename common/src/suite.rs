@@ -27,6 +27,9 @@ pub struct TaskSpec {
     pub tables: Vec<String>,
 }
 
+/// What a tight-memory copy's name adds to its training task's.
+const TIGHT_COPY_MARK: &str = " (tight memory ";
+
 /// The suite file as written on disk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,6 +48,19 @@ pub struct Task {
 }
 
 impl Task {
+    /// The name of tight-memory copy `copy` of the training task `name`:
+    /// a task that only rollouts place (`train.tight_memory`), with less
+    /// memory per device.
+    pub fn tight_copy_name(name: &str, copy: usize) -> String {
+        format!("{name}{TIGHT_COPY_MARK}{copy})")
+    }
+
+    /// Whether this is a tight-memory copy of a training task (no plan of
+    /// it is ever measured).
+    pub fn is_tight_copy(&self) -> bool {
+        self.name.contains(TIGHT_COPY_MARK)
+    }
+
     /// The per-device memory cap in bytes.
     pub fn cap_bytes(&self) -> u64 {
         (self.memory_gb * BYTES_PER_GB) as u64

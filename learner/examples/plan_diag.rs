@@ -1,12 +1,12 @@
 //! Diagnostics for plan-time selection: per task, `K` candidates (the greedy
-//! episode and `K − 1` samples, as `plan` rolls them out), each predicted by
+//! episode and `K − 1` samples, as `plan` draws them), each predicted by
 //! the cost network and measured on the `sim` oracle. Prints the mean
 //! measured cost of the greedy plan, of the candidate the cost network picks,
 //! of the truly best candidate (what a perfect ranking would get), and the
 //! mean Spearman correlation between predicted and measured costs.
 //!
 //! cargo run --release --example plan_diag -- RUN_DIR K SUITE...
-use actor::mdp::{rollout, MdpTask, Mode};
+use actor::mdp::{MdpTask, PlainEpisodes};
 use benchworker::sim::SimOracle;
 use benchworker::Oracle;
 use common::{Plan, Suite};
@@ -32,17 +32,25 @@ fn main() -> anyhow::Result<()> {
         let (mut greedy, mut picked, mut best, mut rho, mut n) = (0.0, 0.0, 0.0, 0.0, 0.0);
         for task in &suite.tasks {
             let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
-            let mode = Mode::GreedyAndSamples {
-                seed: 0,
-                temperature: cfg.model.plan_temperature,
-            };
-            let u = rollout(&model.policy, &model.cost, &mdp, k, mode);
-            let pred: Vec<f64> = Vec::<f32>::try_from(&u.predicted_cost_ms)?
-                .into_iter()
-                .map(f64::from)
+            let episodes = PlainEpisodes::new(&model.policy, &model.cost, &mdp);
+            let plans: Vec<Vec<usize>> = (0..k)
+                .map(|i| match i {
+                    0 => episodes.greedy().0,
+                    i => episodes.sampled(i as u64, cfg.model.plan_temperature).0,
+                })
+                .collect();
+            let pred: Vec<f64> = plans
+                .iter()
+                .map(|p| {
+                    let plan = Plan {
+                        devices: task.devices,
+                        assignment: p.clone(),
+                    };
+                    model.estimate(&task.tables, &plan).1
+                })
                 .collect();
             let mut meas = Vec::new();
-            for p in &u.plans {
+            for p in &plans {
                 let plan = Plan {
                     devices: task.devices,
                     assignment: p.clone(),

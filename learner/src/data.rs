@@ -120,13 +120,14 @@ pub fn tight_copy(
     let share = bytes.iter().sum::<u64>() as f64 / task.devices.max(1) as f64;
     let largest = bytes.iter().copied().max().unwrap_or(0) as f64;
     let cap = (slack * share).max(largest);
-    (cap < task.cap_bytes() as f64).then(|| common::Task {
-        name: format!("{} (tight memory {copy})", task.name),
+    let tight = common::Task {
+        name: common::Task::tight_copy_name(&task.name, copy),
         devices: task.devices,
         // Rounded up, so that the largest table still fits the cap.
         memory_gb: (cap + 1.0) / common::table::BYTES_PER_GB,
         tables: task.tables.clone(),
-    })
+    };
+    (tight.cap_bytes() < task.cap_bytes()).then_some(tight)
 }
 
 /// The shapes of the tasks a model was trained on, kept beside its run
@@ -231,6 +232,7 @@ mod tests {
         for (i, copy) in all[6..].iter().enumerate() {
             let of = &tasks[i % 6];
             assert_eq!((&copy.tables, copy.devices), (&of.tables, of.devices));
+            assert!(copy.is_tight_copy() && !of.is_tight_copy());
             assert!(copy.memory_gb < of.memory_gb);
             let bytes: Vec<u64> = of.tables.iter().map(|t| mem.table_bytes(t)).collect();
             let largest = *bytes.iter().max().unwrap();

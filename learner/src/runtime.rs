@@ -245,7 +245,8 @@ impl<'t, 'a> Learner<'t, 'a> {
             }),
         )?;
         fits(
-            "the welcome (the configuration and every rollout task's tables)",
+            "the welcome (the configuration and every rollout task's tables: the training tasks \
+             and train.tight_memory copies of each)",
             &Message::Welcome {
                 peer: 0,
                 config_toml: welcome_config.clone(),

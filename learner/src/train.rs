@@ -109,6 +109,8 @@ pub struct PolicyStats {
     pub pg_loss: f64,
     pub baseline_loss: f64,
     pub entropy: f64,
+    /// The episodes' mean final reward, `train.infeasible_penalty`
+    /// included.
     pub mean_reward: f64,
 }
 

@@ -569,6 +569,11 @@ pub struct TrainConfig {
     /// it finds teaches the network its errors there, which is where `plan`
     /// relies on it.
     pub measure_planned: bool,
+    /// Temperature of the sampled episodes among the measured plans (1:
+    /// the policy's own probabilities; higher, closer to a uniform choice
+    /// among the legal devices): how widely the measurements spread around
+    /// where the policy goes.
+    pub measure_temperature: f64,
     pub cost_steps: usize,
     pub cost_batch: usize,
     pub cost_lr: f64,
@@ -635,6 +640,7 @@ impl Default for TrainConfig {
             measure_per_iteration: 10,
             measure_greedy_share: 0.5,
             measure_planned: true,
+            measure_temperature: 1.0,
             cost_steps: 1000,
             cost_batch: 64,
             cost_lr: 1e-3,
@@ -670,6 +676,7 @@ impl TrainConfig {
             "train.measure_per_iteration",
             self.measure_per_iteration as f64,
         )?;
+        positive("train.measure_temperature", self.measure_temperature)?;
         if !(0.0..=1.0).contains(&self.measure_greedy_share) {
             return Err(format!(
                 "train.measure_greedy_share = {} must lie in [0, 1]",
@@ -1011,6 +1018,12 @@ mod tests {
             );
         }
         refused("[train]\ntight_memory = 9\n", "train.tight_memory");
+        for v in ["0.0", "-1.0", "nan", "inf"] {
+            refused(
+                &format!("[train]\nmeasure_temperature = {v}\n"),
+                "train.measure_temperature",
+            );
+        }
         for v in ["-1.0", "nan", "inf"] {
             refused(
                 &format!("[train]\ninfeasible_penalty = {v}\n"),

@@ -922,24 +922,20 @@ impl<'a> Trainer<'a> {
             let predicted_ms = self.model.estimate(&task.tables, &plan).1;
             (plan, infeasible, predicted_ms)
         } else {
-            // Not the stream `pick_task` drew the task from.
-            let mode = if greedy {
-                Mode::Greedy
+            let episodes = PlainEpisodes::new(&self.model.policy, &self.model.cost, &self.mdps[k]);
+            let (assignment, infeasible) = if greedy {
+                episodes.greedy()
             } else {
-                Mode::Sample {
-                    seed: seed ^ 0x5bd1_e995_9e37_79b9,
-                }
+                // Not the stream `pick_task` drew the task from.
+                let seed = seed ^ 0x5bd1_e995_9e37_79b9;
+                episodes.sampled(seed, self.cfg.train.measure_temperature)
             };
-            let u = rollout(&self.model.policy, &self.model.cost, &self.mdps[k], 1, mode);
             let plan = Plan {
                 devices: task.devices,
-                assignment: u.plans[0].clone(),
+                assignment,
             };
-            (
-                plan,
-                u.infeasible[0],
-                u.predicted_cost_ms.double_value(&[0]),
-            )
+            let predicted_ms = self.model.estimate(&task.tables, &plan).1;
+            (plan, infeasible, predicted_ms)
         };
         if infeasible {
             // A plan over a device's memory cannot run (on a GPU it would
@@ -1576,6 +1572,38 @@ pub(crate) mod tests {
         measure_round_1(&mut lost, &mut sim);
         assert_eq!(lost.buffer.len(), 2 * m);
         assert_eq!(places(&lost, 1), (0..=m).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_sampled_share_is_drawn_at_its_temperature() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cfg, suite) = small_data(dir.path());
+        let sampled: Vec<usize> = {
+            let t = Trainer::new(&cfg, &suite.tasks);
+            (0..cfg.train.measure_per_iteration)
+                .filter(|&j| !t.greedy_pick(j))
+                .collect()
+        };
+        assert!(!sampled.is_empty());
+        let mut differ = Vec::new();
+        for temperature in [1e-9, 1000.0] {
+            cfg.train.measure_temperature = temperature;
+            let mut trainer = Trainer::new(&cfg, &suite.tasks);
+            let mut n = 0;
+            for &j in &sampled {
+                let pick = trainer.pick_plan(j);
+                let mdp = &trainer.mdps[pick.task];
+                let greedy =
+                    actor::mdp::greedy_episode(&trainer.model.policy, &trainer.model.cost, mdp).0;
+                let same = actor::mdp::numbered_by_first_use(&pick.plan.assignment)
+                    == actor::mdp::numbered_by_first_use(&greedy);
+                n += !same as usize;
+            }
+            differ.push(n);
+        }
+        // Cold: every sample is the greedy episode; hot: hardly any.
+        assert_eq!(differ[0], 0, "{differ:?}");
+        assert_eq!(differ[1], sampled.len(), "{differ:?}");
     }
 
     #[test]

@@ -503,7 +503,7 @@ mod tests {
             .unwrap()
             .port();
         let endpoint = format!("tcp://127.0.0.1:{port}");
-        let mut link = Link::connect(&ctx, &endpoint).unwrap();
+        let mut link = Link::connect(&ctx, &endpoint, Some("t")).unwrap();
         let answer = Message::JobFailed {
             job: 7,
             error: "x".into(),
@@ -513,7 +513,7 @@ mod tests {
         assert!(!sent && start.elapsed() >= Duration::from_millis(300));
         // The learner is back (libzmq reconnects within its retry
         // interval): the answer waits for the connection and goes out.
-        let mut hub = common::link::Hub::bind(&ctx, &endpoint).unwrap();
+        let mut hub = common::link::Hub::bind(&ctx, &endpoint, Some("t")).unwrap();
         assert!(send_answer(&mut link, 0, &answer, Duration::from_secs(10)).unwrap());
         let got = hub.recv(5000).unwrap().map(|m| m.message);
         assert_eq!(got, Some(answer));
@@ -536,7 +536,7 @@ mod tests {
         use common::protocol::Role;
         let ctx = zmq::Context::new();
         let endpoint = "inproc://serve-too-large";
-        let mut hub = Hub::bind(&ctx, endpoint).unwrap();
+        let mut hub = Hub::bind(&ctx, endpoint, Some("t")).unwrap();
         let huge = Task {
             name: "huge".into(),
             devices: 1,

@@ -6,6 +6,15 @@
 //!
 //! Frames that do not decode are counted by reason in `drops` and skipped;
 //! receiving never fails on bad input, only on a broken socket.
+//!
+//! Over `tcp://` and `ipc://` the cluster token is checked at each
+//! connection's handshake (ZeroMQ PLAIN and a ZAP handler, see `link/auth.rs`):
+//! a peer without it gets no message through. The hello's token is checked
+//! as well, and is the only check between threads (`inproc://`).
+
+mod auth;
+
+pub use auth::MAX_TOKEN_BYTES;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -65,6 +74,9 @@ impl Envelope {
 /// A peer's connection to the learner.
 pub struct Link {
     socket: zmq::Socket,
+    /// The connection's handshakes, watched where it has any (not over
+    /// `inproc://`) and a token is given.
+    handshakes: Option<auth::HandshakeWatch>,
     envelope: Envelope,
     last_heard: Instant,
     last_sent: Instant,
@@ -81,10 +93,26 @@ pub struct Welcome {
 }
 
 impl Link {
-    /// Connects to the learner at `endpoint`; nothing is sent yet.
-    pub fn connect(ctx: &zmq::Context, endpoint: &str) -> anyhow::Result<Link> {
+    /// Connects to the learner at `endpoint`; nothing is sent yet. With a
+    /// `token`, the connection presents it at its handshake (as its PLAIN
+    /// password), which a learner over `tcp://` or `ipc://` requires; a
+    /// refusal there is an error of [`Link::register`] and [`Link::tend`].
+    pub fn connect(
+        ctx: &zmq::Context,
+        endpoint: &str,
+        token: Option<&str>,
+    ) -> anyhow::Result<Link> {
         let socket = ctx.socket(zmq::DEALER)?;
         configure(&socket)?;
+        let mut handshakes = None;
+        if let Some(token) = token {
+            auth::check_token(token)?;
+            socket.set_plain_username(Some(auth::PLAIN_USER))?;
+            socket.set_plain_password(Some(token))?;
+            if !endpoint.starts_with("inproc://") {
+                handshakes = Some(auth::HandshakeWatch::new(ctx, &socket)?);
+            }
+        }
         // Queue nothing while the learner is away: what it would get on
         // reconnecting is stale (a restarted learner says hello anew).
         socket.set_immediate(true)?;
@@ -99,6 +127,7 @@ impl Link {
             .with_context(|| format!("connecting to the learner at {endpoint}"))?;
         Ok(Link {
             socket,
+            handshakes,
             envelope: Envelope {
                 sender: 0,
                 incarnation,
@@ -128,9 +157,19 @@ impl Link {
         Ok(())
     }
 
+    /// An error naming the cause if the learner refused this peer's token
+    /// at a handshake since the last look.
+    pub fn check_handshakes(&mut self) -> anyhow::Result<()> {
+        match &mut self.handshakes {
+            Some(watch) => watch.check(),
+            None => Ok(()),
+        }
+    }
+
     /// One turn of a peer's loop: the end of the stay if `stop` is set or
     /// the learner has been silent for `timeout`, otherwise a heartbeat if
-    /// one is due and `None`.
+    /// one is due and `None`. An error if the learner refused this peer's
+    /// token at a handshake (a reconnection to a learner with another).
     pub fn tend(
         &mut self,
         stop: &AtomicBool,
@@ -140,6 +179,7 @@ impl Link {
         if stop.load(Ordering::Relaxed) {
             return Ok(Some(End::Stop));
         }
+        self.check_handshakes()?;
         if self.silence() > timeout {
             return Ok(Some(End::LostLearner));
         }
@@ -149,8 +189,8 @@ impl Link {
 
     /// Says hello (again every two seconds) until the learner welcomes this
     /// peer. `None`: `stop` was set or the learner said `Shutdown` first.
-    /// A refusal for good (a wrong token) or no welcome within `wait` is an
-    /// error.
+    /// A refusal for good (a wrong token, at the handshake or in answer to
+    /// the hello) or no welcome within `wait` is an error.
     pub fn register(
         &mut self,
         role: Role,
@@ -168,10 +208,16 @@ impl Link {
             if stop.load(Ordering::Relaxed) {
                 return Ok(None);
             }
-            anyhow::ensure!(
-                start.elapsed() < wait,
-                "no welcome from the learner within {wait:?}"
-            );
+            self.check_handshakes()?;
+            if start.elapsed() >= wait {
+                let failed = self.handshakes.as_ref().and_then(|w| w.last_failure());
+                anyhow::bail!(
+                    "no welcome from the learner within {wait:?}{}",
+                    failed
+                        .map(|f| format!(" (the last connection failed at its handshake: {f})"))
+                        .unwrap_or_default()
+                );
+            }
             if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(2)) {
                 self.send(0, &hello)?;
                 said = Some(Instant::now());
@@ -349,7 +395,7 @@ pub fn sessions(
     stop: &AtomicBool,
     mut session: impl FnMut(&mut Link, &Welcome) -> anyhow::Result<End>,
 ) -> anyhow::Result<u64> {
-    let mut link = Link::connect(ctx, endpoint)?;
+    let mut link = Link::connect(ctx, endpoint, Some(token))?;
     let mut welcomes = 0u64;
     loop {
         let Some(welcome) = link
@@ -378,6 +424,9 @@ pub struct Incoming {
 /// The learner's socket: every peer connects here.
 pub struct Hub {
     socket: zmq::Socket,
+    /// Checks the token of connections over `tcp://` and `ipc://`; dropped
+    /// after the socket (fields drop in order), and stopped then.
+    zap: Option<auth::ZapHandler>,
     envelope: Envelope,
     /// Frames received and dropped, by reason.
     pub drops: DropCounts,
@@ -385,10 +434,26 @@ pub struct Hub {
 
 impl Hub {
     /// Binds `endpoint` (for example `inproc://learner` or
-    /// `tcp://127.0.0.1:5555`).
-    pub fn bind(ctx: &zmq::Context, endpoint: &str) -> anyhow::Result<Hub> {
+    /// `tcp://127.0.0.1:5555`). With a cluster `token`, connections over
+    /// `tcp://` and `ipc://` (to this endpoint and any bound later) must
+    /// present it at their handshake, as their PLAIN password, to a ZAP
+    /// handler started here on `ctx` (one per context): others are refused
+    /// before any of their messages arrives, and counted
+    /// ([`Hub::refused_handshakes`]). `inproc://` connections have no
+    /// handshake. Without a token only `inproc://` endpoints may be bound.
+    pub fn bind(ctx: &zmq::Context, endpoint: &str, token: Option<&str>) -> anyhow::Result<Hub> {
         let socket = ctx.socket(zmq::ROUTER)?;
         configure(&socket)?;
+        // The handler answers before the first connection can ask.
+        let zap = match token {
+            Some(token) => {
+                let zap = auth::ZapHandler::start(ctx, token, &socket)?;
+                socket.set_plain_server(true)?;
+                socket.set_zap_domain(auth::ZAP_DOMAIN)?;
+                Some(zap)
+            }
+            None => None,
+        };
         // Closing still delivers what is queued (the final shutdown) for a while.
         socket.set_linger(2000)?;
         // A reply to a peer that has gone is an error, not a silent drop.
@@ -396,29 +461,48 @@ impl Hub {
         // A peer that reconnects (its routing id is its own, see
         // `Link::connect`) takes its id over from the stale connection.
         socket.set_router_handover(true)?;
-        socket
-            .bind(endpoint)
-            .with_context(|| format!("binding the learner to {endpoint}"))?;
-        Ok(Hub {
+        let hub = Hub {
             socket,
+            zap,
             envelope: Envelope {
                 sender: 0,
                 incarnation: crate::protocol::new_incarnation(),
                 seq: 0,
             },
             drops: DropCounts::default(),
-        })
+        };
+        hub.bind_endpoint(endpoint)?;
+        Ok(hub)
     }
 
     /// Binds one more endpoint; returns it as bound (a `tcp://…:0`
     /// request gets its port).
     pub fn bind_also(&mut self, endpoint: &str) -> anyhow::Result<String> {
-        self.socket
-            .bind(endpoint)
-            .with_context(|| format!("binding the learner to {endpoint}"))?;
+        self.bind_endpoint(endpoint)?;
         self.socket
             .get_last_endpoint()?
             .map_err(|_| anyhow::anyhow!("the bound endpoint is not UTF-8"))
+    }
+
+    /// Binds `endpoint`, unless it would take connections that no token
+    /// is checked on.
+    fn bind_endpoint(&self, endpoint: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.zap.is_some() || endpoint.starts_with("inproc://"),
+            "binding the learner to {endpoint} without a cluster token: anyone who reaches it \
+             could send to the learner"
+        );
+        self.socket
+            .bind(endpoint)
+            .with_context(|| format!("binding the learner to {endpoint}"))
+    }
+
+    /// Connections over `tcp://` or `ipc://` refused at their handshake so
+    /// far: each that gave another token, and each that gave none where
+    /// libzmq reports it (not when the peer drops the connection before
+    /// the learner reads its greeting).
+    pub fn refused_handshakes(&self) -> u64 {
+        self.zap.as_ref().map_or(0, auth::ZapHandler::refused)
     }
 
     /// Sends to one peer; false when the peer is gone.
@@ -502,10 +586,12 @@ mod tests {
     #[test]
     fn a_link_and_a_hub_talk_and_garbage_is_counted() {
         let ctx = zmq::Context::new();
-        let mut hub = Hub::bind(&ctx, "inproc://link-test").unwrap();
-        let mut link = Link::connect(&ctx, "inproc://link-test").unwrap();
+        let mut hub = Hub::bind(&ctx, "inproc://link-test", Some("t")).unwrap();
+        let mut link = Link::connect(&ctx, "inproc://link-test", Some("t")).unwrap();
         link.send(0, &Message::Heartbeat).unwrap();
-        // Garbage from a raw socket, then a valid message from it.
+        // Garbage from a raw socket, then a valid message from it: inproc
+        // has no handshake, so a socket without credentials gets through
+        // (to the hello's check) though the hub has a token.
         let raw = ctx.socket(zmq::DEALER).unwrap();
         raw.connect("inproc://link-test").unwrap();
         raw.send(&b"not a frame"[..], 0).unwrap();
@@ -525,9 +611,9 @@ mod tests {
     #[test]
     fn a_peer_that_reconnects_keeps_its_routing_id() {
         let ctx = zmq::Context::new();
-        let mut hub = Hub::bind(&ctx, "inproc://reconnect-test").unwrap();
+        let mut hub = Hub::bind(&ctx, "inproc://reconnect-test", Some("t")).unwrap();
         let endpoint = hub.bind_also("tcp://127.0.0.1:0").unwrap();
-        let mut link = Link::connect(&ctx, &endpoint).unwrap();
+        let mut link = Link::connect(&ctx, &endpoint, Some("t")).unwrap();
         // Nothing is queued until the connection stands: say it until heard.
         let first = (0..50)
             .find_map(|_| {
@@ -541,6 +627,8 @@ mod tests {
         // stands (a reconnect before the old connection is seen to drop):
         // it takes the id over, and its messages come from the same peer.
         let again = ctx.socket(zmq::DEALER).unwrap();
+        again.set_plain_username(Some("x")).unwrap();
+        again.set_plain_password(Some("t")).unwrap();
         again.set_identity(&first.from).unwrap();
         again.connect(&endpoint).unwrap();
         let frame = encode(
@@ -562,5 +650,183 @@ mod tests {
         // Replies go to the new connection.
         assert!(hub.send(&second.from, 0, &Message::Credit { n: 1 }));
         assert_eq!(again.poll(zmq::POLLIN, 2000).unwrap(), 1);
+    }
+
+    /// What `hub` received within `ms` milliseconds, heartbeats from
+    /// anyone included.
+    fn heard(hub: &mut Hub, ms: u64) -> Vec<Message> {
+        let start = Instant::now();
+        let mut got = Vec::new();
+        while start.elapsed() < Duration::from_millis(ms) {
+            if let Some(m) = hub.recv(50).unwrap() {
+                got.push(m.message);
+            }
+        }
+        got
+    }
+
+    /// Over tcp, connections without the cluster token (none, or another)
+    /// are refused at their handshake and counted: none of their messages
+    /// reaches the hub, not a hello that carries the right token inside,
+    /// not a message of many big frames; a link with the right token talks.
+    #[test]
+    fn over_tcp_only_the_token_gets_a_message_through() {
+        let ctx = zmq::Context::new();
+        let mut hub = Hub::bind(&ctx, "inproc://auth-test", Some("right")).unwrap();
+        let endpoint = hub.bind_also("tcp://127.0.0.1:0").unwrap();
+        // Strangers of another process (context).
+        let far = zmq::Context::new();
+        let hello = encode(
+            &Header {
+                sender: 0,
+                incarnation: 9,
+                seq: 1,
+                policy_version: 0,
+            },
+            &Message::Hello {
+                role: Role::Actor,
+                token: "right".into(),
+            },
+        );
+        let stranger = |password: Option<&str>| {
+            let s = far.socket(zmq::DEALER).unwrap();
+            s.set_linger(0).unwrap();
+            if let Some(p) = password {
+                s.set_plain_username(Some("embshard")).unwrap();
+                s.set_plain_password(Some(p)).unwrap();
+            }
+            let watch = auth::HandshakeWatch::new(&far, &s).unwrap();
+            s.connect(&endpoint).unwrap();
+            // Queued until the connection stands, and sent then; once it is
+            // refused, there is nowhere to queue (libzmq does not connect
+            // again), hence no waiting.
+            let _ = s.send(&b"garbage"[..], zmq::DONTWAIT);
+            let _ = s.send(&hello, zmq::DONTWAIT);
+            let _ = s.send_multipart(vec![vec![7u8; 1 << 20]; 16], zmq::DONTWAIT);
+            (s, watch)
+        };
+        let refused_within = |hub: &mut Hub, at_least: u64| {
+            let start = Instant::now();
+            while hub.refused_handshakes() < at_least {
+                assert!(start.elapsed() < Duration::from_secs(20), "not refused");
+                assert_eq!(hub.recv(50).unwrap().map(|m| m.message), None);
+            }
+        };
+        // The wrong token: refused, and counted (libzmq 4.3 does not
+        // connect again after a refusal at the handshake).
+        let wrong = stranger(Some("wrong"));
+        refused_within(&mut hub, 1);
+        // No credentials at all (as a peer of an older version): refused,
+        // as the stranger sees; counted only where libzmq reports it (not
+        // when the stranger drops the connection first).
+        let (none, mut watch) = stranger(None);
+        let start = Instant::now();
+        while watch.last_failure().is_none() {
+            assert!(start.elapsed() < Duration::from_secs(20), "not refused");
+            watch.check().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(heard(&mut hub, 500), [], "a stranger got a message through");
+        assert_eq!(hub.drops.total(), 0);
+        drop((none, wrong));
+
+        // A link with the wrong token ends at once, with the reason.
+        let stop = AtomicBool::new(false);
+        let mut link = Link::connect(&far, &endpoint, Some("wrong")).unwrap();
+        let start = Instant::now();
+        let e = link
+            .register(Role::Actor, "wrong", Duration::from_secs(60), &stop)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("refused our cluster token") && e.contains("wrong cluster token"),
+            "{e}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(20), "{e}");
+        drop(link);
+
+        // The right token: heard, and answered.
+        let mut link = Link::connect(&far, &endpoint, Some("right")).unwrap();
+        let got = (0..100)
+            .find_map(|_| {
+                let _ = link.send(0, &Message::Heartbeat);
+                hub.recv(100).unwrap()
+            })
+            .expect("the hub never heard the link with the token");
+        assert_eq!(got.message, Message::Heartbeat);
+        assert!(hub.send(&got.from, 0, &Message::Credit { n: 1 }));
+        let (_, m) = link.recv(5000).unwrap().expect("an answer");
+        assert_eq!(m, Message::Credit { n: 1 });
+        link.check_handshakes().unwrap();
+    }
+
+    /// A link whose learner takes no credentials (a learner of an older
+    /// version) names that when no welcome comes; a hub without a token
+    /// binds nothing but inproc.
+    #[test]
+    fn a_learner_without_plain_is_named_and_a_hub_without_a_token_stays_inproc() {
+        let ctx = zmq::Context::new();
+        let e = Hub::bind(&ctx, "tcp://127.0.0.1:0", None)
+            .err()
+            .expect("tcp without a token")
+            .to_string();
+        assert!(e.contains("without a cluster token"), "{e}");
+        let mut hub = Hub::bind(&ctx, "inproc://no-token", None).unwrap();
+        assert!(hub.bind_also("ipc:///tmp/embshard-no-token").is_err());
+        // An old learner: a ROUTER with no security mechanism.
+        let old = ctx.socket(zmq::ROUTER).unwrap();
+        old.bind("tcp://127.0.0.1:0").unwrap();
+        let endpoint = old.get_last_endpoint().unwrap().unwrap();
+        let mut link = Link::connect(&ctx, &endpoint, Some("t")).unwrap();
+        let stop = AtomicBool::new(false);
+        let e = link
+            .register(Role::Benchworker, "t", Duration::from_millis(1500), &stop)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no welcome") && e.contains("takes no PLAIN credentials"),
+            "{e}"
+        );
+        assert_eq!(old.poll(zmq::POLLIN, 0).unwrap(), 0, "nothing got through");
+        // Tokens PLAIN cannot carry are refused at once.
+        let long = "x".repeat(MAX_TOKEN_BYTES + 1);
+        assert!(Link::connect(&ctx, &endpoint, Some(&long)).is_err());
+        let other = zmq::Context::new();
+        assert!(Hub::bind(&other, "inproc://long", Some(&long)).is_err());
+    }
+
+    /// One hub with a token per context (they share the ZAP endpoint);
+    /// once it is dropped, its handler has stopped and another may bind.
+    /// Over ipc, as over tcp, the token is checked at the handshake.
+    #[test]
+    fn a_dropped_hub_stops_its_zap_handler() {
+        let ctx = zmq::Context::new();
+        let hub = Hub::bind(&ctx, "inproc://first", Some("t")).unwrap();
+        let e = Hub::bind(&ctx, "inproc://second", Some("t"))
+            .err()
+            .expect("a second ZAP handler")
+            .to_string();
+        assert!(e.contains("ZAP"), "{e}");
+        let start = Instant::now();
+        drop(hub);
+        assert!(start.elapsed() < Duration::from_secs(2));
+        let mut hub = Hub::bind(&ctx, "inproc://second", Some("t")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let endpoint = format!("ipc://{}", dir.path().join("hub").display());
+        hub.bind_also(&endpoint).unwrap();
+        let mut wrong = Link::connect(&ctx, &endpoint, Some("wrong")).unwrap();
+        let stop = AtomicBool::new(false);
+        let e = wrong
+            .register(Role::Actor, "wrong", Duration::from_secs(60), &stop)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("wrong cluster token"), "{e}");
+        assert_eq!(hub.refused_handshakes(), 1);
+        let mut link = Link::connect(&ctx, &endpoint, Some("t")).unwrap();
+        let heard = (0..100).find_map(|_| {
+            let _ = link.send(0, &Message::Heartbeat);
+            hub.recv(100).unwrap()
+        });
+        assert!(heard.is_some(), "the second hub's handler does not answer");
     }
 }

@@ -143,9 +143,10 @@ pub struct TrainArgs {
     #[arg(long)]
     pub resume: bool,
     /// Also accept actors and benchworkers at this ZeroMQ endpoint, e.g.
-    /// tcp://127.0.0.1:5555 (port 0: any free port). Bind a non-loopback
-    /// address only on a network you trust, with a cluster token. The
-    /// endpoint bound is written to DIR/endpoint.
+    /// tcp://127.0.0.1:5555 (port 0: any free port). Each connection must
+    /// give the cluster token at its handshake (ZeroMQ PLAIN), where the
+    /// token travels in clear: bind a non-loopback address only on a
+    /// network you trust. The endpoint bound is written to DIR/endpoint.
     #[arg(long)]
     pub bind: Option<String>,
     /// Actor threads beside the learner (default: the config's cluster.actors).
@@ -696,17 +697,20 @@ fn run_rounds(
         report.uncredited_unrolls,
         report.drops.total(),
         report.refused_peers,
+        report.refused_handshakes,
         report.bad_envelopes,
     ];
     if refused.iter().sum::<u64>() > 0 {
         tracing::warn!(
             "{} malformed unrolls, {} unrolls sent without a credit, {} undecodable frames, \
-             {} refused peers, {} messages with a mismatched envelope",
+             {} refused peers, {} connections refused at their handshake (no cluster token, or \
+             another), {} messages with a mismatched envelope",
             refused[0],
             refused[1],
             refused[2],
             refused[3],
-            refused[4]
+            refused[4],
+            refused[5]
         );
     }
     Ok(Some((

@@ -135,7 +135,14 @@ pub struct RuntimeReport {
     /// Unrolls from an actor that held no credit for them: dropped, so
     /// that no peer grows the learner's queue beyond its credits.
     pub uncredited_unrolls: u64,
+    /// Hellos with a wrong cluster token (from threads: over `tcp://` and
+    /// `ipc://` a wrong token is refused at the handshake, see
+    /// `refused_handshakes`).
     pub refused_peers: u64,
+    /// Connections over `tcp://` or `ipc://` refused at their handshake: each
+    /// that gave another cluster token, and each that gave none where
+    /// libzmq reports it. None of their messages reached the learner.
+    pub refused_handshakes: u64,
     pub failed_jobs: u64,
     /// Jobs handed to another benchworker (theirs went away or timed out).
     pub requeued_jobs: u64,
@@ -873,9 +880,16 @@ impl<'t, 'a> Learner<'t, 'a> {
                     .values()
                     .filter(|p| p.role == Role::Benchworker && p.ready)
                     .count();
+                let refused = match self.hub.refused_handshakes() {
+                    0 => String::new(),
+                    n => format!(
+                        "; {n} connections refused at their handshake (no cluster token, \
+                         or another)"
+                    ),
+                };
                 anyhow::bail!(
                     "no progress for {} s (cluster.stall_timeout_s): {} actors and {} \
-                     benchworkers connected ({ready} ready), {} jobs out",
+                     benchworkers connected ({ready} ready), {} jobs out{refused}",
                     stall_timeout.as_secs_f64(),
                     count(Role::Actor),
                     count(Role::Benchworker),
@@ -884,6 +898,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             }
         }
         self.report.drops = self.hub.drops.clone();
+        self.report.refused_handshakes = self.hub.refused_handshakes();
         Ok(())
     }
 
@@ -1009,7 +1024,8 @@ pub fn train_cluster(
         std::process::id(),
         rand::random::<u64>()
     );
-    let mut hub = Hub::bind(&ctx, &endpoint)?;
+    // Remote peers must give the token at their connection's handshake.
+    let mut hub = Hub::bind(&ctx, &endpoint, Some(&run.token))?;
     let mut remote = Vec::new();
     for b in &run.bind {
         remote.push(hub.bind_also(b)?);
@@ -1143,7 +1159,7 @@ mod tests {
         let mut trainer = Trainer::new(&cfg, &tasks);
         let ctx = zmq::Context::new();
         let endpoint = "inproc://by-width";
-        let hub = Hub::bind(&ctx, endpoint).unwrap();
+        let hub = Hub::bind(&ctx, endpoint, Some("right")).unwrap();
         let mut learner = Learner::new(&mut trainer, hub, "right".into()).unwrap();
         let mut hooks = Hooks::none();
         let hello = Message::Hello {
@@ -1300,7 +1316,7 @@ mod tests {
         let mut trainer = Trainer::new(&cfg, &suite.tasks);
         let ctx = zmq::Context::new();
         let endpoint = "inproc://by-hand";
-        let hub = Hub::bind(&ctx, endpoint).unwrap();
+        let hub = Hub::bind(&ctx, endpoint, Some("right")).unwrap();
         let mut learner = Learner::new(&mut trainer, hub, "right".into()).unwrap();
         let mut hooks = Hooks::none();
         let peer = |role: Role| {
@@ -1432,7 +1448,7 @@ mod tests {
         cfg.model.cost_table_out = 4096;
         let mut trainer = Trainer::new(&cfg, &suite.tasks);
         let ctx = zmq::Context::new();
-        let hub = Hub::bind(&ctx, "inproc://too-big").unwrap();
+        let hub = Hub::bind(&ctx, "inproc://too-big", Some("t")).unwrap();
         let e = Learner::new(&mut trainer, hub, "t".into())
             .err()
             .expect("weights over the frame limit")
@@ -1440,9 +1456,10 @@ mod tests {
         assert!(e.contains("weights") && e.contains("64 MiB"), "{e}");
     }
 
-    /// Strangers (a wrong token), garbage, messages from peers that never
-    /// said hello and messages whose envelope does not match their peer's
-    /// are refused or dropped, and counted; training goes on.
+    /// Strangers (a wrong token: in its hello between threads, at the
+    /// handshake over tcp), garbage, messages from peers that never said
+    /// hello and messages whose envelope does not match their peer's are
+    /// refused or dropped, and counted; training goes on.
     #[test]
     fn strangers_and_garbage_are_refused_and_counted() {
         let dir = tempfile::tempdir().unwrap();
@@ -1455,9 +1472,19 @@ mod tests {
         let mut trainer = Trainer::new(&cfg, &suite.tasks);
         let ctx = zmq::Context::new();
         let endpoint = "inproc://strangers";
-        let hub = Hub::bind(&ctx, endpoint).unwrap();
+        let mut hub = Hub::bind(&ctx, endpoint, Some("right")).unwrap();
+        let tcp = hub.bind_also("tcp://127.0.0.1:0").unwrap();
         let stop = AtomicBool::new(false);
         let (misfit_sent, misfit_done) = std::sync::mpsc::channel::<()>();
+        // A stranger over tcp, as another process would be: refused at the
+        // handshake (the hub answers that before the learner runs).
+        let opts = actor::worker::ActorOptions {
+            endpoint: tcp,
+            token: "wrong".into(),
+            seed: 3,
+            wait: Duration::from_secs(30),
+        };
+        let far_stranger = actor::worker::run(&zmq::Context::new(), &opts, &stop);
         let (report, stranger) = std::thread::scope(|s| {
             let actor = s.spawn(|| {
                 let opts = actor::worker::ActorOptions {
@@ -1487,6 +1514,7 @@ mod tests {
                 };
                 actor::worker::run(&ctx, &opts, &stop)
             });
+
             // A peer that says hello twice, then sends messages whose
             // envelope is wrong: each a Shutdown, which acted on would make
             // the learner forget it; then a right one.
@@ -1530,7 +1558,7 @@ mod tests {
                 (welcomed, refused, told_to_stop)
             });
             // Garbage, then a well-formed unroll from a peer that never said hello.
-            let mut raw = Link::connect(&ctx, endpoint).unwrap();
+            let mut raw = Link::connect(&ctx, endpoint, None).unwrap();
             let junk = ctx.socket(zmq::DEALER).unwrap();
             junk.connect(endpoint).unwrap();
             junk.send(&b"EMBS\x01\x00\x05garbage"[..], 0).unwrap();
@@ -1579,7 +1607,14 @@ mod tests {
         assert_eq!(report.bad_envelopes, 3);
         let err = format!("{:#}", stranger.unwrap_err());
         assert!(err.contains("wrong cluster token"), "{err}");
-        assert_eq!(report.refused_peers, 1);
+        assert_eq!(report.refused_peers, 1, "the stranger between threads");
+        let err = format!("{:#}", far_stranger.unwrap_err());
+        assert!(
+            err.contains("refused our cluster token at the connection's handshake")
+                && err.contains("wrong cluster token"),
+            "{err}"
+        );
+        assert_eq!(report.refused_handshakes, 1, "the stranger over tcp");
         assert_eq!(report.drops.total(), 2, "{:?}", report.drops);
         assert_eq!(report.unexpected, 1);
         assert_eq!(trainer.counters.iteration, 2, "training went on");
@@ -1605,7 +1640,7 @@ mod tests {
         let mut trainer = Trainer::new(&cfg, &suite.tasks);
         let ctx = zmq::Context::new();
         let endpoint = "inproc://group";
-        let hub = Hub::bind(&ctx, endpoint).unwrap();
+        let hub = Hub::bind(&ctx, endpoint, Some("t")).unwrap();
         let stop = AtomicBool::new(false);
         let id: Vec<u8> = (0..128u8).rev().collect();
         let wait = Duration::from_secs(30);
@@ -1613,7 +1648,7 @@ mod tests {
         let (got_id, ids) = channel::<()>();
         // A member: join, then take messages until told to shut down.
         let member = |joined: std::sync::mpsc::Sender<()>, got_id: std::sync::mpsc::Sender<()>| {
-            let mut link = Link::connect(&ctx, endpoint).unwrap();
+            let mut link = Link::connect(&ctx, endpoint, Some("t")).unwrap();
             link.register(Role::GroupMember, "t", wait, &stop)
                 .unwrap()
                 .unwrap();
@@ -1648,7 +1683,7 @@ mod tests {
             let early = s.spawn(move || member(early_joined, got));
             let (ctx, stop, id) = (&ctx, &stop, &id);
             let leader = s.spawn(move || {
-                let mut link = Link::connect(ctx, endpoint).unwrap();
+                let mut link = Link::connect(ctx, endpoint, Some("t")).unwrap();
                 let welcome = link
                     .register(Role::Benchworker, "t", wait, stop)
                     .unwrap()

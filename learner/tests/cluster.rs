@@ -225,15 +225,23 @@ fn a_killed_actor_is_replaced_and_strangers_are_refused() {
     );
     a1.kill();
     let at_kill = lines(&metrics);
-    // A stranger with the wrong token is refused for good.
+    // A stranger with the wrong token is refused for good, at its
+    // connection's handshake: it stops at once, saying why.
     let wrong = d.join("wrong-token");
     std::fs::write(&wrong, "not the token\n").unwrap();
+    let start = Instant::now();
     let mut stranger = actor(d, "stranger", &ep, &wrong);
     let status = stranger.exited(Duration::from_secs(30));
     let err = std::fs::read_to_string(&stranger.err).unwrap();
     assert!(
-        !status.success() && err.contains("wrong cluster token"),
+        !status.success()
+            && err.contains("refused our cluster token at the connection's handshake")
+            && err.contains("wrong cluster token"),
         "{err}"
+    );
+    eprintln!(
+        "a stranger with the wrong token stopped {:.2} s after it started",
+        start.elapsed().as_secs_f64()
     );
     // Garbage on the learner's port.
     let addr = ep.trim_start_matches("tcp://");
@@ -255,7 +263,11 @@ fn a_killed_actor_is_replaced_and_strangers_are_refused() {
     assert!(out.contains("trained 30 iterations"), "{out}");
     assert!(count(&a2.finish(Duration::from_secs(30)), "sent") > 0);
     let log = std::fs::read_to_string(&l.err).unwrap();
-    assert!(log.contains("refused"), "{log}");
+    assert!(
+        log.contains("refused a connection from 127.0.0.1 at its handshake: wrong cluster token")
+            && log.contains("connections refused at their handshake"),
+        "{log}"
+    );
     assert_eq!(lines(&metrics), 90);
 }
 

@@ -1,0 +1,492 @@
+//! The cluster token checked at a connection's handshake. The learner's
+//! socket is a ZeroMQ PLAIN server whose ZAP handler (RFC 27) admits only
+//! connections that give the cluster token as their password: a peer
+//! without it gets no message through, not even one that libzmq would
+//! buffer whole before the protocol's hello could be read. Peers give the
+//! token as their PLAIN password and watch their socket's handshakes, so
+//! that a refused one stops with the reason instead of waiting.
+//!
+//! `inproc://` connections use no security mechanism in libzmq: between
+//! threads of one process the hello's token is the only check. PLAIN
+//! sends the token in clear; CURVE would not, but the libzmq the `zmq`
+//! crate builds has no libsodium.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use anyhow::Context as _;
+
+use super::tokens_match;
+
+/// Where libzmq sends the ZAP requests of the sockets of a context.
+const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
+
+/// The ZAP domain of the learner's socket.
+pub(super) const ZAP_DOMAIN: &str = "embshard";
+
+/// The PLAIN user name peers give (the learner checks only the password).
+pub(super) const PLAIN_USER: &str = "embshard";
+
+/// The longest cluster token, in bytes: PLAIN carries a password of at
+/// most 255.
+pub const MAX_TOKEN_BYTES: usize = 255;
+
+/// How many distinct addresses get a warning when refused; refusals from
+/// further ones are counted, not logged.
+const WARNED_ADDRESSES: usize = 1024;
+
+/// How long the handler waits for a request before it looks at its stop
+/// flag again, in milliseconds.
+const POLL_MS: i64 = 100;
+
+/// An error unless `token` can be a PLAIN password (1 to 255 bytes).
+pub(super) fn check_token(token: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !token.is_empty() && token.len() <= MAX_TOKEN_BYTES,
+        "the cluster token has {} bytes: ZeroMQ's PLAIN handshake carries 1 to {MAX_TOKEN_BYTES}",
+        token.len()
+    );
+    Ok(())
+}
+
+/// The handler's answer to one ZAP request.
+#[derive(Debug, PartialEq, Eq)]
+struct Verdict {
+    /// The request's id, echoed.
+    request_id: Vec<u8>,
+    /// "200" (admitted), "400" (refused) or "500" (a request not understood).
+    status: &'static str,
+    /// Why, in words.
+    text: &'static str,
+    /// The user name admitted ("" when refused).
+    user: Vec<u8>,
+    /// The connecting peer's address as libzmq gives it (an IP address for
+    /// tcp, possibly empty for ipc).
+    address: String,
+}
+
+impl Verdict {
+    /// The reply's frames: version, request id, status code, status text,
+    /// user id and (empty) metadata.
+    fn reply(&self) -> [&[u8]; 6] {
+        [
+            b"1.0",
+            &self.request_id,
+            self.status.as_bytes(),
+            self.text.as_bytes(),
+            &self.user,
+            b"",
+        ]
+    }
+}
+
+/// Judges a ZAP request: version "1.0", request id, domain, address,
+/// routing id, mechanism, then the mechanism's credentials (for PLAIN a
+/// user name and a password). Only PLAIN with `token` as its password is
+/// admitted.
+fn judge(request: &[Vec<u8>], token: &str) -> Verdict {
+    let frame = |i: usize| request.get(i).map(Vec::as_slice).unwrap_or_default();
+    let mut verdict = Verdict {
+        request_id: frame(1).to_vec(),
+        status: "400",
+        text: "wrong cluster token",
+        user: Vec::new(),
+        address: String::from_utf8_lossy(frame(3)).into_owned(),
+    };
+    if request.len() < 6 || frame(0) != b"1.0" {
+        verdict.status = "500";
+        verdict.text = "malformed ZAP request";
+    } else if frame(5) != b"PLAIN" {
+        verdict.text = "no cluster token (PLAIN credentials required)";
+    } else if request.len() != 8 {
+        verdict.text = "malformed PLAIN credentials";
+    } else if std::str::from_utf8(frame(7)).is_ok_and(|p| tokens_match(p, token)) {
+        verdict.status = "200";
+        verdict.text = "OK";
+        verdict.user = frame(6).to_vec();
+    }
+    verdict
+}
+
+/// The learner's ZAP handler: a thread that answers libzmq's requests on
+/// `inproc://zeromq.zap.01` of one context, and counts the connections
+/// that fail the handshake before any request (a peer that offers no PLAIN
+/// credentials, or speaks no ZeroMQ), which it learns from a monitor of
+/// the learner's socket. Dropping it stops the thread and waits for it.
+pub(super) struct ZapHandler {
+    /// Set when dropped: the thread stops within [`POLL_MS`].
+    stop: Arc<AtomicBool>,
+    /// Connections refused so far.
+    refused: Arc<AtomicU64>,
+    /// The thread, joined when dropped.
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ZapHandler {
+    /// Binds the ZAP endpoint of `ctx` and starts answering: connections
+    /// are admitted when their PLAIN password is `token`. One per context.
+    /// `router` is the learner's socket, not bound yet (its handshakes
+    /// are watched from its first connection on).
+    pub(super) fn start(
+        ctx: &zmq::Context,
+        token: &str,
+        router: &zmq::Socket,
+    ) -> anyhow::Result<ZapHandler> {
+        check_token(token)?;
+        let socket = ctx.socket(zmq::REP)?;
+        socket.set_linger(0)?;
+        socket.bind(ZAP_ENDPOINT).with_context(|| {
+            format!(
+                "binding the ZAP handler at {ZAP_ENDPOINT} (one learner socket with a cluster \
+                 token per ZeroMQ context)"
+            )
+        })?;
+        let events = monitor(
+            ctx,
+            router,
+            &[zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL],
+            "the learner's handshakes",
+        )?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let refused = Arc::new(AtomicU64::new(0));
+        let (s, r, t) = (stop.clone(), refused.clone(), token.to_string());
+        let thread = std::thread::Builder::new()
+            .name("zap".into())
+            .spawn(move || {
+                serve(&socket, &events, &t, &s, &r);
+                // Free at once for another handler on this context (closing
+                // the socket frees it later, in libzmq's own time).
+                let _ = socket.unbind(ZAP_ENDPOINT);
+            })
+            .context("starting the ZAP handler's thread")?;
+        Ok(ZapHandler {
+            stop,
+            refused,
+            thread: Some(thread),
+        })
+    }
+
+    /// Connections refused at their handshake so far: by the ZAP handler
+    /// (another token), or reported failed by libzmq (no PLAIN credentials,
+    /// a malformed handshake).
+    pub(super) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for ZapHandler {
+    fn drop(&mut self) {
+        // The thread's sockets hold clones of the context, so the context
+        // is never terminated under them: the flag is what stops it.
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::error!("the ZAP handler panicked");
+            }
+        }
+    }
+}
+
+/// A PAIR socket on which `socket`'s `events` arrive (a socket monitor);
+/// set up before `socket` binds or connects, so that none is missed.
+fn monitor(
+    ctx: &zmq::Context,
+    socket: &zmq::Socket,
+    events: &[zmq::SocketEvent],
+    what: &str,
+) -> anyhow::Result<zmq::Socket> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let endpoint = format!(
+        "inproc://embshard-monitor-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let mask = events.iter().fold(0, |m, e| m | i32::from(e.to_raw()));
+    socket
+        .monitor(&endpoint, mask)
+        .with_context(|| format!("watching {what}"))?;
+    let pair = ctx.socket(zmq::PAIR)?;
+    pair.set_linger(0)?;
+    pair.connect(&endpoint)?;
+    Ok(pair)
+}
+
+/// The next event waiting on a monitor's `pair` socket, without waiting:
+/// its number, its value and the endpoint it concerns.
+fn next_event(pair: &zmq::Socket) -> anyhow::Result<Option<(u16, u32, String)>> {
+    loop {
+        let parts = match pair.recv_multipart(zmq::DONTWAIT) {
+            Ok(p) => p,
+            Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => return Ok(None),
+            Err(e) => return Err(e).context("reading socket events"),
+        };
+        // The first frame: the event's number (u16) and value (u32), in the
+        // host's byte order; the second: the endpoint.
+        let Some(head) = parts.first().filter(|h| h.len() >= 6) else {
+            continue;
+        };
+        let event = u16::from_ne_bytes([head[0], head[1]]);
+        let value = u32::from_ne_bytes([head[2], head[3], head[4], head[5]]);
+        let endpoint = parts
+            .get(1)
+            .map(|e| String::from_utf8_lossy(e).into_owned())
+            .unwrap_or_default();
+        return Ok(Some((event, value, endpoint)));
+    }
+}
+
+/// libzmq's code for a peer whose security mechanism is not this one's.
+const MECHANISM_MISMATCH: u32 = 0x1100_0002;
+
+/// Refusals to log: the first of each address (or kind), up to
+/// [`WARNED_ADDRESSES`]; the others are counted only.
+#[derive(Default)]
+struct RefusalLog {
+    /// Where refusals were warned about.
+    warned: HashSet<String>,
+}
+
+impl RefusalLog {
+    /// Logs a refusal of a connection from `from` (an address, or a kind
+    /// of failure), the `n`th so far, for `why`: a warning the first time
+    /// for `from`, after that at debug level.
+    fn refused(&mut self, from: &str, why: &str, n: u64) {
+        if self.warned.len() < WARNED_ADDRESSES && self.warned.insert(from.to_string()) {
+            tracing::warn!(
+                "refused a connection from {from} at its handshake: {why} ({n} refused so far; \
+                 more from there are counted, not logged)"
+            );
+            if self.warned.len() == WARNED_ADDRESSES {
+                tracing::warn!(
+                    "connections from {WARNED_ADDRESSES} addresses refused: refusals from \
+                     further ones are counted, not logged"
+                );
+            }
+        } else {
+            tracing::debug!("refused a connection from {from} at its handshake: {why}");
+        }
+    }
+}
+
+/// The handler's loop until `stop` is set: answers every ZAP request on
+/// `zap`, reads the learner's failed handshakes on `events`, counts both
+/// kinds of refusal in `refused`.
+fn serve(
+    zap: &zmq::Socket,
+    events: &zmq::Socket,
+    token: &str,
+    stop: &AtomicBool,
+    refused: &AtomicU64,
+) {
+    let mut log = RefusalLog::default();
+    while !stop.load(Ordering::Relaxed) {
+        let mut items = [
+            zap.as_poll_item(zmq::POLLIN),
+            events.as_poll_item(zmq::POLLIN),
+        ];
+        match zmq::poll(&mut items, POLL_MS) {
+            Ok(0) | Err(zmq::Error::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!("the ZAP handler stopped: {e}");
+                return;
+            }
+        }
+        let (requests, failures) = (items[0].is_readable(), items[1].is_readable());
+        if requests {
+            if let Err(e) = answer(zap, token, refused, &mut log) {
+                tracing::error!("the ZAP handler stopped: {e:#}");
+                return;
+            }
+        }
+        if failures {
+            loop {
+                match next_event(events) {
+                    Ok(Some((_, value, endpoint))) => {
+                        let n = refused.fetch_add(1, Ordering::Relaxed) + 1;
+                        let (from, why) = if value == MECHANISM_MISMATCH {
+                            (
+                                format!("a peer without PLAIN credentials on {endpoint}"),
+                                "no cluster token (an embshard peer of an older version, or \
+                                 not an embshard peer)"
+                                    .to_string(),
+                            )
+                        } else {
+                            (
+                                format!("a peer on {endpoint} (ZeroMQ error {value:#x})"),
+                                format!("ZeroMQ protocol error {value:#x}"),
+                            )
+                        };
+                        log.refused(&from, &why, n);
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::error!("the ZAP handler stopped: {e:#}");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Answers the ZAP request waiting on `zap`, if any.
+fn answer(
+    zap: &zmq::Socket,
+    token: &str,
+    refused: &AtomicU64,
+    log: &mut RefusalLog,
+) -> anyhow::Result<()> {
+    let request = match zap.recv_multipart(zmq::DONTWAIT) {
+        Ok(r) => r,
+        Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => return Ok(()),
+        Err(e) => return Err(e).context("reading a request"),
+    };
+    let verdict = judge(&request, token);
+    if verdict.status != "200" {
+        let n = refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let from = if verdict.address.is_empty() {
+            "a peer of unknown address"
+        } else {
+            &verdict.address
+        };
+        log.refused(from, verdict.text, n);
+    }
+    // A REP socket must answer before it takes the next request.
+    zap.send_multipart(verdict.reply(), 0)
+        .context("answering a request")
+}
+
+/// A peer's watch on its connection's handshakes (a socket monitor): a
+/// refused token is an error with the reason; other failures are kept, to
+/// name when no welcome comes.
+pub(super) struct HandshakeWatch {
+    /// The PAIR socket the monitored socket's events arrive on.
+    events: zmq::Socket,
+    /// The last handshake failure other than a refusal, in words.
+    last_failure: Option<String>,
+    /// Failures already warned about (each is logged once).
+    warned: HashSet<String>,
+}
+
+impl HandshakeWatch {
+    /// Watches `socket`'s handshakes; call it before `socket` connects, so
+    /// that no event is missed.
+    pub(super) fn new(ctx: &zmq::Context, socket: &zmq::Socket) -> anyhow::Result<Self> {
+        let events = monitor(
+            ctx,
+            socket,
+            &[
+                zmq::SocketEvent::HANDSHAKE_FAILED_AUTH,
+                zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL,
+                zmq::SocketEvent::HANDSHAKE_FAILED_NO_DETAIL,
+            ],
+            "the connection's handshakes",
+        )?;
+        Ok(HandshakeWatch {
+            events,
+            last_failure: None,
+            warned: HashSet::new(),
+        })
+    }
+
+    /// Reads the events so far: an error naming the cause when the
+    /// learner refused this peer's token.
+    pub(super) fn check(&mut self) -> anyhow::Result<()> {
+        while let Some((event, value, _)) = next_event(&self.events)? {
+            let failure = if event == zmq::SocketEvent::HANDSHAKE_FAILED_AUTH.to_raw() {
+                anyhow::bail!(
+                    "the learner refused our cluster token at the connection's handshake: {}",
+                    match value {
+                        400 => "wrong cluster token".to_string(),
+                        v => format!("ZAP status {v}"),
+                    }
+                );
+            } else if event == zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL.to_raw() {
+                if value == MECHANISM_MISMATCH {
+                    "the learner takes no PLAIN credentials (ZeroMQ security mechanisms differ: \
+                     a learner of an older embshard?)"
+                        .to_string()
+                } else {
+                    format!(
+                        "ZeroMQ protocol error {value:#x} (is it a learner that listens there?)"
+                    )
+                }
+            } else {
+                // A connection lost while it shook hands (a learner that
+                // stopped, say): no cause to warn about.
+                format!("the connection dropped during the handshake (errno {value})")
+            };
+            if event != zmq::SocketEvent::HANDSHAKE_FAILED_NO_DETAIL.to_raw()
+                && self.warned.insert(failure.clone())
+            {
+                tracing::warn!("a connection to the learner failed at its handshake: {failure}");
+            } else {
+                tracing::debug!("a connection to the learner failed at its handshake: {failure}");
+            }
+            self.last_failure = Some(failure);
+        }
+        Ok(())
+    }
+
+    /// The last handshake failure other than a refusal, in words.
+    pub(super) fn last_failure(&self) -> Option<&str> {
+        self.last_failure.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ZAP request, as libzmq sends it, from 10.1.2.3 with id "7".
+    fn request(mechanism: &str, credentials: &[&str]) -> Vec<Vec<u8>> {
+        let mut r: Vec<Vec<u8>> = ["1.0", "7", ZAP_DOMAIN, "10.1.2.3", "embs", mechanism]
+            .iter()
+            .map(|s| s.as_bytes().to_vec())
+            .collect();
+        r.extend(credentials.iter().map(|s| s.as_bytes().to_vec()));
+        r
+    }
+
+    #[test]
+    fn only_plain_with_the_token_is_admitted() {
+        let ok = judge(&request("PLAIN", &["anyone", "s3cret"]), "s3cret");
+        assert_eq!((ok.status, ok.user.as_slice()), ("200", &b"anyone"[..]));
+        assert_eq!(ok.reply()[1], b"7");
+        assert_eq!(ok.address, "10.1.2.3");
+        for (mechanism, credentials) in [
+            ("PLAIN", &["embshard", "s3creT"][..]),
+            ("PLAIN", &["embshard", ""]),
+            ("PLAIN", &["embshard"]),
+            ("PLAIN", &["embshard", "s3cret", "more"]),
+            ("NULL", &[]),
+            ("CURVE", &["s3cret"]),
+        ] {
+            let v = judge(&request(mechanism, credentials), "s3cret");
+            assert_eq!(v.status, "400", "{mechanism} {credentials:?}");
+            assert!(v.user.is_empty());
+            assert_eq!(v.reply()[1], b"7", "the request id is echoed");
+        }
+        let mut bad_version = request("PLAIN", &["embshard", "s3cret"]);
+        bad_version[0] = b"2.0".to_vec();
+        assert_eq!(judge(&bad_version, "s3cret").status, "500");
+        assert_eq!(judge(&[], "s3cret").status, "500");
+        // A password that is not UTF-8 is just wrong.
+        let mut binary = request("PLAIN", &["embshard"]);
+        binary.push(vec![0xff, 0xfe]);
+        assert_eq!(judge(&binary, "s3cret").status, "400");
+    }
+
+    #[test]
+    fn tokens_plain_cannot_carry_are_named() {
+        assert!(check_token("x").is_ok());
+        assert!(check_token(&"x".repeat(MAX_TOKEN_BYTES)).is_ok());
+        for bad in [String::new(), "x".repeat(MAX_TOKEN_BYTES + 1)] {
+            let e = check_token(&bad).unwrap_err().to_string();
+            assert!(e.contains("PLAIN") && e.contains("255"), "{e}");
+        }
+    }
+}

@@ -59,8 +59,9 @@ pub enum Mode {
     /// give the same episodes, whatever other threads draw (libtorch's
     /// global RNG is shared by every thread of the process).
     Sample { seed: u64 },
-    /// The most probable legal device (training's greedy picks; `plan`
-    /// places with [`PlainEpisodes`], which chooses alike).
+    /// The most probable legal device, in one batched call (`plan` and
+    /// training's measured picks use [`PlainEpisodes`], which chooses
+    /// alike).
     Greedy,
     /// Episode 0 greedy, the others sampled at `temperature` with Gumbel
     /// noise seeded by `seed`: reproducible candidates in one batched call

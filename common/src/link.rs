@@ -336,6 +336,7 @@ pub fn read_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<Strin
     };
     let token = token.trim().to_string();
     anyhow::ensure!(!token.is_empty(), "the cluster token in {from} is empty");
+    auth::check_token(&token).with_context(|| format!("the cluster token in {from}"))?;
     Ok(Some(token))
 }
 
@@ -581,6 +582,13 @@ mod tests {
             e.contains(path.to_str().unwrap()) && e.contains("empty"),
             "{e}"
         );
+        // One PLAIN cannot carry: named with its file at once.
+        std::fs::write(&path, "x".repeat(auth::MAX_TOKEN_BYTES + 1)).unwrap();
+        let e = format!("{:#}", read_token(Some(&path)).unwrap_err());
+        assert!(
+            e.contains(path.to_str().unwrap()) && e.contains("1 to 255"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -614,13 +622,7 @@ mod tests {
         let mut hub = Hub::bind(&ctx, "inproc://reconnect-test", Some("t")).unwrap();
         let endpoint = hub.bind_also("tcp://127.0.0.1:0").unwrap();
         let mut link = Link::connect(&ctx, &endpoint, Some("t")).unwrap();
-        // Nothing is queued until the connection stands: say it until heard.
-        let first = (0..50)
-            .find_map(|_| {
-                let _ = link.send(0, &Message::Heartbeat);
-                hub.recv(100).unwrap()
-            })
-            .expect("the hub never heard the link");
+        let first = heartbeat_heard(&mut link, &mut hub, 50).expect("the hub never heard the link");
         assert_eq!(first.from, routing_id(link.envelope.incarnation));
         let seq = first.header.seq;
         // A second connection with the same id while the first still
@@ -654,6 +656,16 @@ mod tests {
 
     /// What `hub` received within `ms` milliseconds, heartbeats from
     /// anyone included.
+    /// Nothing is queued until a connection stands: `link` says a
+    /// heartbeat until `hub` hears something (at most `tries` times, 100
+    /// ms apart), and that is returned.
+    fn heartbeat_heard(link: &mut Link, hub: &mut Hub, tries: usize) -> Option<Incoming> {
+        (0..tries).find_map(|_| {
+            let _ = link.send(0, &Message::Heartbeat);
+            hub.recv(100).unwrap()
+        })
+    }
+
     fn heard(hub: &mut Hub, ms: u64) -> Vec<Message> {
         let start = Instant::now();
         let mut got = Vec::new();
@@ -747,11 +759,7 @@ mod tests {
 
         // The right token: heard, and answered.
         let mut link = Link::connect(&far, &endpoint, Some("right")).unwrap();
-        let got = (0..100)
-            .find_map(|_| {
-                let _ = link.send(0, &Message::Heartbeat);
-                hub.recv(100).unwrap()
-            })
+        let got = heartbeat_heard(&mut link, &mut hub, 100)
             .expect("the hub never heard the link with the token");
         assert_eq!(got.message, Message::Heartbeat);
         assert!(hub.send(&got.from, 0, &Message::Credit { n: 1 }));
@@ -823,10 +831,7 @@ mod tests {
         assert!(e.contains("wrong cluster token"), "{e}");
         assert_eq!(hub.refused_handshakes(), 1);
         let mut link = Link::connect(&ctx, &endpoint, Some("t")).unwrap();
-        let heard = (0..100).find_map(|_| {
-            let _ = link.send(0, &Message::Heartbeat);
-            hub.recv(100).unwrap()
-        });
+        let heard = heartbeat_heard(&mut link, &mut hub, 100);
         assert!(heard.is_some(), "the second hub's handler does not answer");
     }
 }

@@ -190,18 +190,57 @@ impl CudaConfig {
     }
 }
 
-/// One default suite: `name` = `dlrm-<tables>x<devices>`.
+/// One generated suite: `name` = `dlrm-<tables>x<devices>`, or
+/// `dlrm-<tables>x<devices>-share<memory_share>` when its memory is a
+/// multiple of each task's own need. Exactly one of `memory_gb` and
+/// `memory_share` is given.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SuiteConfig {
     pub tables: usize,
     pub devices: usize,
-    pub memory_gb: f64,
+    /// Memory per device, the same for every task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gb: Option<f64>,
+    /// Memory per device of each task: this multiple of an even share of
+    /// its tables' memory (their sum over the devices), never under its
+    /// largest table. 1.1 leaves a tenth to spare: heuristics that balance
+    /// lookups then often find no plan that fits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_share: Option<f64>,
 }
 
 impl SuiteConfig {
     pub fn name(&self) -> String {
-        format!("dlrm-{}x{}", self.tables, self.devices)
+        match self.memory_share {
+            Some(share) => format!("dlrm-{}x{}-share{share}", self.tables, self.devices),
+            None => format!("dlrm-{}x{}", self.tables, self.devices),
+        }
+    }
+
+    /// The memory rule of `data.suites[i]` (this one), checked.
+    pub fn memory(&self, i: usize) -> std::result::Result<crate::suite::SuiteMemory, String> {
+        use crate::suite::SuiteMemory;
+        match (self.memory_gb, self.memory_share) {
+            (Some(gb), None) => {
+                positive(&format!("data.suites[{i}].memory_gb"), gb)?;
+                Ok(SuiteMemory::Gb(gb))
+            }
+            (None, Some(share)) if share.is_finite() && share >= 1.0 => {
+                Ok(SuiteMemory::Share(share))
+            }
+            (None, Some(share)) => Err(format!(
+                "data.suites[{i}].memory_share = {share} must be a number of at least 1 \
+                 (below an even share of its tables' memory no task fits)"
+            )),
+            (Some(_), Some(_)) => Err(format!(
+                "data.suites[{i}] gives both memory_gb and memory_share: give one"
+            )),
+            (None, None) => Err(format!(
+                "data.suites[{i}] needs memory_gb (memory per device) or memory_share (a \
+                 multiple of an even share of each task's tables' memory)"
+            )),
+        }
     }
 }
 
@@ -221,7 +260,14 @@ impl Default for DataConfig {
         let s = |tables, devices, memory_gb| SuiteConfig {
             tables,
             devices,
-            memory_gb,
+            memory_gb: Some(memory_gb),
+            memory_share: None,
+        };
+        let tight = |tables, devices, share| SuiteConfig {
+            tables,
+            devices,
+            memory_gb: None,
+            memory_share: Some(share),
         };
         DataConfig {
             dir: PathBuf::from("data/generated"),
@@ -233,6 +279,8 @@ impl Default for DataConfig {
                 s(100, 4, 8.0),
                 s(100, 8, 4.0),
                 s(200, 8, 8.0),
+                tight(50, 4, 1.1),
+                tight(100, 8, 1.1),
             ],
         }
     }
@@ -252,13 +300,14 @@ impl DataConfig {
                     crate::placement::MAX_DEVICES
                 ));
             }
-            positive(&format!("data.suites[{i}].memory_gb"), s.memory_gb)?;
-            // The files are named by tables and devices: a second entry of
-            // the same shape would overwrite the first's.
+            s.memory(i)?;
+            // The files are named by tables, devices and memory share: a
+            // second entry of the same name would overwrite the first's.
             if let Some(j) = names.insert(s.name(), i) {
                 return Err(format!(
                     "data.suites[{j}] and data.suites[{i}] are both {}: their files would \
-                     overwrite each other (one suite per number of tables and devices)",
+                     overwrite each other (one suite per number of tables and devices, and per \
+                     memory_share)",
                     s.name()
                 ));
             }
@@ -1081,6 +1130,36 @@ mod tests {
              { tables = 10, devices = 2, memory_gb = 8.0 }]\n",
             "dlrm-10x2",
         );
+        for (suite, field) in [
+            ("tables = 10, devices = 2", "needs memory_gb"),
+            (
+                "tables = 10, devices = 2, memory_gb = 1.0, memory_share = 1.1",
+                "both",
+            ),
+            (
+                "tables = 10, devices = 2, memory_share = 0.9",
+                "data.suites[0].memory_share",
+            ),
+            (
+                "tables = 10, devices = 2, memory_share = nan",
+                "data.suites[0].memory_share",
+            ),
+            (
+                "tables = 10, devices = 2, memory_gb = -1.0",
+                "data.suites[0].memory_gb",
+            ),
+        ] {
+            refused(&format!("[data]\nsuites = [{{ {suite} }}]\n"), field);
+        }
+        // A suite whose memory is a share has a name of its own.
+        let c = Config::from_toml(
+            "[data]\nsuites = [{ tables = 10, devices = 2, memory_gb = 1.0 }, \
+             { tables = 10, devices = 2, memory_share = 1.1 }]\n",
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        let names: Vec<String> = c.data.suites.iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["dlrm-10x2", "dlrm-10x2-share1.1"]);
         refused(
             "[generate]\nlog10_rows_sigma = 1e308\n",
             "generate.log10_rows_sigma",

@@ -229,13 +229,35 @@ pub fn first_fit_decreasing(
     Some(assignment)
 }
 
+/// The memory per device a suite's tasks get.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SuiteMemory {
+    /// The same for every task, in GB.
+    Gb(f64),
+    /// This multiple of an even share of each task's tables' memory, never
+    /// under its largest table ([`share_memory_gb`]).
+    Share(f64),
+}
+
+/// Memory per device, in GB, at `share` times an even share of `tables`'
+/// memory over `devices` (their bytes summed, divided by the devices), or
+/// the largest table's bytes where that is more. Rounded up by a byte, so
+/// that a task's cap ([`Task::cap_bytes`]) still holds what it was
+/// computed from.
+pub fn share_memory_gb(tables: &[Table], devices: usize, share: f64, mem: &MemoryModel) -> f64 {
+    let bytes: Vec<u64> = tables.iter().map(|t| mem.table_bytes(t)).collect();
+    let even = bytes.iter().sum::<u64>() as f64 / devices.max(1) as f64;
+    let largest = bytes.iter().copied().max().unwrap_or(0) as f64;
+    ((share * even).max(largest) + 1.0) / BYTES_PER_GB
+}
+
 /// What to draw for one suite.
 #[derive(Debug, Clone)]
 pub struct SuiteSpec {
     pub name: String,
     pub tables_per_task: usize,
     pub devices: usize,
-    pub memory_gb: f64,
+    pub memory: SuiteMemory,
     pub tasks: usize,
 }
 
@@ -261,7 +283,6 @@ pub fn generate(
         });
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ crate::fs::fnv1a(spec.name.as_bytes()));
-    let cap = (spec.memory_gb * BYTES_PER_GB) as u64;
     const MAX_DRAWS: usize = 1000;
     let mut tasks = Vec::with_capacity(spec.tasks);
     for k in 0..spec.tasks {
@@ -269,22 +290,34 @@ pub fn generate(
         for _ in 0..MAX_DRAWS {
             let idx = sample(&mut rng, pool.len(), spec.tables_per_task).into_vec();
             let tables: Vec<Table> = idx.iter().map(|&i| pool[i].clone()).collect();
+            let memory_gb = match spec.memory {
+                SuiteMemory::Gb(gb) => gb,
+                SuiteMemory::Share(share) => share_memory_gb(&tables, spec.devices, share, mem),
+            };
+            let cap = (memory_gb * BYTES_PER_GB) as u64;
             if first_fit_decreasing(&tables, spec.devices, cap, mem).is_some() {
-                drawn = Some(tables);
+                drawn = Some((tables, memory_gb));
                 break;
             }
         }
-        let tables = drawn.ok_or_else(|| Error::Infeasible {
+        let (tables, memory_gb) = drawn.ok_or_else(|| Error::Infeasible {
             context: context(),
-            message: format!(
-                "no draw of {} tables out of {MAX_DRAWS} fits {} devices × {} GB",
-                spec.tables_per_task, spec.devices, spec.memory_gb
-            ),
+            message: match spec.memory {
+                SuiteMemory::Gb(gb) => format!(
+                    "no draw of {} tables out of {MAX_DRAWS} fits {} devices × {gb} GB",
+                    spec.tables_per_task, spec.devices
+                ),
+                SuiteMemory::Share(share) => format!(
+                    "no draw of {} tables out of {MAX_DRAWS} fits {} devices at {share} times \
+                     an even share of its memory (first-fit decreasing): raise memory_share",
+                    spec.tables_per_task, spec.devices
+                ),
+            },
         })?;
         tasks.push(TaskSpec {
             name: format!("{}-{k:03}", spec.name),
             devices: spec.devices,
-            memory_gb: spec.memory_gb,
+            memory_gb,
             tables: tables.into_iter().map(|t| t.name).collect(),
         });
     }
@@ -331,7 +364,7 @@ mod tests {
             name: "s".into(),
             tables_per_task: 5,
             devices: 2,
-            memory_gb: 1.0,
+            memory: SuiteMemory::Gb(1.0),
             tasks: 4,
         };
         let a = generate(&spec, &pool, "pool.csv", &mem(), 7).unwrap();
@@ -347,6 +380,60 @@ mod tests {
             let names: HashSet<_> = t.tables.iter().map(|t| &t.name).collect();
             assert_eq!(names.len(), 5);
         }
+    }
+
+    #[test]
+    fn a_share_suite_gives_each_task_its_multiple_of_an_even_share() {
+        // Tables of very different sizes: the largest alone is more than
+        // an even share over 8 devices.
+        let pool: Vec<Table> = (0..20)
+            .map(|i| table(&format!("t{i}"), 1000 * (i + 1) * (i + 1), 16, 1.0))
+            .collect();
+        let spec = |devices, share| SuiteSpec {
+            name: "s".into(),
+            tables_per_task: 6,
+            devices,
+            memory: SuiteMemory::Share(share),
+            tasks: 10,
+        };
+        for (devices, share) in [(2, 1.1), (3, 1.5), (8, 1.0)] {
+            let file = generate(&spec(devices, share), &pool, "pool.csv", &mem(), 3).unwrap();
+            for t in &file.tasks {
+                let bytes: Vec<u64> = t
+                    .tables
+                    .iter()
+                    .map(|n| mem().table_bytes(pool.iter().find(|p| &p.name == n).unwrap()))
+                    .collect();
+                let even = bytes.iter().sum::<u64>() as f64 / devices as f64;
+                let largest = *bytes.iter().max().unwrap() as f64;
+                let cap = t.memory_gb * BYTES_PER_GB;
+                let want = (share * even).max(largest);
+                assert!(cap >= want && cap <= want + 2.0, "{cap} against {want}");
+                // Each task has a plan that fits.
+                let tables: Vec<Table> = t
+                    .tables
+                    .iter()
+                    .map(|n| pool.iter().find(|p| &p.name == n).unwrap().clone())
+                    .collect();
+                assert!(first_fit_decreasing(&tables, devices, cap as u64, &mem()).is_some());
+            }
+        }
+        // Three equal tables on two devices at exactly an even share (1.5
+        // tables a device) never fit: the error says what to raise.
+        let equal: Vec<Table> = (0..6)
+            .map(|i| table(&format!("e{i}"), 5000, 16, 1.0))
+            .collect();
+        let three = SuiteSpec {
+            tables_per_task: 3,
+            ..spec(2, 1.0)
+        };
+        let e = generate(&three, &equal, "pool.csv", &mem(), 3).unwrap_err();
+        assert!(e.to_string().contains("raise memory_share"), "{e}");
+        let three = SuiteSpec {
+            memory: SuiteMemory::Share(1.34),
+            ..three
+        };
+        assert!(generate(&three, &equal, "pool.csv", &mem(), 3).is_ok());
     }
 
     fn suite_with(dir: &Path, task: TaskSpec) -> PathBuf {

@@ -37,6 +37,12 @@ pub enum Command {
     /// pool's statistics next to the published trace's. Deterministic: the
     /// same config gives the same files.
     ///
+    /// Suites are `[data] suites` in the config: `{ tables, devices,
+    /// memory_gb }` gives every task the same memory per device (suite
+    /// `dlrm-<tables>x<devices>`); `{ tables, devices, memory_share }` gives
+    /// each task that multiple of an even share of its own tables' memory
+    /// (suite `dlrm-<tables>x<devices>-share<memory_share>`: 1.1 is tight).
+    ///
     /// Example:
     ///   learner generate --config configs/default.toml --out data/generated
     Generate(GenerateArgs),

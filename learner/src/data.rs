@@ -37,7 +37,11 @@ pub fn generate(cfg: &Config, dir: &Path) -> Result<Generated> {
     let stats = stats(&tables, cfg.generate.batch, &cfg.memory);
     common::fs::write_atomic(&dir.join("pool.stats.txt"), stats.to_string().as_bytes())?;
     let mut suites = Vec::new();
-    for s in &cfg.data.suites {
+    for (i, s) in cfg.data.suites.iter().enumerate() {
+        let memory = s.memory(i).map_err(|message| common::Error::Infeasible {
+            context: "the configuration".into(),
+            message,
+        })?;
         for (half, tables, n) in [
             ("train", &train, cfg.data.train_tasks),
             ("test", &test, cfg.data.test_tasks),
@@ -46,7 +50,7 @@ pub fn generate(cfg: &Config, dir: &Path) -> Result<Generated> {
                 name: format!("{}.{half}", s.name()),
                 tables_per_task: s.tables,
                 devices: s.devices,
-                memory_gb: s.memory_gb,
+                memory,
                 tasks: n,
             };
             let file = suite::generate(
@@ -112,19 +116,10 @@ pub fn tight_copy(
     } else {
         low
     };
-    let bytes: Vec<u64> = task
-        .tables
-        .iter()
-        .map(|t| cfg.memory.table_bytes(t))
-        .collect();
-    let share = bytes.iter().sum::<u64>() as f64 / task.devices.max(1) as f64;
-    let largest = bytes.iter().copied().max().unwrap_or(0) as f64;
-    let cap = (slack * share).max(largest);
     let tight = common::Task {
         name: common::Task::tight_copy_name(&task.name, copy),
         devices: task.devices,
-        // Rounded up, so that the largest table still fits the cap.
-        memory_gb: (cap + 1.0) / common::table::BYTES_PER_GB,
+        memory_gb: common::suite::share_memory_gb(&task.tables, task.devices, slack, &cfg.memory),
         tables: task.tables.clone(),
     };
     (tight.cap_bytes() < task.cap_bytes()).then_some(tight)
@@ -305,13 +300,37 @@ mod tests {
         cfg.generate.tables = 120;
         cfg.data.train_tasks = 3;
         cfg.data.test_tasks = 2;
-        cfg.data.suites = vec![SuiteConfig {
-            tables: 10,
-            devices: 2,
-            memory_gb: 50.0,
-        }];
+        cfg.data.suites = vec![
+            SuiteConfig {
+                tables: 10,
+                devices: 2,
+                memory_gb: Some(50.0),
+                memory_share: None,
+            },
+            SuiteConfig {
+                tables: 10,
+                devices: 2,
+                memory_gb: None,
+                memory_share: Some(1.2),
+            },
+        ];
         let g = generate(&cfg, dir.path()).unwrap();
-        assert_eq!(g.suites.len(), 2);
+        assert_eq!(g.suites.len(), 4);
+        // The second suite's tasks each get memory of their own: a fifth
+        // above an even share of their tables', or their largest table.
+        assert!(g.suites[2].ends_with("dlrm-10x2-share1.2.train.json"));
+        let tight = common::Suite::load(&g.suites[3], &cfg.memory).unwrap();
+        for t in &tight.tasks {
+            let bytes: Vec<u64> = t.tables.iter().map(|x| cfg.memory.table_bytes(x)).collect();
+            let want = (1.2 * bytes.iter().sum::<u64>() as f64 / 2.0)
+                .max(*bytes.iter().max().unwrap() as f64);
+            let cap = t.cap_bytes() as f64;
+            assert!(
+                cap >= want && cap < want + 2.0,
+                "{}: {cap} against {want}",
+                t.name
+            );
+        }
         let train = common::Suite::load(&g.suites[0], &cfg.memory).unwrap();
         let test = common::Suite::load(&g.suites[1], &cfg.memory).unwrap();
         assert_eq!((train.tasks.len(), test.tasks.len()), (3, 2));

@@ -302,7 +302,7 @@ mod tests {
             name: "t".into(),
             tables_per_task: 12,
             devices: 3,
-            memory_gb,
+            memory: common::suite::SuiteMemory::Gb(memory_gb),
             tasks: 3,
         };
         let mem = MemoryModel::default();

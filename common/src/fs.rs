@@ -1,4 +1,5 @@
-//! Files written so that a crash never leaves half of one behind.
+//! Files written so that a crash never leaves half of one behind, and
+//! text files read as editors write them.
 
 use std::io::Write;
 use std::path::Path;
@@ -43,7 +44,8 @@ fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
             f.write_all(bytes)?;
             f.sync_all()
         })
-        .map_err(|e| Error::io(&tmp, e))
+        // Named by the file asked for: the temp file is ours, not the user's.
+        .map_err(|e| Error::io(path, e))
         .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -61,6 +63,16 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 
 /// A stable 64-bit hash (FNV-1a) for deriving seeds from names; std's hasher
 /// is not stable across releases.
+/// A text file's contents, without the byte-order mark some Windows
+/// editors put first (JSON parsers refuse it as "expected value").
+pub fn read_text(path: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    Ok(match text.strip_prefix('\u{feff}') {
+        Some(rest) => rest.to_string(),
+        None => text,
+    })
+}
+
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x100000001b3)

@@ -82,7 +82,7 @@ impl Placement {
 
     /// Reads a placement file (shape only; see [`Placement::resolve`]).
     pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::fs::read_text(path)?;
         serde_json::from_str(&text).map_err(|e| Error::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),

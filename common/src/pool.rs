@@ -35,18 +35,42 @@ pub fn read(path: &Path) -> Result<Vec<Table>> {
 }
 
 /// Reads a pool from any reader; `path` is only used in messages.
-pub fn read_from<R: std::io::Read>(reader: R, path: &Path) -> Result<Vec<Table>> {
+pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Table>> {
     let csv_err = |line: u64, field: &str, message: String| Error::Csv {
         path: path.to_path_buf(),
         line,
         field: field.to_string(),
         message,
     };
+    let mut text = Vec::new();
+    reader
+        .read_to_end(&mut text)
+        .map_err(|e| Error::io(path, e))?;
+    // The csv crate's line numbers skip blank lines and count a CRLF
+    // file's one short: a record's line is counted here, from where its
+    // first byte lies, so that errors name the line an editor shows.
+    let line_of = |p: Option<&csv::Position>| -> u64 {
+        let Some(p) = p else { return 0 };
+        let start = (p.byte() as usize).min(text.len());
+        let first = text[start..]
+            .iter()
+            .position(|&b| b != b'\n' && b != b'\r')
+            .map_or(text.len(), |k| start + k);
+        let before = &text[..first];
+        let ends = before.iter().filter(|&&b| b == b'\n').count();
+        // A lone `\r` (an old Mac's line end) ends a line too.
+        let lone = before
+            .windows(2)
+            .filter(|w| w[0] == b'\r' && w[1] != b'\n')
+            .count()
+            + usize::from(before.last() == Some(&b'\r'));
+        (1 + ends + lone) as u64
+    };
     let mut rdr = csv::ReaderBuilder::new()
         .has_headers(true)
         .trim(csv::Trim::All)
         .flexible(true)
-        .from_reader(reader);
+        .from_reader(text.as_slice());
     let expected = header();
     let got: Vec<String> = rdr
         .headers()
@@ -68,11 +92,8 @@ pub fn read_from<R: std::io::Read>(reader: R, path: &Path) -> Result<Vec<Table>>
     let mut tables = Vec::new();
     let mut names = HashSet::new();
     for rec in rdr.records() {
-        let rec = rec.map_err(|e| {
-            let line = e.position().map(|p| p.line()).unwrap_or(0);
-            csv_err(line, "record", e.to_string())
-        })?;
-        let line = rec.position().map(|p| p.line()).unwrap_or(0);
+        let rec = rec.map_err(|e| csv_err(line_of(e.position()), "record", e.to_string()))?;
+        let line = line_of(rec.position());
         if rec.len() != expected.len() {
             return Err(csv_err(
                 line,
@@ -283,6 +304,29 @@ mod tests {
         );
         let e = err_of(&body);
         assert!(e.contains("pool.csv:3") && e.contains("duplicate"), "{e}");
+    }
+
+    #[test]
+    fn windows_line_ends_are_read_and_errors_name_the_line_an_editor_shows() {
+        let good = row("a", "10", "8", "1", &GOOD_BINS);
+        let text = csv_text(&format!("{good}\n{good}\n")).replace('\n', "\r\n");
+        let e = read_from(text.as_bytes(), Path::new("w.csv"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("w.csv:3") && e.contains("duplicate"), "{e}");
+        let short = row("b", "10", "8", "1", &GOOD_BINS[1..]);
+        let text = csv_text(&format!("{good}\n\n{short}\n")).replace('\n', "\r\n");
+        let e = read_from(text.as_bytes(), Path::new("w.csv"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("w.csv:4") && e.contains("fields"), "{e}");
+        let e = err_of(&format!("{good}\n\n\n{short}\n"));
+        assert!(e.contains("pool.csv:5") && e.contains("fields"), "{e}");
+        // A BOM before a CRLF header, and a last line without its end.
+        let text = format!("\u{feff}{}", csv_text(&good).replace('\n', "\r\n"));
+        let pool = read_from(text.as_bytes(), Path::new("w.csv")).unwrap();
+        assert_eq!(pool.len(), 1);
+        assert_eq!(pool[0].rows, 10);
     }
 
     #[test]

@@ -106,7 +106,7 @@ impl Suite {
     /// Reads a suite and its pool; every task must name known, distinct
     /// tables and pass [`Task::infeasibility`] under `mem`.
     pub fn load(path: &Path, mem: &MemoryModel) -> Result<Suite> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::fs::read_text(path)?;
         let file: SuiteFile = serde_json::from_str(&text).map_err(|e| Error::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
@@ -158,7 +158,16 @@ fn resolve_tasks(
     }
     let by_name: HashMap<&str, &Table> = pool.iter().map(|t| (t.name.as_str(), t)).collect();
     let mut tasks = Vec::with_capacity(file.tasks.len());
+    let mut task_names = HashMap::new();
     for (i, spec) in file.tasks.iter().enumerate() {
+        // Results are reported by task name: two of one name could not be
+        // told apart.
+        if let Some(first) = task_names.insert(spec.name.as_str(), i) {
+            return Err(invalid(
+                format!("tasks[{i}].name"),
+                format!("`{}` is also the name of tasks[{first}]", spec.name),
+            ));
+        }
         if spec.devices == 0 || spec.devices > MAX_DEVICES {
             return Err(invalid(
                 format!("tasks[{i}].devices"),
@@ -276,7 +285,7 @@ pub fn generate(
         return Err(Error::Infeasible {
             context: context(),
             message: format!(
-                "{} tables per task, but the pool holds {}",
+                "{} tables per task, but its pool (`{pool_ref}`) holds {}",
                 spec.tables_per_task,
                 pool.len()
             ),
@@ -304,11 +313,11 @@ pub fn generate(
             context: context(),
             message: match spec.memory {
                 SuiteMemory::Gb(gb) => format!(
-                    "no draw of {} tables out of {MAX_DRAWS} fits {} devices × {gb} GB",
+                    "none of {MAX_DRAWS} draws of {} tables fits {} devices × {gb} GB",
                     spec.tables_per_task, spec.devices
                 ),
                 SuiteMemory::Share(share) => format!(
-                    "no draw of {} tables out of {MAX_DRAWS} fits {} devices at {share} times \
+                    "none of {MAX_DRAWS} draws of {} tables fits {} devices at {share} times \
                      an even share of its memory (first-fit decreasing): raise memory_share",
                     spec.tables_per_task, spec.devices
                 ),

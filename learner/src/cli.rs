@@ -189,7 +189,8 @@ pub struct EvalArgs {
     #[arg(long, required = true)]
     pub suite: Vec<PathBuf>,
     /// Comma-separated methods, or `all`: random, round_robin, size, dim,
-    /// lookup, size_lookup, torchrec, search.
+    /// lookup, size_lookup, torchrec, search, and policy (the trained
+    /// model: needs --checkpoint; `all` includes it when one is given).
     #[arg(long, default_value = "all")]
     pub methods: String,
     /// The oracle that measures plans.
@@ -249,7 +250,8 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     {
         tracing::warn!(
             "{far}: its plans can lose to the heuristics this far out; compare them with \
-             `learner eval --methods all --checkpoint {}` on such a suite, or {}",
+             `learner eval --suite SUITE.json --methods all --checkpoint {}` on a suite of \
+             such tasks, or {}",
             args.checkpoint.display(),
             TrainedShapes::ADVICE
         );
@@ -304,10 +306,10 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 .collect::<serde_json::Map<_, _>>(),
         }),
     };
-    let text = serde_json::to_string_pretty(&doc)?;
+    let text = serde_json::to_string_pretty(&doc)? + "\n";
     match args.out {
         Some(path) => common::fs::write_atomic(&path, text.as_bytes())?,
-        None => writeln!(out, "{text}")?,
+        None => write!(out, "{text}")?,
     }
     Ok(())
 }
@@ -911,6 +913,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .as_deref()
         .filter(|_| methods.contains(&Method::Policy))
         .and_then(TrainedShapes::read);
+    let mut nothing_measured = Vec::new();
     for suite in &suites {
         if let Some(shapes) = &shapes {
             let far: Vec<String> = suite
@@ -950,6 +953,19 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         } else {
             writeln!(out, "{report}")?;
         }
+        let measured = |m: &crate::eval::MethodResult| m.per_task_ms.iter().any(Option::is_some);
+        if !report.methods.values().any(measured) {
+            nothing_measured.push(suite.path.display().to_string());
+        }
+    }
+    // A table of failures only is no result: a script must not take it
+    // for one.
+    if !nothing_measured.is_empty() {
+        anyhow::bail!(
+            "nothing was measured on {}: no method asked for found a plan that fits memory \
+             on any of its tasks",
+            nothing_measured.join(", ")
+        );
     }
     Ok(())
 }

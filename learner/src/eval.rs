@@ -464,7 +464,13 @@ mod tests {
         };
         let file = common::suite::SuiteFile {
             pool: "pool.csv".into(),
-            tasks: vec![task.clone(), task],
+            tasks: vec![
+                task.clone(),
+                common::suite::TaskSpec {
+                    name: "tight too".into(),
+                    ..task
+                },
+            ],
         };
         write(&dir.path().join("s.json"), &file).unwrap();
         let s = Suite::load(&dir.path().join("s.json"), &mem).unwrap();

@@ -10,6 +10,8 @@ fn learner(args: &[&str]) -> (bool, String, String) {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!stderr.contains("panicked"), "{stderr}");
+    // Logs to a pipe or a file are plain text, without colour codes.
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).to_string(),
@@ -96,6 +98,60 @@ fn a_suite_that_cannot_fit_memory_is_refused() {
         "best",
     ]);
     assert!(!ok && err.contains("unknown method `best`"), "{err}");
+}
+
+#[test]
+fn an_eval_where_no_method_fits_any_task_fails_after_its_table() {
+    // Three equal tables, two devices with room for one and a half each:
+    // the total fits, so the suite loads, but no placement does.
+    let dir = tempfile::tempdir().unwrap();
+    let bins = "1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0";
+    let header = "name,rows,dim,pooling_factor,bin_0,bin_1,bin_2,bin_3,bin_4,bin_5,bin_6,bin_7,bin_8,bin_9,bin_10,bin_11,bin_12,bin_13,bin_14,bin_15,bin_16";
+    let rows: String = (0..3)
+        .map(|i| format!("t{i},1000000,64,1,{bins}\r\n"))
+        .collect();
+    std::fs::write(dir.path().join("pool.csv"), format!("{header}\r\n{rows}")).unwrap();
+    let table_gb = 1e6 * 64.0 * 2.0 / (1u64 << 30) as f64 + 1e6 * 4.0 / (1u64 << 30) as f64;
+    let suite = dir.path().join("s.json");
+    // Written by an editor that starts files with a byte-order mark.
+    std::fs::write(
+        &suite,
+        format!(
+            "\u{feff}{{\"pool\": \"pool.csv\", \"tasks\": [{{\"name\": \"t\", \"devices\": 2, \
+             \"memory_gb\": {}, \"tables\": [\"t0\", \"t1\", \"t2\"]}}]}}",
+            1.5 * table_gb
+        ),
+    )
+    .unwrap();
+    let (ok, out, err) = learner(&[
+        "eval",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--methods",
+        "lookup,torchrec",
+    ]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("lookup") && out.contains("1/1"), "{out}");
+    assert!(
+        err.contains("nothing was measured on") && err.contains("s.json"),
+        "{err}"
+    );
+    // With room for two tables on a device, the same files evaluate.
+    let text = std::fs::read_to_string(&suite).unwrap();
+    let roomy = text.replace(
+        &format!("{}", 1.5 * table_gb),
+        &format!("{}", 2.5 * table_gb),
+    );
+    std::fs::write(&suite, roomy).unwrap();
+    let (ok, out, err) = learner(&[
+        "eval",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--methods",
+        "lookup",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("0/1"), "{out}");
 }
 
 #[test]
@@ -186,9 +242,20 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     let (ok, _, err) = eval_methods(&dense, &run, "lookup");
     assert!(ok && !err.contains("far outside"), "{err}");
 
-    let (ok, stdout, err) = plan_with("8", "64", &run, &["--format", "torchrec"]);
+    let out = dir.path().join("plan.torchrec.json");
+    let (ok, _, err) = plan_with(
+        "8",
+        "64",
+        &run,
+        &["--format", "torchrec", "--out", out.to_str().unwrap()],
+    );
     assert!(ok, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let written = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        written.ends_with("}\n"),
+        "a text file ends its last line: {written:?}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&written).unwrap();
     assert_eq!(v["world_size"], 8);
     assert_eq!(v["ranks"].as_object().unwrap().len(), tables.len());
 

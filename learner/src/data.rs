@@ -31,12 +31,9 @@ pub fn generate(cfg: &Config, dir: &Path) -> Result<Generated> {
             message,
         })?;
     let (train, test) = split(&tables, seed.wrapping_add(1));
-    pool::write(&dir.join("pool.csv"), &tables)?;
-    pool::write(&dir.join("pool.train.csv"), &train)?;
-    pool::write(&dir.join("pool.test.csv"), &test)?;
-    let stats = stats(&tables, cfg.generate.batch, &cfg.memory);
-    common::fs::write_atomic(&dir.join("pool.stats.txt"), stats.to_string().as_bytes())?;
-    let mut suites = Vec::new();
+    // Every suite is drawn before any file is written: a suite that cannot
+    // be drawn leaves the folder as it was.
+    let mut files = Vec::new();
     for (i, s) in cfg.data.suites.iter().enumerate() {
         let memory = s.memory(i).map_err(|message| common::Error::Infeasible {
             context: "the configuration".into(),
@@ -60,19 +57,40 @@ pub fn generate(cfg: &Config, dir: &Path) -> Result<Generated> {
                 &cfg.memory,
                 seed,
             )?;
-            let path = dir.join(format!("{}.json", spec.name));
-            suite::write(&path, &file)?;
-            suites.push(path);
+            files.push((dir.join(format!("{}.json", spec.name)), file));
         }
+    }
+    pool::write(&dir.join("pool.csv"), &tables)?;
+    pool::write(&dir.join("pool.train.csv"), &train)?;
+    pool::write(&dir.join("pool.test.csv"), &test)?;
+    let stats = stats(&tables, cfg.generate.batch, &cfg.memory);
+    common::fs::write_atomic(&dir.join("pool.stats.txt"), stats.to_string().as_bytes())?;
+    let mut suites = Vec::new();
+    for (path, file) in files {
+        suite::write(&path, &file)?;
+        suites.push(path);
     }
     Ok(Generated { stats, suites })
 }
 
 /// The training tasks: `train.suite`'s, then each of `train.extra_suites`'.
-pub fn train_tasks(cfg: &Config) -> Result<Vec<common::Task>> {
+/// An error names the setting that gave the suite.
+pub fn train_tasks(cfg: &Config) -> anyhow::Result<Vec<common::Task>> {
+    use anyhow::Context as _;
     let mut tasks = Vec::new();
-    for path in std::iter::once(&cfg.train.suite).chain(&cfg.train.extra_suites) {
-        tasks.extend(common::Suite::load(path, &cfg.memory)?.tasks);
+    let extra = cfg.train.extra_suites.iter().enumerate();
+    let suites = std::iter::once(("train.suite".to_string(), &cfg.train.suite))
+        .chain(extra.map(|(i, p)| (format!("train.extra_suites[{i}]"), p)));
+    for (key, path) in suites {
+        let loaded = common::Suite::load(path, &cfg.memory).with_context(|| {
+            let hint = if path.exists() {
+                ""
+            } else {
+                " (`learner generate --config` with this configuration writes its suites)"
+            };
+            format!("{key} = {}{hint}", path.display())
+        })?;
+        tasks.extend(loaded.tasks);
     }
     Ok(tasks)
 }
@@ -341,6 +359,22 @@ mod tests {
         let before = std::fs::read(&g.suites[1]).unwrap();
         generate(&cfg, dir.path()).unwrap();
         assert_eq!(before, std::fs::read(&g.suites[1]).unwrap());
+    }
+
+    #[test]
+    fn a_suite_that_cannot_be_drawn_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::default();
+        cfg.generate.tables = 120;
+        cfg.data.suites = vec![SuiteConfig {
+            tables: 10,
+            devices: 2,
+            memory_gb: Some(1e-6),
+            memory_share: None,
+        }];
+        let e = generate(&cfg, dir.path()).unwrap_err().to_string();
+        assert!(e.contains("dlrm-10x2.train") && e.contains("draws"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     /// Every shipped configuration parses, and trains on suites that its

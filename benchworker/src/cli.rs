@@ -156,6 +156,11 @@ pub struct MeasureArgs {
     /// Configuration TOML (its memory, sim and cpu sections); defaults when omitted.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Memory of each device in GB: a plan that puts more on a device (weights
+    /// and optimizer state, as `[memory]` in the config counts them) is
+    /// refused, naming the device. Unchecked when omitted.
+    #[arg(long)]
+    pub memory_gb: Option<f64>,
     /// Print the measurement as JSON: {"cost_ms", "devices": [{"fwd_ms", …}]},
     /// plus "spread" over the repeats for backends that time real work.
     #[arg(long)]
@@ -317,6 +322,22 @@ fn measure(args: MeasureArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let cfg = Config::load(args.config.as_deref())?;
     let tables = pool::read(&args.tables)?;
     let plan = Placement::read(&args.placement)?.resolve(&tables, &args.placement)?;
+    if let Some(gb) = args.memory_gb {
+        anyhow::ensure!(
+            gb.is_finite() && gb > 0.0,
+            "--memory-gb {gb}: must be a positive number of GB"
+        );
+        let cap = gb * common::table::BYTES_PER_GB;
+        let used = plan.device_bytes(&tables, &cfg.memory);
+        if let Some((d, &b)) = used.iter().enumerate().find(|&(_, &b)| b as f64 > cap) {
+            anyhow::bail!(
+                "{}: device {d} holds {:.3} GB of tables (weights and optimizer state, as \
+                 the config's [memory] counts them), over --memory-gb {gb}",
+                args.placement.display(),
+                b as f64 / common::table::BYTES_PER_GB,
+            );
+        }
+    }
     let mut oracle = build(args.backend, &cfg)?;
     let m = oracle
         .measure(&tables, &plan)
@@ -376,12 +397,22 @@ mod tests {
     }
 
     fn run_measure(t: PathBuf, p: PathBuf, json: bool) -> anyhow::Result<String> {
+        run_measure_within(t, p, json, None)
+    }
+
+    fn run_measure_within(
+        t: PathBuf,
+        p: PathBuf,
+        json: bool,
+        memory_gb: Option<f64>,
+    ) -> anyhow::Result<String> {
         let cli = Cli {
             command: Command::Measure(MeasureArgs {
                 backend: Backend::Sim,
                 tables: t,
                 placement: p,
                 config: None,
+                memory_gb,
                 json,
             }),
         };
@@ -413,6 +444,26 @@ mod tests {
         let max = m.devices.iter().map(|d| d.total_ms).fold(0.0, f64::max);
         assert_eq!(m.cost_ms, max);
         assert!(m.cost_ms > 0.0);
+        // With --memory-gb, a device over it is named; at the fullest
+        // device's own size the plan is measured.
+        let used = plan.device_bytes(&tables, &common::MemoryModel::default());
+        let fullest = used.iter().copied().max().unwrap();
+        let (d, _) = used
+            .iter()
+            .enumerate()
+            .find(|&(_, &b)| b == fullest)
+            .unwrap();
+        let gb = fullest as f64 / common::table::BYTES_PER_GB;
+        let (t, p) = files(dir.path(), &placement);
+        let e = run_measure_within(t.clone(), p.clone(), true, Some(gb * 0.99))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("device {d} holds")), "{e}");
+        assert!(run_measure_within(t.clone(), p.clone(), true, Some(gb * 1.01)).is_ok());
+        let e = run_measure_within(t, p, true, Some(-1.0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--memory-gb"), "{e}");
     }
 
     #[test]

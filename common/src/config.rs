@@ -226,12 +226,14 @@ impl SuiteConfig {
                 positive(&format!("data.suites[{i}].memory_gb"), gb)?;
                 Ok(SuiteMemory::Gb(gb))
             }
-            (None, Some(share)) if share.is_finite() && share >= 1.0 => {
+            (None, Some(share)) if (1.0..=self.devices as f64).contains(&share) => {
                 Ok(SuiteMemory::Share(share))
             }
             (None, Some(share)) => Err(format!(
-                "data.suites[{i}].memory_share = {share} must be a number of at least 1 \
-                 (below an even share of its tables' memory no task fits)"
+                "data.suites[{i}].memory_share = {share} must lie in 1..={} (below an even \
+                 share of its tables' memory no task fits; at the number of devices, one \
+                 device holds them all)",
+                self.devices
             )),
             (Some(_), Some(_)) => Err(format!(
                 "data.suites[{i}] gives both memory_gb and memory_share: give one"
@@ -832,10 +834,20 @@ impl Config {
     /// `learner train` writes whole) and warns about the settings it lacks:
     /// a run written by an older embshard, whose missing settings take
     /// today's built-in defaults.
+    ///
+    /// A setting whose default changed after it came in takes, where a run
+    /// lacks it, what runs did before it existed: `train.measure_temperature`
+    /// (1; the default is 1000 since).
     pub fn load_run(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let cfg = Config::from_toml(&text, path)?;
-        let missing = missing_settings(&text);
+        let mut cfg = Config::from_toml(&text, path)?;
+        let mut missing = missing_settings(&text);
+        for m in &mut missing {
+            if m.starts_with("train.measure_temperature =") {
+                cfg.train.measure_temperature = 1.0;
+                *m = "train.measure_temperature = 1.0 (how runs before the setting sampled)".into();
+            }
+        }
         if !missing.is_empty() {
             const SHOWN: usize = 6;
             let mut named: Vec<String> = missing.iter().take(SHOWN).cloned().collect();
@@ -843,8 +855,8 @@ impl Config {
                 named.push(format!("and {} more", missing.len() - SHOWN));
             }
             tracing::warn!(
-                "{} comes from an older embshard: {} settings it lacks take today's built-in \
-                 defaults ({}); if the run was trained otherwise, write its values into the file",
+                "{} comes from an older embshard: {} settings it lacks take these values ({}); \
+                 if the run was trained otherwise, write its values into the file",
                 path.display(),
                 missing.len(),
                 named.join(", ")
@@ -965,6 +977,31 @@ mod tests {
         );
         c.train.extra_suites.clear();
         assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn a_run_from_before_measure_temperature_keeps_sampling_as_it_did() {
+        let dir = tempfile::tempdir().unwrap();
+        let whole = toml::to_string(&Config::default()).unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, &whole).unwrap();
+        assert_eq!(
+            Config::load_run(&path).unwrap().train.measure_temperature,
+            1000.0
+        );
+        let older: String = whole
+            .lines()
+            .filter(|l| !l.starts_with("measure_temperature ="))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(&path, older).unwrap();
+        assert_eq!(
+            Config::load_run(&path).unwrap().train.measure_temperature,
+            1.0
+        );
+        // A default config written out reads back the same, suites with a
+        // memory share included.
+        assert_eq!(Config::from_toml(&whole, &path).unwrap(), Config::default());
     }
 
     #[test]
@@ -1145,6 +1182,10 @@ mod tests {
             (
                 "tables = 10, devices = 2, memory_share = nan",
                 "data.suites[0].memory_share",
+            ),
+            (
+                "tables = 10, devices = 2, memory_share = 2.5",
+                "must lie in 1..=2",
             ),
             (
                 "tables = 10, devices = 2, memory_gb = -1.0",

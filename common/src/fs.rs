@@ -61,8 +61,6 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io(dir, e))
 }
 
-/// A stable 64-bit hash (FNV-1a) for deriving seeds from names; std's hasher
-/// is not stable across releases.
 /// A text file's contents, without the byte-order mark some Windows
 /// editors put first (JSON parsers refuse it as "expected value").
 pub fn read_text(path: &Path) -> Result<String> {
@@ -73,6 +71,8 @@ pub fn read_text(path: &Path) -> Result<String> {
     })
 }
 
+/// A stable 64-bit hash (FNV-1a) for deriving seeds from names; std's hasher
+/// is not stable across releases.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x100000001b3)

@@ -18,6 +18,50 @@ pub const MAX_DIM: u64 = 1 << 16;
 /// Largest accepted pooling factor (lookups per sample).
 pub const MAX_POOLING: f64 = 1e5;
 
+/// Line numbers of positions in a text, counted as editors do (`\n`,
+/// `\r\n` and a lone `\r` each end a line), incrementally: records are
+/// asked for in the order they lie.
+struct LineCounter<'t> {
+    text: &'t [u8],
+    /// Bytes counted so far, and the line ends among them.
+    at: usize,
+    ends: u64,
+}
+
+impl<'t> LineCounter<'t> {
+    fn new(text: &'t [u8]) -> Self {
+        LineCounter {
+            text,
+            at: 0,
+            ends: 0,
+        }
+    }
+
+    /// The line of the first byte at or after `p` that does not end a
+    /// line (a record's position may lie before the blank lines or the
+    /// `\n` that precede it); 0 without a position.
+    fn line_of(&mut self, p: Option<&csv::Position>) -> u64 {
+        let Some(p) = p else { return 0 };
+        let text = self.text;
+        let start = (p.byte() as usize).min(text.len());
+        let first = text[start..]
+            .iter()
+            .position(|&b| b != b'\n' && b != b'\r')
+            .map_or(text.len(), |k| start + k);
+        if first < self.at {
+            (self.at, self.ends) = (0, 0);
+        }
+        for i in self.at..first {
+            let lone_cr = text[i] == b'\r' && text.get(i + 1) != Some(&b'\n');
+            if text[i] == b'\n' || lone_cr {
+                self.ends += 1;
+            }
+        }
+        self.at = first;
+        1 + self.ends
+    }
+}
+
 /// The header every pool CSV starts with.
 pub fn header() -> Vec<String> {
     let mut h: Vec<String> = ["name", "rows", "dim", "pooling_factor"]
@@ -49,38 +93,23 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
     // The csv crate's line numbers skip blank lines and count a CRLF
     // file's one short: a record's line is counted here, from where its
     // first byte lies, so that errors name the line an editor shows.
-    let line_of = |p: Option<&csv::Position>| -> u64 {
-        let Some(p) = p else { return 0 };
-        let start = (p.byte() as usize).min(text.len());
-        let first = text[start..]
-            .iter()
-            .position(|&b| b != b'\n' && b != b'\r')
-            .map_or(text.len(), |k| start + k);
-        let before = &text[..first];
-        let ends = before.iter().filter(|&&b| b == b'\n').count();
-        // A lone `\r` (an old Mac's line end) ends a line too.
-        let lone = before
-            .windows(2)
-            .filter(|w| w[0] == b'\r' && w[1] != b'\n')
-            .count()
-            + usize::from(before.last() == Some(&b'\r'));
-        (1 + ends + lone) as u64
-    };
+    let mut lines = LineCounter::new(&text);
     let mut rdr = csv::ReaderBuilder::new()
         .has_headers(true)
         .trim(csv::Trim::All)
         .flexible(true)
         .from_reader(text.as_slice());
     let expected = header();
-    let got: Vec<String> = rdr
+    let got = rdr
         .headers()
         .map_err(|e| csv_err(1, "header", e.to_string()))?
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        .clone();
+    let got: Vec<String> = got.iter().map(|s| s.to_string()).collect();
     if got != expected {
         return Err(csv_err(
-            1,
+            lines
+                .line_of(rdr.headers().ok().and_then(|h| h.position()))
+                .max(1),
             "header",
             format!(
                 "expected `{}`, found `{}`",
@@ -92,8 +121,8 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
     let mut tables = Vec::new();
     let mut names = HashSet::new();
     for rec in rdr.records() {
-        let rec = rec.map_err(|e| csv_err(line_of(e.position()), "record", e.to_string()))?;
-        let line = line_of(rec.position());
+        let rec = rec.map_err(|e| csv_err(lines.line_of(e.position()), "record", e.to_string()))?;
+        let line = lines.line_of(rec.position());
         if rec.len() != expected.len() {
             return Err(csv_err(
                 line,
@@ -322,6 +351,17 @@ mod tests {
         assert!(e.contains("w.csv:4") && e.contains("fields"), "{e}");
         let e = err_of(&format!("{good}\n\n\n{short}\n"));
         assert!(e.contains("pool.csv:5") && e.contains("fields"), "{e}");
+        // Old Mac line ends (a lone `\r`), a name quoted across two lines,
+        // blank lines before a bad header.
+        let text = csv_text(&format!("{good}\n\"x\ny\",1,8,1\n")).replace('\n', "\r");
+        let e = read_from(text.as_bytes(), Path::new("w.csv"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("w.csv:3") && e.contains("fields"), "{e}");
+        let e = read_from("\n\nname,rows\nx,1\n".as_bytes(), Path::new("w.csv"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("w.csv:3") && e.contains("header"), "{e}");
         // A BOM before a CRLF header, and a last line without its end.
         let text = format!("\u{feff}{}", csv_text(&good).replace('\n', "\r\n"));
         let pool = read_from(text.as_bytes(), Path::new("w.csv")).unwrap();

@@ -480,6 +480,22 @@ mod tests {
         let p = suite_with(dir.path(), spec(&["t1", "t1"], 2, 1.0));
         let e = Suite::load(&p, &mem()).unwrap_err().to_string();
         assert!(e.contains("appears twice"), "{e}");
+        // Two tasks of one name: their results could not be told apart.
+        let p = dir.path().join("two.json");
+        let file = SuiteFile {
+            pool: "pool.csv".into(),
+            tasks: vec![spec(&["t1"], 2, 1.0), spec(&["t2"], 2, 1.0)],
+        };
+        write(&p, &file).unwrap();
+        let e = Suite::load(&p, &mem()).unwrap_err().to_string();
+        assert!(e.contains("tasks[1].name") && e.contains("tasks[0]"), "{e}");
+        // A byte-order mark before the JSON is read past.
+        let text = std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("\"t2\"", "\"t3\"");
+        let renamed = text.replacen("\"name\": \"x\"", "\"name\": \"y\"", 1);
+        std::fs::write(&p, format!("\u{feff}{renamed}")).unwrap();
+        assert_eq!(Suite::load(&p, &mem()).unwrap().tasks.len(), 2);
     }
 
     #[test]

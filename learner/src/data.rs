@@ -166,7 +166,8 @@ impl TrainedShapes {
     pub const FILE: &'static str = "trained_shapes.json";
     /// How far past the trained tables per device (as a factor, either
     /// way) a task is warned about: at twice the density the main job's
-    /// policy lost to a heuristic in some seeds.
+    /// policy gains less (and, trained with `measure_temperature = 1`,
+    /// lost to a heuristic in some seeds).
     pub const SLACK: f64 = 1.5;
 
     /// The shapes of `tasks` (`None` when there are none).

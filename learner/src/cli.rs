@@ -933,7 +933,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             }
         }
         let bar = progress(suite.tasks.len() as u64, &suite.path.display().to_string());
-        let report: Report = evaluate(
+        let report: Result<Report, _> = evaluate(
             suite,
             &methods,
             oracle.as_mut(),
@@ -944,9 +944,18 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 model: model.as_ref(),
             },
             || bar.inc(1),
-        )
-        .with_context(|| format!("evaluating {}", suite.path.display()))?;
+        );
         bar.finish_and_clear();
+        // The oracle failed every measurement of this suite: said, and the
+        // other suites still evaluated.
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("evaluating {}: {e}", suite.path.display());
+                nothing_measured.push(format!("{} (the oracle: {e})", suite.path.display()));
+                continue;
+            }
+        };
         if args.json {
             serde_json::to_writer(&mut *out, &report)?;
             writeln!(out)?;
@@ -963,7 +972,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if !nothing_measured.is_empty() {
         anyhow::bail!(
             "nothing was measured on {}: no method asked for found a plan that fits memory \
-             on any of its tasks",
+             on any of its tasks, or the oracle failed every measurement",
             nothing_measured.join(", ")
         );
     }

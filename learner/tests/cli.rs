@@ -155,6 +155,55 @@ fn an_eval_where_no_method_fits_any_task_fails_after_its_table() {
 }
 
 #[test]
+fn a_suite_the_oracle_cannot_measure_fails_eval_after_the_others_are_evaluated() {
+    // On the `cpu` backend a table of 100000 lookups per sample draws
+    // more lookups than one measurement may: every plan of `bad.json`
+    // fails; `good.json` (two small tables) measures.
+    let dir = tempfile::tempdir().unwrap();
+    let bins = "1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0";
+    let header = "name,rows,dim,pooling_factor,bin_0,bin_1,bin_2,bin_3,bin_4,bin_5,bin_6,bin_7,bin_8,bin_9,bin_10,bin_11,bin_12,bin_13,bin_14,bin_15,bin_16";
+    std::fs::write(
+        dir.path().join("pool.csv"),
+        format!("{header}\nhot,1000,8,100000,{bins}\na,1000,8,1,{bins}\nb,1000,8,1,{bins}\n"),
+    )
+    .unwrap();
+    let suite = |name: &str, tables: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(
+            &p,
+            format!(
+                "{{\"pool\": \"pool.csv\", \"tasks\": [{{\"name\": \"t\", \"devices\": 2, \
+                 \"memory_gb\": 1.0, \"tables\": [{tables}]}}]}}"
+            ),
+        )
+        .unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let bad = suite("bad.json", "\"hot\", \"a\"");
+    let good = suite("good.json", "\"a\", \"b\"");
+    let (ok, out, err) = learner(&[
+        "eval",
+        "--backend",
+        "cpu",
+        "--suite",
+        &bad,
+        "--suite",
+        &good,
+        "--methods",
+        "lookup",
+    ]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("good.json") && !out.contains("bad.json"),
+        "{out}"
+    );
+    assert!(
+        err.contains("nothing was measured on") && err.contains("bad.json (the oracle"),
+        "{err}"
+    );
+}
+
+#[test]
 fn train_then_plan_writes_a_placement_of_every_table() {
     let dir = tempfile::tempdir().unwrap();
     let (cfg, data) = small_run_config(dir.path(), 2);

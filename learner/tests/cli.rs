@@ -67,17 +67,20 @@ fn generate_then_eval_reports_every_method_as_json() {
     }
 }
 
+/// `DIR/pool.csv` of cold tables (each row read once a batch), given as
+/// `(name, rows, dim, pooling)`, each line ended by `eol`.
+fn write_cold_pool(dir: &std::path::Path, tables: &[(&str, u64, u32, f64)], eol: &str) {
+    let mut text = common::pool::header().join(",") + eol;
+    for (name, rows, dim, pooling) in tables {
+        text += &format!("{name},{rows},{dim},{pooling},1{}{eol}", ",0".repeat(16));
+    }
+    std::fs::write(dir.join("pool.csv"), text).unwrap();
+}
+
 #[test]
 fn a_suite_that_cannot_fit_memory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let bins = "1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0";
-    std::fs::write(
-        dir.path().join("pool.csv"),
-        format!(
-            "name,rows,dim,pooling_factor,bin_0,bin_1,bin_2,bin_3,bin_4,bin_5,bin_6,bin_7,bin_8,bin_9,bin_10,bin_11,bin_12,bin_13,bin_14,bin_15,bin_16\nbig,100000000,128,1,{bins}\n"
-        ),
-    )
-    .unwrap();
+    write_cold_pool(dir.path(), &[("big", 100_000_000, 128, 1.0)], "\n");
     let suite = dir.path().join("s.json");
     std::fs::write(
         &suite,
@@ -105,12 +108,12 @@ fn an_eval_where_no_method_fits_any_task_fails_after_its_table() {
     // Three equal tables, two devices with room for one and a half each:
     // the total fits, so the suite loads, but no placement does.
     let dir = tempfile::tempdir().unwrap();
-    let bins = "1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0";
-    let header = "name,rows,dim,pooling_factor,bin_0,bin_1,bin_2,bin_3,bin_4,bin_5,bin_6,bin_7,bin_8,bin_9,bin_10,bin_11,bin_12,bin_13,bin_14,bin_15,bin_16";
-    let rows: String = (0..3)
-        .map(|i| format!("t{i},1000000,64,1,{bins}\r\n"))
-        .collect();
-    std::fs::write(dir.path().join("pool.csv"), format!("{header}\r\n{rows}")).unwrap();
+    let equal = [
+        ("t0", 1_000_000, 64, 1.0),
+        ("t1", 1_000_000, 64, 1.0),
+        ("t2", 1_000_000, 64, 1.0),
+    ];
+    write_cold_pool(dir.path(), &equal, "\r\n");
     let table_gb = 1e6 * 64.0 * 2.0 / (1u64 << 30) as f64 + 1e6 * 4.0 / (1u64 << 30) as f64;
     let suite = dir.path().join("s.json");
     // Written by an editor that starts files with a byte-order mark.
@@ -160,13 +163,12 @@ fn a_suite_the_oracle_cannot_measure_fails_eval_after_the_others_are_evaluated()
     // more lookups than one measurement may: every plan of `bad.json`
     // fails; `good.json` (two small tables) measures.
     let dir = tempfile::tempdir().unwrap();
-    let bins = "1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0";
-    let header = "name,rows,dim,pooling_factor,bin_0,bin_1,bin_2,bin_3,bin_4,bin_5,bin_6,bin_7,bin_8,bin_9,bin_10,bin_11,bin_12,bin_13,bin_14,bin_15,bin_16";
-    std::fs::write(
-        dir.path().join("pool.csv"),
-        format!("{header}\nhot,1000,8,100000,{bins}\na,1000,8,1,{bins}\nb,1000,8,1,{bins}\n"),
-    )
-    .unwrap();
+    let tables = [
+        ("hot", 1000, 8, 100_000.0),
+        ("a", 1000, 8, 1.0),
+        ("b", 1000, 8, 1.0),
+    ];
+    write_cold_pool(dir.path(), &tables, "\n");
     let suite = |name: &str, tables: &str| {
         let p = dir.path().join(name);
         std::fs::write(

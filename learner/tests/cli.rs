@@ -77,6 +77,22 @@ fn write_cold_pool(dir: &std::path::Path, tables: &[(&str, u64, u32, f64)], eol:
     std::fs::write(dir.join("pool.csv"), text).unwrap();
 }
 
+/// `PATH`: a suite of one task, "t", over `DIR/pool.csv`, started by a
+/// byte-order mark when `bom`.
+fn write_one_task_suite(
+    path: &std::path::Path,
+    devices: usize,
+    memory_gb: f64,
+    tables: &[&str],
+    bom: bool,
+) {
+    let suite = serde_json::json!({"pool": "pool.csv", "tasks": [
+        {"name": "t", "devices": devices, "memory_gb": memory_gb, "tables": tables}
+    ]});
+    let mark = if bom { "\u{feff}" } else { "" };
+    std::fs::write(path, format!("{mark}{suite}")).unwrap();
+}
+
 #[test]
 fn a_suite_that_cannot_fit_memory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -114,18 +130,13 @@ fn an_eval_where_no_method_fits_any_task_fails_after_its_table() {
         ("t2", 1_000_000, 64, 1.0),
     ];
     write_cold_pool(dir.path(), &equal, "\r\n");
-    let table_gb = 1e6 * 64.0 * 2.0 / (1u64 << 30) as f64 + 1e6 * 4.0 / (1u64 << 30) as f64;
+    let table_gb = common::MemoryModel::default()
+        .table_bytes(&common::Table::cold("t0", 1_000_000, 64, 1.0)) as f64
+        / common::table::BYTES_PER_GB;
     let suite = dir.path().join("s.json");
     // Written by an editor that starts files with a byte-order mark.
-    std::fs::write(
-        &suite,
-        format!(
-            "\u{feff}{{\"pool\": \"pool.csv\", \"tasks\": [{{\"name\": \"t\", \"devices\": 2, \
-             \"memory_gb\": {}, \"tables\": [\"t0\", \"t1\", \"t2\"]}}]}}",
-            1.5 * table_gb
-        ),
-    )
-    .unwrap();
+    let names = ["t0", "t1", "t2"];
+    write_one_task_suite(&suite, 2, 1.5 * table_gb, &names, true);
     let (ok, out, err) = learner(&[
         "eval",
         "--suite",
@@ -140,12 +151,7 @@ fn an_eval_where_no_method_fits_any_task_fails_after_its_table() {
         "{err}"
     );
     // With room for two tables on a device, the same files evaluate.
-    let text = std::fs::read_to_string(&suite).unwrap();
-    let roomy = text.replace(
-        &format!("{}", 1.5 * table_gb),
-        &format!("{}", 2.5 * table_gb),
-    );
-    std::fs::write(&suite, roomy).unwrap();
+    write_one_task_suite(&suite, 2, 2.5 * table_gb, &names, true);
     let (ok, out, err) = learner(&[
         "eval",
         "--suite",
@@ -169,20 +175,13 @@ fn a_suite_the_oracle_cannot_measure_fails_eval_after_the_others_are_evaluated()
         ("b", 1000, 8, 1.0),
     ];
     write_cold_pool(dir.path(), &tables, "\n");
-    let suite = |name: &str, tables: &str| {
+    let suite = |name: &str, tables: &[&str]| {
         let p = dir.path().join(name);
-        std::fs::write(
-            &p,
-            format!(
-                "{{\"pool\": \"pool.csv\", \"tasks\": [{{\"name\": \"t\", \"devices\": 2, \
-                 \"memory_gb\": 1.0, \"tables\": [{tables}]}}]}}"
-            ),
-        )
-        .unwrap();
+        write_one_task_suite(&p, 2, 1.0, tables, false);
         p.to_str().unwrap().to_string()
     };
-    let bad = suite("bad.json", "\"hot\", \"a\"");
-    let good = suite("good.json", "\"a\", \"b\"");
+    let bad = suite("bad.json", &["hot", "a"]);
+    let good = suite("good.json", &["a", "b"]);
     let (ok, out, err) = learner(&[
         "eval",
         "--backend",

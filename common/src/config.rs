@@ -251,6 +251,11 @@ impl SuiteConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
     pub dir: PathBuf,
+    /// A pool CSV of the user's own tables: `generate` splits it and draws
+    /// the suites from it instead of generating a pool (`[generate]` is
+    /// then unused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PathBuf>,
     pub seed: u64,
     pub train_tasks: usize,
     pub test_tasks: usize,
@@ -273,6 +278,7 @@ impl Default for DataConfig {
         };
         DataConfig {
             dir: PathBuf::from("data/generated"),
+            pool: None,
             seed: 0,
             train_tasks: 50,
             test_tasks: 20,

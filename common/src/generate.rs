@@ -269,6 +269,9 @@ pub fn split(tables: &[Table], seed: u64) -> (Vec<Table>, Vec<Table>) {
 /// Aggregate statistics of a pool, comparable with the published trace.
 #[derive(Debug, Clone, Serialize)]
 pub struct PoolStats {
+    /// Whether the pool was generated (else read from a file): the
+    /// heading of its column.
+    pub generated: bool,
     pub tables: usize,
     pub batch: u64,
     pub lookups: f64,
@@ -297,6 +300,7 @@ pub fn stats(tables: &[Table], batch: u64, mem: &MemoryModel) -> PoolStats {
         .sum();
     let lookups: f64 = pooling.iter().sum::<f64>() * batch as f64;
     PoolStats {
+        generated: true,
         tables: tables.len(),
         batch,
         lookups,
@@ -320,7 +324,13 @@ impl std::fmt::Display for PoolStats {
         writeln!(
             f,
             "{:<28} {:>16} {:>16}",
-            "statistic", "generated", "fbgemm_t856_bs65536"
+            "statistic",
+            if self.generated {
+                "generated"
+            } else {
+                "this pool"
+            },
+            "fbgemm_t856_bs65536"
         )?;
         let rows = [
             (

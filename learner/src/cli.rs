@@ -43,6 +43,10 @@ pub enum Command {
     /// each task that multiple of an even share of its own tables' memory
     /// (suite `dlrm-<tables>x<devices>-share<memory_share>`: 1.1 is tight).
     ///
+    /// With `[data] pool = "FILE.csv"` the pool is your own tables (a pool
+    /// CSV, see scripts/pool-from-trace.py) instead of a generated one: it
+    /// is split and the suites are drawn from it the same way.
+    ///
     /// Example:
     ///   learner generate --config configs/default.toml --out data/generated
     Generate(GenerateArgs),
@@ -848,8 +852,14 @@ fn remove_stale(path: &Path) -> anyhow::Result<()> {
 fn generate(args: GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let cfg = Config::load(args.config.as_deref())?;
     let dir = args.out.unwrap_or_else(|| cfg.data.dir.clone());
-    let g = crate::data::generate(&cfg, &dir)
-        .with_context(|| format!("generating data in {}", dir.display()))?;
+    let g = crate::data::generate(&cfg, &dir).with_context(|| match &cfg.data.pool {
+        Some(pool) => format!(
+            "generating data in {} from the tables of data.pool = {}",
+            dir.display(),
+            pool.display()
+        ),
+        None => format!("generating data in {}", dir.display()),
+    })?;
     write!(out, "{}", g.stats)?;
     for s in &g.suites {
         writeln!(out, "wrote {}", s.display())?;

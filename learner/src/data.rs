@@ -1,5 +1,6 @@
-//! Generates the default data: a DLRM-like pool, its 50/50 train/test split,
-//! and every configured suite for both halves, under one folder:
+//! Generates the default data: a DLRM-like pool (or the user's own, from
+//! `data.pool`), its 50/50 train/test split, and every configured suite for
+//! both halves, under one folder:
 //!
 //! ```text
 //! DIR/pool.csv  pool.train.csv  pool.test.csv  pool.stats.txt
@@ -25,12 +26,31 @@ pub struct Generated {
 
 pub fn generate(cfg: &Config, dir: &Path) -> Result<Generated> {
     let seed = cfg.data.seed;
-    let tables =
-        generate_pool(&cfg.generate, seed).map_err(|message| common::Error::Infeasible {
-            context: "generating the pool".into(),
-            message,
-        })?;
+    let tables = match &cfg.data.pool {
+        Some(path) => pool::read(path)?,
+        None => {
+            generate_pool(&cfg.generate, seed).map_err(|message| common::Error::Infeasible {
+                context: "generating the pool".into(),
+                message,
+            })?
+        }
+    };
     let (train, test) = split(&tables, seed.wrapping_add(1));
+    // With the user's pool, a suite that cannot be drawn says where its
+    // tables came from.
+    let from_pool = |e: common::Error| match (&cfg.data.pool, e) {
+        (Some(path), common::Error::Infeasible { context, message }) => common::Error::Infeasible {
+            context,
+            message: format!(
+                "{message} (data.pool = {}: {} tables, {} for training and {} for testing)",
+                path.display(),
+                tables.len(),
+                train.len(),
+                test.len()
+            ),
+        },
+        (_, e) => e,
+    };
     // Every suite is drawn before any file is written: a suite that cannot
     // be drawn leaves the folder as it was.
     let mut files = Vec::new();
@@ -56,14 +76,16 @@ pub fn generate(cfg: &Config, dir: &Path) -> Result<Generated> {
                 &format!("pool.{half}.csv"),
                 &cfg.memory,
                 seed,
-            )?;
+            )
+            .map_err(from_pool)?;
             files.push((dir.join(format!("{}.json", spec.name)), file));
         }
     }
     pool::write(&dir.join("pool.csv"), &tables)?;
     pool::write(&dir.join("pool.train.csv"), &train)?;
     pool::write(&dir.join("pool.test.csv"), &test)?;
-    let stats = stats(&tables, cfg.generate.batch, &cfg.memory);
+    let mut stats = stats(&tables, cfg.generate.batch, &cfg.memory);
+    stats.generated = cfg.data.pool.is_none();
     common::fs::write_atomic(&dir.join("pool.stats.txt"), stats.to_string().as_bytes())?;
     let mut suites = Vec::new();
     for (path, file) in files {

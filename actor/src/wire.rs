@@ -14,6 +14,14 @@ fn to_vec<T: tch::kind::Element + Copy>(t: &Tensor) -> Vec<T> {
     Vec::<T>::try_from(&t.contiguous().view([-1])).unwrap_or_default()
 }
 
+/// The largest predicted cost an unroll may carry, in ms (days of an
+/// iteration): far above any real one, far below where the learner's f32
+/// sums of them overflow.
+const MAX_COST_MS: f32 = 1e9;
+/// The reward scales an unroll may carry, in ms (a task's balanced cost:
+/// microseconds to days); outside, its rewards would overflow.
+const REWARD_SCALE_RANGE: std::ops::RangeInclusive<f64> = 1e-9..=1e9;
+
 /// The most episodes an unroll may hold ([`unroll_from_data`] refuses more).
 pub const MAX_EPISODES: usize = 1 << 16;
 
@@ -79,11 +87,26 @@ pub fn unroll_from_data(d: &UnrollData, tables: usize, devices: usize) -> Result
     finite("behaviour_logp", &d.behaviour_logp)?;
     finite("device_features", &d.device_features)?;
     finite("predicted_cost_ms", &d.predicted_cost_ms)?;
+    if let Some(i) = d
+        .predicted_cost_ms
+        .iter()
+        .position(|c| c.abs() > MAX_COST_MS)
+    {
+        return Err(format!(
+            "predicted_cost_ms[{i}] = {} is beyond ±{MAX_COST_MS:e} ms",
+            d.predicted_cost_ms[i]
+        ));
+    }
     if d.behaviour_logp.iter().any(|&l| l > 1e-4) {
         return Err("behaviour_logp: a log-probability above 0".into());
     }
-    if !(d.reward_scale.is_finite() && d.reward_scale > 0.0) {
-        return Err(format!("reward_scale {} is not positive", d.reward_scale));
+    if !(REWARD_SCALE_RANGE.contains(&d.reward_scale)) {
+        return Err(format!(
+            "reward_scale {} is not in [{:e}, {:e}] ms",
+            d.reward_scale,
+            REWARD_SCALE_RANGE.start(),
+            REWARD_SCALE_RANGE.end()
+        ));
     }
     let (mi, ei, di) = (m as i64, e as i64, devices as i64);
     let actions: Vec<i64> = d.actions.iter().map(|&a| a as i64).collect();
@@ -283,6 +306,19 @@ mod tests {
         assert!(unroll_from_data(&bad, 9, 3)
             .unwrap_err()
             .contains("device_features[5]"));
+        // Finite, but where the learner's sums would overflow.
+        let mut bad = good.clone();
+        bad.predicted_cost_ms[1] = -3e38;
+        assert!(unroll_from_data(&bad, 9, 3)
+            .unwrap_err()
+            .contains("predicted_cost_ms[1]"));
+        for scale in [1e-300, 0.0, 1e12, f64::NAN] {
+            let mut bad = good.clone();
+            bad.reward_scale = scale;
+            assert!(unroll_from_data(&bad, 9, 3)
+                .unwrap_err()
+                .contains("reward_scale"));
+        }
         let mut bad = good;
         bad.masks.pop();
         assert!(unroll_from_data(&bad, 9, 3).unwrap_err().contains("masks"));

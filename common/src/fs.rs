@@ -61,6 +61,30 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io(dir, e))
 }
 
+/// Creates `dir` and its missing parents so that they outlast a power
+/// cut: each folder created is recorded by an fsync of the folder that
+/// holds it (what is written inside later relies on that).
+pub fn create_dir_durable(dir: &Path) -> Result<()> {
+    let mut missing = Vec::new();
+    let mut at = dir;
+    while !at.exists() {
+        missing.push(at);
+        match at.parent() {
+            Some(parent) => at = parent,
+            None => break,
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    for created in missing.iter().rev() {
+        let parent = match created.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
 /// A text file's contents, without the byte-order mark some Windows
 /// editors put first (JSON parsers refuse it as "expected value").
 pub fn read_text(path: &Path) -> Result<String> {
@@ -83,6 +107,19 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn durable_folders_are_made_with_their_parents_and_a_file_in_the_way_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("a/b/c");
+        create_dir_durable(&deep).unwrap();
+        assert!(deep.is_dir());
+        // Again: nothing to make, no error.
+        create_dir_durable(&deep).unwrap();
+        std::fs::write(dir.path().join("file"), b"x").unwrap();
+        let e = create_dir_durable(&dir.path().join("file/run")).unwrap_err();
+        assert!(e.to_string().contains("file/run"), "{e}");
+    }
 
     #[test]
     fn atomic_writes_replace_whole_files_and_leave_no_temp_behind() {

@@ -46,9 +46,14 @@ impl Measurement {
         Measurement { cost_ms, devices }
     }
 
+    /// The longest phase a measurement may report, in ms (days): far above
+    /// any real iteration, far below where the cost network's squared
+    /// error overflows.
+    pub const MAX_PHASE_MS: f64 = 1e9;
+
     /// Checks a measurement that arrived from elsewhere: one entry per
-    /// device, finite non-negative phases, totals that are their sums, and
-    /// the cost the slowest total.
+    /// device, finite non-negative phases up to [`Self::MAX_PHASE_MS`],
+    /// totals that are their sums, and the cost the slowest total.
     pub fn validate(&self, devices: usize) -> Result<(), String> {
         if self.devices.len() != devices {
             return Err(format!(
@@ -62,6 +67,12 @@ impl Measurement {
             if phases.iter().any(|x| !x.is_finite() || *x < 0.0) {
                 return Err(format!(
                     "device {i}: a phase time is negative or not finite"
+                ));
+            }
+            if let Some(x) = phases.iter().find(|&&x| x > Self::MAX_PHASE_MS) {
+                return Err(format!(
+                    "device {i}: a phase of {x:e} ms, beyond {:e}",
+                    Self::MAX_PHASE_MS
                 ));
             }
             if !close(phases.iter().sum(), d.total_ms) {
@@ -104,6 +115,11 @@ mod tests {
         let mut bad = good.clone();
         bad.devices[1].bwd_ms = f64::NAN;
         assert!(bad.validate(2).unwrap_err().contains("device 1"));
+        let mut bad = good.clone();
+        bad.devices[1] = DeviceCost::new(1.0, 1e300, 0.0, 0.0);
+        bad.cost_ms = bad.devices[1].total_ms;
+        let e = bad.validate(2).unwrap_err();
+        assert!(e.contains("device 1") && e.contains("1e300"), "{e}");
         let mut bad = good.clone();
         bad.devices[0].total_ms = 9.0;
         assert!(bad.validate(2).unwrap_err().contains("sum"));

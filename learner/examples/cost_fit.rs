@@ -53,7 +53,11 @@ fn main() -> anyhow::Result<()> {
             let batch: Vec<&CostSample> = (0..t.cost_batch.min(seen))
                 .map(|_| &buffer[rng.gen_range(0..seen)])
                 .collect();
-            opt.backward_step(&cost_loss(&model.cost, &batch, t.cost_loss));
+            let stepped = opt.backward_step(&cost_loss(&model.cost, &batch, t.cost_loss));
+            anyhow::ensure!(
+                stepped,
+                "round {round}: the cost loss's gradient is not finite"
+            );
         }
     }
 

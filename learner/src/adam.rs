@@ -66,29 +66,33 @@ impl Adam {
         }
     }
 
-    /// Scales the gradients so their joint L2 norm is at most `max`.
-    pub fn clip_grad_norm(&mut self, max: f64) {
-        if !max.is_finite() {
-            return;
-        }
+    /// The joint L2 norm of the gradients (NaN or infinite when one of
+    /// them is).
+    fn grad_norm(&self) -> f64 {
         tch::no_grad(|| {
-            let grads: Vec<Tensor> = self
-                .params
+            self.params
                 .iter()
                 .map(|(_, p)| p.grad())
                 .filter(|g| g.defined())
-                .collect();
-            let total: f64 = grads
-                .iter()
                 .map(|g| g.square().sum(Kind::Double).double_value(&[]))
                 .sum::<f64>()
-                .sqrt();
-            if total > max {
-                for mut g in grads {
-                    let _ = g.f_mul_scalar_(max / (total + 1e-6));
-                }
-            }
+                .sqrt()
         })
+    }
+
+    /// Scales the gradients by `max / norm` when their joint L2 `norm` is
+    /// above `max`.
+    fn clip_grads(&mut self, norm: f64, max: f64) {
+        if norm > max {
+            tch::no_grad(|| {
+                for (_, p) in &self.params {
+                    let mut g = p.grad();
+                    if g.defined() {
+                        let _ = g.f_mul_scalar_(max / (norm + 1e-6));
+                    }
+                }
+            })
+        }
     }
 
     pub fn step(&mut self) {
@@ -113,16 +117,29 @@ impl Adam {
         })
     }
 
-    /// Zeroes the gradients, back-propagates `loss`, clips, steps.
-    pub fn backward_step_clip_norm(&mut self, loss: &Tensor, max: f64) {
+    /// Zeroes the gradients, back-propagates `loss`, clips the gradients'
+    /// joint norm to `max`, steps. A gradient that is not finite (a loss
+    /// that overflowed, from extreme inputs) is not stepped on: the
+    /// parameters and moments stay as they were, and the answer is `false`
+    /// (one such step would write NaN into every weight for good).
+    #[must_use = "a step refused for a gradient that is not finite should be counted"]
+    pub fn backward_step_clip_norm(&mut self, loss: &Tensor, max: f64) -> bool {
         self.zero_grad();
         loss.backward();
-        self.clip_grad_norm(max);
+        let norm = self.grad_norm();
+        if !norm.is_finite() {
+            self.zero_grad();
+            return false;
+        }
+        self.clip_grads(norm, max);
         self.step();
+        true
     }
 
-    pub fn backward_step(&mut self, loss: &Tensor) {
-        self.backward_step_clip_norm(loss, f64::INFINITY);
+    /// [`Adam::backward_step_clip_norm`] without clipping.
+    #[must_use = "a step refused for a gradient that is not finite should be counted"]
+    pub fn backward_step(&mut self, loss: &Tensor) -> bool {
+        self.backward_step_clip_norm(loss, f64::INFINITY)
     }
 
     /// The optimizer's state as named tensors (moments and the step count).
@@ -179,7 +196,7 @@ mod tests {
         let mut ours = Adam::new(&vs_a, 0.01);
         let mut theirs = nn::Adam::default().build(&vs_b, 0.01).unwrap();
         for _ in 0..5 {
-            ours.backward_step(&lin_a.forward(&x).mse_loss(&y, tch::Reduction::Mean));
+            assert!(ours.backward_step(&lin_a.forward(&x).mse_loss(&y, tch::Reduction::Mean)));
             theirs.backward_step(&lin_b.forward(&x).mse_loss(&y, tch::Reduction::Mean));
         }
         for (name, a) in vs_a.variables() {
@@ -205,9 +222,9 @@ mod tests {
         vs_c.copy(&vs_a).unwrap();
         let mut plain = Adam::new(&vs_c, 0.01);
         for _ in 0..5 {
-            ours.backward_step(&lin_a.forward(&x).mse_loss(&y, tch::Reduction::Mean));
+            assert!(ours.backward_step(&lin_a.forward(&x).mse_loss(&y, tch::Reduction::Mean)));
             theirs.backward_step(&lin_b.forward(&x).mse_loss(&y, tch::Reduction::Mean));
-            plain.backward_step(&lin_c.forward(&x).mse_loss(&y, tch::Reduction::Mean));
+            assert!(plain.backward_step(&lin_c.forward(&x).mse_loss(&y, tch::Reduction::Mean)));
         }
         for (name, a) in vs_a.variables() {
             let b = &vs_b.variables()[&name];
@@ -225,7 +242,7 @@ mod tests {
         let loss = |l: &nn::Linear| l.forward(&x).mse_loss(&y, tch::Reduction::Mean);
         let mut a = Adam::new(&vs_a, 0.05);
         for _ in 0..3 {
-            a.backward_step(&loss(&lin_a));
+            assert!(a.backward_step(&loss(&lin_a)));
         }
         // Copy parameters and optimizer state, then take the same steps.
         let (mut vs_b, lin_b, _, _) = problem();
@@ -235,8 +252,8 @@ mod tests {
             a.state().into_iter().map(|(n, t)| (n, t.copy())).collect();
         b.load_state(&state).unwrap();
         for _ in 0..3 {
-            a.backward_step(&loss(&lin_a));
-            b.backward_step(&loss(&lin_b));
+            assert!(a.backward_step(&loss(&lin_a)));
+            assert!(b.backward_step(&loss(&lin_b)));
         }
         for (name, pa) in vs_a.variables() {
             let pb = &vs_b.variables()[&name];
@@ -246,13 +263,39 @@ mod tests {
         let (mut vs_c, lin_c, _, _) = problem();
         vs_c.copy(&vs_b).unwrap();
         let mut c = Adam::new(&vs_c, 0.05);
-        c.backward_step(&loss(&lin_c));
-        b.backward_step(&loss(&lin_b));
+        assert!(c.backward_step(&loss(&lin_c)));
+        assert!(b.backward_step(&loss(&lin_b)));
         let differs = vs_c
             .variables()
             .iter()
             .any(|(n, t)| (t - &vs_b.variables()[n]).abs().max().double_value(&[]) > 1e-6);
         assert!(differs);
         assert!(b.load_state(&[]).is_err());
+    }
+
+    #[test]
+    fn a_gradient_that_is_not_finite_changes_nothing() {
+        let (vs_a, lin_a, x, y) = problem();
+        let loss = |l: &nn::Linear| l.forward(&x).mse_loss(&y, tch::Reduction::Mean);
+        let (mut vs_b, lin_b, _, _) = problem();
+        vs_b.copy(&vs_a).unwrap();
+        let mut a = Adam::new(&vs_a, 0.05);
+        let mut b = Adam::new(&vs_b, 0.05);
+        assert!(a.backward_step(&loss(&lin_a)));
+        assert!(b.backward_step(&loss(&lin_b)));
+        // An overflowed loss (inputs of 1e38 squared), and a NaN one.
+        let huge = Tensor::from_slice(&[1e38f32; 6]).view([2, 3]);
+        let overflow = lin_a.forward(&huge).mse_loss(&y, tch::Reduction::Mean);
+        assert!(!a.backward_step_clip_norm(&overflow, 1.0));
+        assert!(!a.backward_step(&(loss(&lin_a) * f64::NAN)));
+        // Untouched: the next step is the one `b` takes, moments included.
+        assert!(a.backward_step(&loss(&lin_a)));
+        assert!(b.backward_step(&loss(&lin_b)));
+        for (name, pa) in vs_a.variables() {
+            assert!(pa.isfinite().all().int64_value(&[]) == 1, "{name}");
+            let pb = &vs_b.variables()[&name];
+            assert!((&pa - pb).abs().max().double_value(&[]) < 1e-7, "{name}");
+        }
+        assert_eq!(a.t, b.t);
     }
 }

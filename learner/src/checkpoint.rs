@@ -145,16 +145,47 @@ pub fn save(run: &Path, trainer: &Trainer, keep: usize) -> anyhow::Result<PathBu
     Ok(dest)
 }
 
+/// A checkpoint file that could not be read for a reason other than its
+/// absence (permissions, too many open files, a network file system away,
+/// an I/O error): not proof of damage, so never a reason to set the
+/// checkpoint aside or to go back to an older one.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot read {path}: {source} (the checkpoint is left as it is: make it readable and \
+         try again)"
+)]
+pub struct Unreadable {
+    path: String,
+    source: std::io::Error,
+}
+
+/// A checkpoint's file: a missing one is damage, another failure to read
+/// it is [`Unreadable`].
+fn read_file(dir: &Path, file: &str) -> anyhow::Result<Vec<u8>> {
+    let path = dir.join(file);
+    match std::fs::read(&path) {
+        Ok(bytes) => Ok(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            anyhow::bail!("{file} is missing")
+        }
+        Err(source) => Err(Unreadable {
+            path: path.display().to_string(),
+            source,
+        }
+        .into()),
+    }
+}
+
+/// Checks a checkpoint's files against its manifest's checksums: an error
+/// when one is missing or differs (damage), or is [`Unreadable`].
 fn verify(dir: &Path) -> anyhow::Result<()> {
-    let manifest: BTreeMap<String, u32> = serde_json::from_slice(
-        &std::fs::read(dir.join("manifest.json")).context("reading manifest.json")?,
-    )
-    .context("parsing manifest.json")?;
+    let manifest: BTreeMap<String, u32> = serde_json::from_slice(&read_file(dir, "manifest.json")?)
+        .context("parsing manifest.json")?;
     for f in FILES {
         let want = manifest
             .get(f)
             .with_context(|| format!("manifest lacks {f}"))?;
-        let bytes = std::fs::read(dir.join(f)).with_context(|| format!("reading {f}"))?;
+        let bytes = read_file(dir, f)?;
         anyhow::ensure!(
             crc32fast::hash(&bytes) == *want,
             "{f} does not match its checksum"
@@ -192,11 +223,14 @@ fn load_one(cfg: &Config, dir: &Path, optimizer: bool) -> anyhow::Result<Loaded>
 /// one of the kept places nor, readable again some day (a network file
 /// system), passes for newer than what the run goes on from; the one
 /// before is tried. An intact checkpoint that does not load (a
-/// configuration edited since, a newer format) is an error: nothing is set
-/// aside.
+/// configuration edited since, a newer format), or one whose files cannot
+/// be read now (see [`Unreadable`]), is an error: nothing is set aside.
 pub fn load_latest(cfg: &Config, run: &Path) -> anyhow::Result<Option<Loaded>> {
     for dir in list(run) {
         if let Err(e) = verify(&dir) {
+            if e.is::<Unreadable>() {
+                return Err(e.context(format!("checking checkpoint {}", dir.display())));
+            }
             let mut aside = dir.clone().into_os_string();
             aside.push(".damaged");
             let aside = PathBuf::from(aside);
@@ -246,6 +280,9 @@ pub fn load_run(run: &Path) -> anyhow::Result<(Config, Model)> {
 pub fn load_latest_model(cfg: &Config, run: &Path) -> anyhow::Result<Option<Loaded>> {
     for dir in list(run) {
         if let Err(e) = verify(&dir) {
+            if e.is::<Unreadable>() {
+                return Err(e.context(format!("checking checkpoint {}", dir.display())));
+            }
             tracing::warn!(
                 "checkpoint {} is damaged, trying an older one: {e:#}",
                 dir.display()
@@ -319,5 +356,58 @@ mod tests {
         assert_eq!(newest_at(&root, 7), None);
         std::fs::remove_dir(root.join("step-000025")).unwrap();
         assert_eq!(newest_at(&root, 25), Some(2));
+    }
+
+    #[test]
+    fn a_checkpoint_file_that_cannot_be_read_is_not_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        // A folder where the manifest should be: reading it fails, and not
+        // for its absence.
+        std::fs::create_dir(dir.path().join("manifest.json")).unwrap();
+        let e = verify(dir.path()).unwrap_err();
+        assert!(e.is::<Unreadable>(), "{e:#}");
+        assert!(format!("{e:#}").contains("manifest.json"), "{e:#}");
+        // Missing or different files are damage.
+        std::fs::remove_dir(dir.path().join("manifest.json")).unwrap();
+        let e = verify(dir.path()).unwrap_err();
+        assert!(
+            !e.is::<Unreadable>() && e.to_string().contains("missing"),
+            "{e:#}"
+        );
+        let manifest: BTreeMap<&str, u32> = FILES.iter().map(|f| (*f, 0)).collect();
+        std::fs::write(
+            dir.path().join("manifest.json"),
+            serde_json::to_vec(&manifest).unwrap(),
+        )
+        .unwrap();
+        for f in FILES {
+            std::fs::write(dir.path().join(f), b"x").unwrap();
+        }
+        let e = verify(dir.path()).unwrap_err();
+        assert!(
+            !e.is::<Unreadable>() && e.to_string().contains("checksum"),
+            "{e:#}"
+        );
+    }
+
+    #[test]
+    fn resuming_stops_at_an_unreadable_checkpoint_and_sets_nothing_aside() {
+        let run = tempfile::tempdir().unwrap();
+        let newest = checkpoints(run.path()).join("step-000050");
+        let older = checkpoints(run.path()).join("step-000025");
+        for d in [&newest, &older] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::create_dir(newest.join("manifest.json")).unwrap();
+        let cfg = Config::default();
+        let e = load_latest(&cfg, run.path()).err().expect("an error");
+        let text = format!("{e:#}");
+        assert!(
+            text.contains("step-000050") && text.contains("cannot read"),
+            "{text}"
+        );
+        assert!(newest.exists() && older.exists(), "nothing set aside");
+        let e = load_latest_model(&cfg, run.path()).err().expect("an error");
+        assert!(format!("{e:#}").contains("cannot read"), "{e:#}");
     }
 }

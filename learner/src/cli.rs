@@ -455,7 +455,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         dir.display()
     );
     let train_tasks = crate::data::train_tasks(&cfg)?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    common::fs::create_dir_durable(dir).with_context(|| format!("creating {}", dir.display()))?;
     let _lock = match early_lock {
         Some(lock) => lock,
         None => RunLock::take(dir)?,

@@ -335,9 +335,17 @@ pub struct Metrics {
     pub policy_lag: u64,
     /// Unrolls dropped so far (too old, or acted on a superseded cost net).
     pub dropped_unrolls: usize,
+    /// Steps of either network not taken so far because their gradient
+    /// was not finite (absent while none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub refused_steps: usize,
     /// Seconds of training so far, over every process of the run (a
     /// resumed run's clock continues from its checkpoint's).
     pub elapsed_s: f64,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// What happened since the previous metrics line.
@@ -779,6 +787,9 @@ pub struct Counters {
     /// Version of the newest published weights.
     pub policy_version: u64,
     pub dropped_unrolls: usize,
+    /// Steps of either network not taken because their gradient was not
+    /// finite (the weights stay as they were).
+    pub refused_steps: usize,
     /// Seconds of training up to this checkpoint, over every process of
     /// the run (the time between a crash and the resume not counted).
     pub training_s: f64,
@@ -1022,6 +1033,19 @@ impl<'a> Trainer<'a> {
         self.buffer.push(sample);
     }
 
+    /// Counts a step of the `net` network refused for a gradient that is
+    /// not finite, and says so (the first time, then every hundredth).
+    fn refused_step(&mut self, net: &str) {
+        self.counters.refused_steps += 1;
+        let n = self.counters.refused_steps;
+        if n == 1 || n % 100 == 0 {
+            tracing::warn!(
+                "a {net} network step was not taken: its gradient is not finite (a loss that \
+                 overflowed, from extreme inputs); {n} so far, the weights are unchanged"
+            );
+        }
+    }
+
     /// One MSE step of the cost network on a batch drawn from the buffer.
     pub fn cost_step(&mut self) {
         if self.buffer.is_empty() {
@@ -1032,9 +1056,12 @@ impl<'a> Trainer<'a> {
             .map(|_| &self.buffer[self.rng.gen_range(0..self.buffer.len())])
             .collect();
         let loss = cost_loss(&self.model.cost, &batch, t.cost_loss);
-        self.cost_opt.backward_step(&loss);
-        self.tally.cost_loss += loss.double_value(&[]);
-        self.tally.cost_n += 1;
+        if self.cost_opt.backward_step(&loss) {
+            self.tally.cost_loss += loss.double_value(&[]);
+            self.tally.cost_n += 1;
+        } else {
+            self.refused_step("cost");
+        }
         self.counters.cost_steps += 1;
     }
 
@@ -1060,11 +1087,16 @@ impl<'a> Trainer<'a> {
         let t = &self.cfg.train;
         let mdp = &self.mdps[task];
         let (loss, stats) = policy_loss(&self.model.policy, mdp, u, t);
-        self.policy_opt
+        let stepped = self
+            .policy_opt
             .backward_step_clip_norm(&loss, t.max_grad_norm);
-        self.counters.env_steps += u.plans.len() * mdp.tables();
+        if !stepped {
+            self.refused_step("policy");
+        }
+        self.counters.env_steps += u.plans.len() * self.mdps[task].tables();
         self.counters.policy_updates += 1;
-        self.counters.policy_version += 1;
+        // New weights only from a step taken.
+        self.counters.policy_version += u64::from(stepped);
         let tally = std::mem::take(&mut self.tally);
         Metrics {
             step: self.counters.policy_updates,
@@ -1079,6 +1111,7 @@ impl<'a> Trainer<'a> {
             mean_predicted_ms: mean(tally.predicted, tally.measured_n),
             policy_lag: lag,
             dropped_unrolls: self.counters.dropped_unrolls,
+            refused_steps: self.counters.refused_steps,
             elapsed_s: self.training_s(),
         }
     }
@@ -1231,6 +1264,50 @@ pub(crate) mod tests {
         loss.backward();
         assert_eq!(stats.baseline_loss, 0.0);
         assert!(stats.loss.is_finite());
+    }
+
+    #[test]
+    fn an_update_whose_gradient_overflows_changes_no_weight_and_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, suite) = small_data(dir.path());
+        let mut trainer = Trainer::new(&cfg, &suite.tasks);
+        let weights = |t: &Trainer| -> Vec<(String, Tensor)> {
+            let mut v: Vec<_> = t
+                .model
+                .policy_vs
+                .variables()
+                .into_iter()
+                .map(|(n, w)| (n, w.copy()))
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        let (k, mut u) = trainer.rollout();
+        let before = weights(&trainer);
+        let version = trainer.counters.policy_version;
+        // Finite, but rewards of cost / 1e-300 overflow f32.
+        u.reward_scale = 1e-300;
+        let line = trainer.policy_update(k, &u, 0);
+        assert_eq!(trainer.counters.refused_steps, 1);
+        assert_eq!(line.refused_steps, 1);
+        assert_eq!(trainer.counters.policy_version, version, "no new weights");
+        assert_eq!(trainer.counters.policy_updates, 1, "the unroll is used up");
+        for ((name, a), (_, b)) in before.iter().zip(weights(&trainer)) {
+            assert!(a.equal(&b), "{name} changed");
+        }
+        // A sound unroll steps as before.
+        let (k, u) = trainer.rollout();
+        trainer.policy_update(k, &u, 0);
+        assert_eq!(trainer.counters.policy_version, version + 1);
+        assert_eq!(trainer.counters.refused_steps, 1);
+        let after = weights(&trainer);
+        assert!(before
+            .iter()
+            .zip(&after)
+            .any(|((_, a), (_, b))| !a.equal(b)));
+        assert!(after
+            .iter()
+            .all(|(_, w)| w.isfinite().all().int64_value(&[]) == 1));
     }
 
     #[test]

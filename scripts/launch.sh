@@ -43,7 +43,10 @@
 #   --add-actors N --learner ENDPOINT
 #                        only start N more actors for a running cluster at
 #                        ENDPOINT, on this host (token: --token-file FILE or
-#                        EMBSHARD_TOKEN), and wait for them
+#                        EMBSHARD_TOKEN), and wait for them; their logs go
+#                        to DIR/logs (--run-dir; default runs/added-actors),
+#                        and an actor that fails is named, its log's end
+#                        shown, with a non-zero exit
 #   --token-file FILE    the cluster token (default: a new one, in DIR/token,
 #                        kept on resume; a run started with --token-file
 #                        resumes only with the same token; EMBSHARD_TOKEN
@@ -52,12 +55,15 @@
 #
 # Ctrl-C stops everything cleanly: the learner writes a final checkpoint and
 # tells every peer to stop; --resume DIR continues. Per-process logs go to
-# DIR/logs/.
+# DIR/logs/, appended to by each session (a resume keeps the earlier ones).
 set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 die() { echo "launch: $*" >&2; exit 2; }
-need() { [ "$1" -ge 2 ] || { usage >&2; exit 2; }; }
+# Logs are appended to, each session under a line of its own: a resume
+# keeps what the sessions before it said.
+session() { printf '\n=== %s launch.sh: %s ===\n' "$(date '+%F %T')" "$2" >>"$1"; }
+need() { [ "$1" -ge 2 ] || { usage >&2; echo "launch: $2 needs a value" >&2; exit 2; }; }
 
 CONFIG=""
 BACKEND=""
@@ -76,21 +82,21 @@ EVAL=1
 RESUME_ASKED=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --config) need $#; CONFIG=$(realpath "$2"); shift 2 ;;
-    --backend) need $#; BACKEND=$2; shift 2 ;;
-    --search-budget) need $#; BUDGET=$2; shift 2 ;;
-    --run-dir) need $#; RUN_DIR=$(realpath -m "$2"); RESUME_ASKED=0; shift 2 ;;
-    --resume) need $#; RUN_DIR=$(realpath -m "$2"); RESUME_ASKED=1; shift 2 ;;
-    --actors) need $#; ACTORS=$2; shift 2 ;;
-    --benchworkers) need $#; BENCHES=$2; shift 2 ;;
-    --port) need $#; PORT=$2; shift 2 ;;
-    --bind-host) need $#; BIND_HOST=$2; shift 2 ;;
-    --hostfile) need $#; HOSTFILE=$(realpath "$2"); shift 2 ;;
+    --config) need $# --config; CONFIG=$(realpath "$2"); shift 2 ;;
+    --backend) need $# --backend; BACKEND=$2; shift 2 ;;
+    --search-budget) need $# --search-budget; BUDGET=$2; shift 2 ;;
+    --run-dir) need $# --run-dir; RUN_DIR=$(realpath -m "$2"); RESUME_ASKED=0; shift 2 ;;
+    --resume) need $# --resume; RUN_DIR=$(realpath -m "$2"); RESUME_ASKED=1; shift 2 ;;
+    --actors) need $# --actors; ACTORS=$2; shift 2 ;;
+    --benchworkers) need $# --benchworkers; BENCHES=$2; shift 2 ;;
+    --port) need $# --port; PORT=$2; shift 2 ;;
+    --bind-host) need $# --bind-host; BIND_HOST=$2; shift 2 ;;
+    --hostfile) need $# --hostfile; HOSTFILE=$(realpath "$2"); shift 2 ;;
     --slurm) SLURM=1; shift ;;
     --no-eval) EVAL=0; shift ;;
-    --add-actors) need $#; ADD=$2; shift 2 ;;
-    --learner) need $#; LEARNER=$2; shift 2 ;;
-    --token-file) need $#; TOKEN_FILE=$(realpath "$2"); shift 2 ;;
+    --add-actors) need $# --add-actors; ADD=$2; shift 2 ;;
+    --learner) need $# --learner; LEARNER=$2; shift 2 ;;
+    --token-file) need $# --token-file; TOKEN_FILE=$(realpath "$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "launch: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -98,6 +104,7 @@ done
 for n in "$ACTORS" "$BENCHES" ${ADD:+"$ADD"} ${PORT:+"$PORT"}; do
   [[ "$n" =~ ^[0-9]+$ ]] || die "'$n' is not a number"
 done
+[ -z "$PORT" ] || [ "$PORT" -le 65535 ] || die "--port $PORT: a port is 0..65535 (0: any free one)"
 # An IPv4 address or one of this host's interfaces (ZeroMQ binds nothing
 # else; no IPv6: the learner's socket does not enable it).
 [ -z "$BIND_HOST" ] || [[ "$BIND_HOST" =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]] ||
@@ -146,11 +153,17 @@ trap cleanup EXIT
 
 stop_all() {
   trap - INT TERM
-  echo "launch: stopping (the learner writes a checkpoint)..." >&2
   if [ -n "$LEARNER_PID" ]; then
+    echo "launch: stopping (the learner writes a checkpoint)..." >&2
     kill -INT "$LEARNER_PID" 2>/dev/null || true
     wait "$LEARNER_PID" 2>/dev/null || true
     LEARNER_PID=""
+    # What the learner said of its stop, from this session's log.
+    tail -c +"$((LOG_START + 1))" "$LOGS/learner.log" 2>/dev/null |
+      sed 's/\x1b\[[0-9;]*m//g' | grep -E 'checkpoint|stopped' | tail -n 2 >&2 || true
+    echo "launch: continue with: scripts/launch.sh --resume $RUN_DIR" >&2
+  else
+    echo "launch: stopping..." >&2
   fi
   for p in "${PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done
   close_keep
@@ -161,18 +174,34 @@ stop_all() {
 
 if [ -n "$ADD" ]; then
   # Scale out a running cluster: N more actors here.
-  if [ -n "$TOKEN_FILE" ]; then export EMBSHARD_TOKEN; EMBSHARD_TOKEN=$(cat "$TOKEN_FILE"); fi
+  if [ -n "$TOKEN_FILE" ]; then
+    [ -r "$TOKEN_FILE" ] || die "--token-file $TOKEN_FILE: no such readable file"
+    export EMBSHARD_TOKEN; EMBSHARD_TOKEN=$(cat "$TOKEN_FILE")
+  fi
   [ -n "${EMBSHARD_TOKEN:-}" ] || die "--add-actors needs --token-file FILE or EMBSHARD_TOKEN"
   LOGS=${RUN_DIR:-$EMBSHARD_ROOT/runs/added-actors}/logs
   mkdir -p "$LOGS"
   trap stop_all INT TERM
+  ADDED=()
   for i in $(seq 1 "$ADD"); do
-    "$BIN/actor" run --learner "$LEARNER" >"$LOGS/actor-added-$$-$i.log" 2>&1 &
+    log=$LOGS/actor-added-$$-$i.log
+    session "$log" "actor for $LEARNER"
+    "$BIN/actor" run --learner "$LEARNER" >>"$log" 2>&1 &
     PIDS+=($!)
+    ADDED+=("$log")
   done
-  echo "launch: $ADD actors joined $LEARNER (logs in $LOGS)" >&2
-  wait
+  echo "launch: started $ADD actors for $LEARNER (logs in $LOGS); they run until the learner stops them or Ctrl-C" >&2
+  FAILED=0
+  for i in "${!PIDS[@]}"; do
+    if ! wait "${PIDS[$i]}"; then
+      FAILED=$((FAILED + 1))
+      echo "launch: actor $((i + 1)) failed; the end of ${ADDED[$i]}:" >&2
+      tail -n 5 "${ADDED[$i]}" >&2
+    fi
+  done
   PIDS=()
+  [ "$FAILED" = 0 ] || die "$FAILED of $ADD actors failed"
+  echo "launch: the $ADD actors stopped (the learner ended)" >&2
   exit 0
 fi
 
@@ -290,12 +319,14 @@ else
   echo "$BACKEND" >"$RUN_DIR/backend"
 fi
 [ -z "$TOKEN_FILE" ] || TRAIN+=(--token-file "$TOKEN_FILE")
+session "$LOGS/learner.log" "learner"
+LOG_START=$(stat -c %s "$LOGS/learner.log")
 trap stop_all INT TERM
-"$BIN/learner" "${TRAIN[@]}" --bind "tcp://$HOST:$PORT" >"$LOGS/learner.out" 2>"$LOGS/learner.log" &
+"$BIN/learner" "${TRAIN[@]}" --bind "tcp://$HOST:$PORT" >"$LOGS/learner.out" 2>>"$LOGS/learner.log" &
 LEARNER_PID=$!
 for _ in $(seq 1 600); do
   [ -f "$RUN_DIR/endpoint" ] && break
-  kill -0 "$LEARNER_PID" 2>/dev/null || { cat "$LOGS/learner.log" >&2; exit 1; }
+  kill -0 "$LEARNER_PID" 2>/dev/null || { tail -c +"$((LOG_START + 1))" "$LOGS/learner.log" >&2; exit 1; }
   sleep 0.1
 done
 [ -f "$RUN_DIR/endpoint" ] || die "the learner did not start listening (see $LOGS/learner.log)"
@@ -309,8 +340,9 @@ BENCH=("$BIN/benchworker" serve --learner "$ENDPOINT" --backend "$BACKEND")
 if [ "$SLURM" = 1 ]; then
   # The token travels in the environment (srun --export), never in arguments.
   export EMBSHARD_TOKEN; EMBSHARD_TOKEN=$(cat "$TOKEN_FILE")
-  [ "$ACTORS" = 0 ] || { srun --export=ALL --ntasks="$ACTORS" "${ACTOR[@]}" >"$LOGS/actors.log" 2>&1 & PIDS+=($!); }
-  srun --export=ALL --ntasks="$BENCHES" "${BENCH[@]}" >"$LOGS/benchworkers.log" 2>&1 &
+  session "$LOGS/actors.log" "actors"; session "$LOGS/benchworkers.log" "benchworkers"
+  [ "$ACTORS" = 0 ] || { srun --export=ALL --ntasks="$ACTORS" "${ACTOR[@]}" >>"$LOGS/actors.log" 2>&1 & PIDS+=($!); }
+  srun --export=ALL --ntasks="$BENCHES" "${BENCH[@]}" >>"$LOGS/benchworkers.log" 2>&1 &
   PIDS+=($!)
 elif [ -n "$HOSTFILE" ]; then
   # The token goes over ssh's stdin, never on a command line; then that
@@ -334,6 +366,7 @@ SH
   FIFO_DIR=$(mktemp -d)
   remote() { # remote HOST LOG COMMAND...
     local host=$1 log=$2 r w; shift 2
+    session "$log" "on $host"
     mkfifo -m 600 "$FIFO_DIR/stdin"
     # shellcheck disable=SC2094 # a pipe: both ends, neither blocks
     exec {w}<>"$FIFO_DIR/stdin" {r}<"$FIFO_DIR/stdin"
@@ -342,7 +375,7 @@ SH
     { # ssh alone reads the pipe; no other peer's write end goes with it
       close_keep
       exec ssh -o BatchMode=yes "$host" "bash -c $(shq "$PEER_SH") embshard-peer $(shq "$@")" \
-        <&"$r" {r}<&- {w}>&- >"$log" 2>&1
+        <&"$r" {r}<&- {w}>&- >>"$log" 2>&1
     } &
     PIDS+=($!)
     exec {r}<&-
@@ -360,11 +393,13 @@ SH
   rmdir "$FIFO_DIR"; FIFO_DIR=""
 else
   for i in $(seq 1 "$ACTORS"); do
-    "${ACTOR[@]}" --token-file "$TOKEN_FILE" >"$LOGS/actor-$i.log" 2>&1 &
+    session "$LOGS/actor-$i.log" "actor"
+    "${ACTOR[@]}" --token-file "$TOKEN_FILE" >>"$LOGS/actor-$i.log" 2>&1 &
     PIDS+=($!)
   done
   for i in $(seq 1 "$BENCHES"); do
-    "${BENCH[@]}" --token-file "$TOKEN_FILE" >"$LOGS/benchworker-$i.log" 2>&1 &
+    session "$LOGS/benchworker-$i.log" "benchworker"
+    "${BENCH[@]}" --token-file "$TOKEN_FILE" >>"$LOGS/benchworker-$i.log" 2>&1 &
     PIDS+=($!)
   done
 fi

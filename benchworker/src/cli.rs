@@ -143,14 +143,16 @@ pub struct FusionArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct MeasureArgs {
-    /// Which oracle measures: `sim` (a model of a GPU), `cpu` (real lookups on this CPU).
+    /// Which oracle measures: `sim` (a model of a GPU), `cpu` (real lookups on this CPU),
+    /// `cuda` (this host's GPUs; a build with the cuda feature).
     #[arg(long, value_enum, default_value = "sim")]
     pub backend: Backend,
     /// Pool CSV: name,rows,dim,pooling_factor,bin_0..bin_16.
     #[arg(long)]
     pub tables: PathBuf,
     /// Placement JSON: {"devices": D, "assignment": [{"table": NAME, "device": d}, …]}.
-    /// Every table of the CSV must be placed exactly once.
+    /// Every table of the CSV must be placed exactly once. `learner plan --format torchrec`'s
+    /// {"world_size": D, "ranks": {NAME: rank}} is read as well.
     #[arg(long)]
     pub placement: PathBuf,
     /// Configuration TOML (its memory, sim and cpu sections); defaults when omitted.

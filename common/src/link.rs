@@ -80,8 +80,63 @@ pub struct Link {
     envelope: Envelope,
     last_heard: Instant,
     last_sent: Instant,
+    /// Where the learner is, for messages.
+    endpoint: String,
     /// Frames received and dropped, by reason.
     pub drops: DropCounts,
+}
+
+/// Checks an endpoint's form before libzmq sees it (libzmq says only
+/// "Invalid argument" or "No such device"): `tcp://HOST:PORT`,
+/// `ipc://PATH` or `inproc://NAME`. A learner `binding` it listens on an
+/// IPv4 address, `*` or an interface of this host (not a host name), at a
+/// port in 0..=65535 (0: any free one); a peer connects to a host name or
+/// address at a port in 1..=65535.
+pub fn check_endpoint(endpoint: &str, binding: bool) -> anyhow::Result<()> {
+    let form = "an endpoint is tcp://HOST:PORT (or ipc://PATH, inproc://NAME)";
+    let Some((scheme, rest)) = endpoint.split_once("://") else {
+        anyhow::bail!("`{endpoint}`: {form}");
+    };
+    match scheme {
+        "ipc" | "inproc" => {
+            anyhow::ensure!(!rest.is_empty(), "`{endpoint}`: {form}");
+            return Ok(());
+        }
+        "tcp" => {}
+        _ => anyhow::bail!(
+            "`{endpoint}`: the transport `{scheme}` is not one embshard uses ({form})"
+        ),
+    }
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        anyhow::bail!("`{endpoint}`: no port ({form})");
+    };
+    let lowest = if binding { 0 } else { 1 };
+    let port_ok = (binding && port == "*")
+        || port
+            .parse::<u32>()
+            .is_ok_and(|p| (lowest..=65535).contains(&p));
+    anyhow::ensure!(
+        port_ok,
+        "`{endpoint}`: the port `{port}` is not in {lowest}..=65535{}",
+        if binding { " (0: any free port)" } else { "" }
+    );
+    anyhow::ensure!(!host.is_empty(), "`{endpoint}`: no host ({form})");
+    if binding
+        && host != "*"
+        && host.parse::<std::net::Ipv4Addr>().is_err()
+        && !std::path::Path::new("/sys/class/net").join(host).exists()
+    {
+        anyhow::bail!(
+            "`{endpoint}`: the learner listens on an IPv4 address of this host, `*` or one of its \
+             interfaces (eth0), not on `{host}`{}",
+            if host == "localhost" {
+                ": use 127.0.0.1"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
 }
 
 /// What a peer learns from the learner's welcome.
@@ -102,6 +157,7 @@ impl Link {
         endpoint: &str,
         token: Option<&str>,
     ) -> anyhow::Result<Link> {
+        check_endpoint(endpoint, false).context("--learner")?;
         let socket = ctx.socket(zmq::DEALER)?;
         configure(&socket)?;
         let mut handshakes = None;
@@ -135,6 +191,7 @@ impl Link {
             },
             last_heard: Instant::now(),
             last_sent: Instant::now(),
+            endpoint: endpoint.to_string(),
             drops: DropCounts::default(),
         })
     }
@@ -204,6 +261,7 @@ impl Link {
             token: token.to_string(),
         };
         let mut said = None::<Instant>;
+        let mut reminded = 0;
         loop {
             if stop.load(Ordering::Relaxed) {
                 return Ok(None);
@@ -221,6 +279,17 @@ impl Link {
             if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(2)) {
                 self.send(0, &hello)?;
                 said = Some(Instant::now());
+            }
+            // Waiting is said, then every half minute: a wrong endpoint
+            // must not look like a hang.
+            let waited = start.elapsed().as_secs();
+            if waited >= 5 && reminded < waited / 30 + 1 {
+                reminded = waited / 30 + 1;
+                tracing::info!(
+                    "waiting for the learner at {} ({waited} s so far; giving up after {} s: --wait-s)",
+                    self.endpoint,
+                    wait.as_secs()
+                );
             }
             match self.recv(100)? {
                 Some((
@@ -488,6 +557,8 @@ impl Hub {
     /// Binds `endpoint`, unless it would take connections that no token
     /// is checked on.
     fn bind_endpoint(&self, endpoint: &str) -> anyhow::Result<()> {
+        check_endpoint(endpoint, true)
+            .with_context(|| format!("binding the learner to {endpoint}"))?;
         anyhow::ensure!(
             self.zap.is_some() || endpoint.starts_with("inproc://"),
             "binding the learner to {endpoint} without a cluster token: anyone who reaches it \
@@ -556,6 +627,41 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoints_are_checked_before_libzmq_with_what_is_wrong() {
+        for ok in [
+            "tcp://127.0.0.1:0",
+            "tcp://*:5555",
+            "tcp://lo:65535",
+            "inproc://x",
+            "ipc:///tmp/s",
+        ] {
+            check_endpoint(ok, true).unwrap();
+        }
+        for ok in ["tcp://gpu-host-3:5555", "tcp://10.0.0.5:1"] {
+            check_endpoint(ok, false).unwrap();
+        }
+        for (bad, binding, words) in [
+            ("127.0.0.1:5555", true, &["tcp://HOST:PORT"][..]),
+            ("tcp://127.0.0.1:70000", true, &["70000", "0..=65535"]),
+            ("tcp://127.0.0.1:0", false, &["1..=65535"]),
+            ("tcp://127.0.0.1", false, &["no port"]),
+            ("tcp://:5555", false, &["no host"]),
+            ("tcp://localhost:0", true, &["use 127.0.0.1"]),
+            (
+                "tcp://no-such-interface0:0",
+                true,
+                &["not on `no-such-interface0`"],
+            ),
+            ("udp://1.2.3.4:5", false, &["udp"]),
+        ] {
+            let e = check_endpoint(bad, binding).unwrap_err().to_string();
+            for w in words {
+                assert!(e.contains(w), "{bad}: {w:?} not in {e}");
+            }
+        }
+    }
 
     #[test]
     fn tokens_match_only_themselves() {

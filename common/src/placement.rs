@@ -80,13 +80,33 @@ impl Placement {
         }
     }
 
-    /// Reads a placement file (shape only; see [`Placement::resolve`]).
+    /// Reads a placement file (shape only; see [`Placement::resolve`]):
+    /// the placement JSON, or the `{"world_size": D, "ranks": {table:
+    /// rank}}` of `learner plan --format torchrec`.
     pub fn read(path: &Path) -> Result<Self> {
         let text = crate::fs::read_text(path)?;
-        serde_json::from_str(&text).map_err(|e| Error::Parse {
+        let parse = |e: serde_json::Error| Error::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
-        })
+        };
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(parse)?;
+        if value.get("devices").is_none() && value.get("ranks").is_some() {
+            #[derive(Deserialize)]
+            struct Ranks {
+                world_size: usize,
+                ranks: std::collections::BTreeMap<String, usize>,
+            }
+            let r: Ranks = serde_json::from_value(value).map_err(parse)?;
+            return Ok(Placement {
+                devices: r.world_size,
+                assignment: r
+                    .ranks
+                    .into_iter()
+                    .map(|(table, device)| Assignment { table, device })
+                    .collect(),
+            });
+        }
+        serde_json::from_value(value).map_err(parse)
     }
 
     /// Resolves names to the indices of `tables`: every table must be placed
@@ -219,5 +239,22 @@ mod tests {
         std::fs::write(&p, "{\"devices\": 2, \"assignment\": [{\"table\": 3}]}").unwrap();
         let e = Placement::read(&p).unwrap_err().to_string();
         assert!(e.contains("bad.json"), "{e}");
+    }
+
+    #[test]
+    fn plans_torchrec_format_reads_as_the_same_placement() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("plan.torchrec.json");
+        std::fs::write(&p, r#"{"world_size": 2, "ranks": {"b": 1, "a": 0}}"#).unwrap();
+        let read = Placement::read(&p).unwrap();
+        assert_eq!(read.devices, 2);
+        let plan = read.resolve(&tables(), &p).unwrap();
+        assert_eq!(plan.assignment, vec![0, 1]);
+        // Its faults are named as well.
+        std::fs::write(&p, r#"{"ranks": {"a": 0}}"#).unwrap();
+        let e = Placement::read(&p).unwrap_err().to_string();
+        assert!(e.contains("world_size"), "{e}");
+        std::fs::write(&p, r#"{"world_size": 2, "ranks": {"a": -1}}"#).unwrap();
+        assert!(Placement::read(&p).is_err());
     }
 }

@@ -109,7 +109,15 @@ impl Suite {
         let text = crate::fs::read_text(path)?;
         let file: SuiteFile = serde_json::from_str(&text).map_err(|e| Error::Parse {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            message: if text.trim_start().starts_with("name,") {
+                // A pool given where a suite goes.
+                format!(
+                    "{e}: this is a pool CSV, not a suite JSON (a suite names its pool and \
+                     tasks: `learner generate` writes suites)"
+                )
+            } else {
+                e.to_string()
+            },
         })?;
         let dir = path.parent().unwrap_or(Path::new("."));
         let pool_path = dir.join(&file.pool);
@@ -389,6 +397,11 @@ mod tests {
             let names: HashSet<_> = t.tables.iter().map(|t| &t.name).collect();
             assert_eq!(names.len(), 5);
         }
+        // The pool given where the suite goes: said so.
+        let e = Suite::load(&dir.path().join("pool.csv"), &mem())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pool CSV, not a suite JSON"), "{e}");
     }
 
     #[test]

@@ -268,6 +268,17 @@ pub fn load_run(run: &Path) -> anyhow::Result<(Config, Model)> {
     let cfg = Config::load_run(&config)?;
     let loaded = load_latest_model(&cfg, run)?
         .with_context(|| format!("no intact checkpoint in {}", run.display()))?;
+    let c = &loaded.counters;
+    if c.policy_updates == 0 || c.cost_steps == 0 {
+        tracing::warn!(
+            "checkpoint {} holds an untrained model ({} policy updates, {} cost network \
+             steps): its plans and estimates are those of networks that learned nothing yet \
+             (train the run on: --resume)",
+            loaded.path.display(),
+            c.policy_updates,
+            c.cost_steps
+        );
+    }
     Ok((cfg, loaded.model))
 }
 

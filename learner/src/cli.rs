@@ -19,7 +19,7 @@ use crate::runlock::RunLock;
 /// `generate` writes the default DLRM-like pool and task suites; `train`
 /// learns a placement policy with actors and benchworkers; `eval` compares
 /// placement methods (a trained policy included) on a suite with a
-/// measuring oracle (`sim` or `cpu`); `plan` places your tables with a
+/// measuring oracle (`sim`, `cpu` or `cuda`); `plan` places your tables with a
 /// trained model.
 #[derive(Debug, Parser)]
 #[command(name = "learner", version, about, long_about)]
@@ -82,8 +82,10 @@ pub enum Command {
     /// continues a run after a crash. One learner at a time trains in a
     /// DIR (it holds DIR/lock): a second one is refused.
     ///
-    /// Examples:
+    /// Example, with actor and benchworker threads in this process:
     ///   learner train --config configs/default.toml --run-dir runs/first
+    ///
+    /// Example, a learner that processes join (scripts/launch.sh starts them):
     ///   learner train --config configs/default.toml --run-dir runs/big --bind tcp://10.0.0.5:5555 --actors 0 --benchworkers 0
     Train(TrainArgs),
     /// Place your tables with a trained model, in milliseconds, without a GPU.

@@ -38,6 +38,10 @@ use crate::train::{CostSample, Hooks, Pick, PickId, Trainer};
 
 /// Jobs that fail this many times in a row stop training.
 const MAX_JOB_FAILURES: usize = 10;
+/// Failures in a row after which a benchworker gets no job while another
+/// one has not failed so (a host whose GPU runs out of memory fails fast
+/// and would otherwise take every job, and stop the run).
+const FAILING_AFTER: usize = 3;
 
 /// A connected peer.
 #[derive(Debug)]
@@ -64,6 +68,9 @@ struct Peer {
     /// The most devices a plan may have for this benchworker (said with
     /// its [`Message::Ready`]); `None`: any.
     max_devices: Option<usize>,
+    /// Jobs this benchworker failed since its last measurement: from
+    /// [`FAILING_AFTER`] on it gets none while another one is sound.
+    failed_in_a_row: usize,
 }
 
 /// What [`Learner::dispatch`] left waiting for a benchworker's width.
@@ -409,6 +416,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                     joined: Instant::now(),
                     ready: false,
                     max_devices: None,
+                    failed_in_a_row: 0,
                 },
             );
             let welcome = Message::Welcome {
@@ -506,6 +514,9 @@ impl<'t, 'a> Learner<'t, 'a> {
                 (hooks.measured)(&sample)?;
                 self.trainer.record(pick.predicted_ms, sample);
                 self.job_failures = 0;
+                if let Some(p) = self.peers.get_mut(&from) {
+                    p.failed_in_a_row = 0;
+                }
                 // Durable now: the benchworker may forget it.
                 self.send(&from, &Message::Ack { job });
             }
@@ -608,6 +619,16 @@ impl<'t, 'a> Learner<'t, 'a> {
     fn job_failed(&mut self, job: Job, error: String) -> anyhow::Result<()> {
         self.report.failed_jobs += 1;
         self.job_failures += 1;
+        if let Some(p) = self.peers.values_mut().find(|p| p.id == job.worker) {
+            p.failed_in_a_row += 1;
+            if p.failed_in_a_row == FAILING_AFTER {
+                tracing::warn!(
+                    "benchworker {} failed {FAILING_AFTER} jobs in a row (the last: {error}): it \
+                     gets none while another benchworker measures",
+                    p.id
+                );
+            }
+        }
         anyhow::ensure!(
             self.job_failures < MAX_JOB_FAILURES,
             "{MAX_JOB_FAILURES} measurement jobs failed in a row; the last: {error}"
@@ -674,10 +695,18 @@ impl<'t, 'a> Learner<'t, 'a> {
             if out >= round_end {
                 return (sent, Waiting::No);
             }
+            // Benchworkers failing job after job sit out while a sound one
+            // is connected.
+            let sound = |p: &Peer| p.failed_in_a_row < FAILING_AFTER;
+            let any_sound = self
+                .peers
+                .values()
+                .any(|p| p.role == Role::Benchworker && p.ready && sound(p));
             let idle: Vec<(Vec<u8>, u64, Option<usize>)> = self
                 .peers
                 .iter()
                 .filter(|(_, p)| p.role == Role::Benchworker && p.ready && p.job.is_none())
+                .filter(|(_, p)| !any_sound || sound(p))
                 .map(|(k, p)| (k.clone(), p.id, p.max_devices))
                 .collect();
             if idle.is_empty() {
@@ -1425,6 +1454,63 @@ mod tests {
                 p.job = None;
             }
         }
+
+        // `a` fails job after job (a GPU out of memory, fast): after
+        // FAILING_AFTER in a row it sits out while `b` is sound, and the
+        // run goes on.
+        let busy = |learner: &mut Learner, id: u64, job: Option<u64>| {
+            learner.peers.values_mut().find(|p| p.id == id).unwrap().job = job;
+        };
+        for seq in 3..3 + FAILING_AFTER as u64 {
+            busy(&mut learner, id_b, Some(u64::MAX));
+            assert!(learner.dispatch(), "`a` is idle and not yet failing");
+            let job = *learner
+                .jobs
+                .iter()
+                .find(|(_, j)| j.worker == id_a)
+                .unwrap()
+                .0;
+            let failed = Message::JobFailed {
+                job,
+                error: "out of memory".into(),
+            };
+            send_as(&a, id_a, 5, seq, &failed);
+            let incoming = learner.hub.recv(1000).unwrap().unwrap();
+            learner.handle(incoming, &mut hooks).unwrap();
+            received(&a);
+        }
+        assert_eq!(learner.job_failures, FAILING_AFTER);
+        assert!(
+            !learner.dispatch(),
+            "`a` is idle but failing, `b` busy: nothing goes to `a`"
+        );
+        assert!(received(&a).is_empty());
+        learner.jobs.clear();
+        busy(&mut learner, id_b, None);
+        assert!(learner.dispatch());
+        assert!(learner.jobs.values().all(|j| j.worker == id_b));
+        assert!(!received(&b).is_empty());
+        // With no sound benchworker left, the failing one gets jobs again.
+        learner.jobs.clear();
+        learner.requeue.clear();
+        let key_b = learner
+            .peers
+            .iter()
+            .find(|(_, p)| p.id == id_b)
+            .unwrap()
+            .0
+            .clone();
+        let peer_b = learner.peers.remove(&key_b).unwrap();
+        assert!(learner.dispatch());
+        assert!(learner.jobs.values().all(|j| j.worker == id_a));
+        received(&a);
+        learner.peers.insert(key_b, peer_b);
+        for p in learner.peers.values_mut() {
+            p.job = None;
+            p.failed_in_a_row = 0;
+        }
+        learner.jobs.clear();
+        learner.requeue.clear();
 
         // A round resumed with only its second pick measured (the first
         // had not come back): the two idle workers get the first and third.

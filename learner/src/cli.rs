@@ -727,6 +727,13 @@ fn run_rounds(
             refused[5]
         );
     }
+    if report.resyncs > 0 {
+        tracing::warn!(
+            "{} times a peer waited for a message that was lost on the way (a late job's \
+             benchworker given work again, an actor's credits granted anew)",
+            report.resyncs
+        );
+    }
     Ok(Some((
         report.lag_quantile(0.5),
         report.lag_quantile(0.99),

@@ -71,6 +71,11 @@ struct Peer {
     /// Jobs this benchworker failed since its last measurement: from
     /// [`FAILING_AFTER`] on it gets none while another one is sound.
     failed_in_a_row: usize,
+    /// When this benchworker's job timed out (it counts as busy until it
+    /// answers, or for another `cluster.job_timeout_s`).
+    late_since: Option<Instant>,
+    /// When this actor's latest unroll came (or it joined).
+    last_unroll: Instant,
 }
 
 /// What [`Learner::dispatch`] left waiting for a benchworker's width.
@@ -155,6 +160,11 @@ pub struct RuntimeReport {
     pub requeued_jobs: u64,
     /// Peers forgotten after `cluster.peer_timeout_s` of silence.
     pub lost_peers: u64,
+    /// Benchworkers given work again though a late job never came back
+    /// (the job or its answer lost on the way), and actors given a fresh
+    /// allotment of credits after a silence with credits in hand (an unroll
+    /// or a credit lost): nothing waits for a message that will not come.
+    pub resyncs: u64,
     /// Frames that did not decode, by reason.
     pub drops: DropCounts,
     /// Messages from peers that never said hello, or of a kind the
@@ -417,6 +427,8 @@ impl<'t, 'a> Learner<'t, 'a> {
                     ready: false,
                     max_devices: None,
                     failed_in_a_row: 0,
+                    late_since: None,
+                    last_unroll: Instant::now(),
                 },
             );
             let welcome = Message::Welcome {
@@ -468,6 +480,9 @@ impl<'t, 'a> Learner<'t, 'a> {
         match (role, message) {
             (Role::Actor, Message::Unroll(data)) => {
                 self.report.unrolls_received += 1;
+                if let Some(p) = self.peers.get_mut(&from) {
+                    p.last_unroll = Instant::now();
+                }
                 match self.peers.get_mut(&from) {
                     Some(p) if p.credits > 0 => p.credits -= 1,
                     _ => {
@@ -596,6 +611,7 @@ impl<'t, 'a> Learner<'t, 'a> {
     fn release_job(&mut self, job: u64) {
         if let Some(p) = self.peers.values_mut().find(|p| p.job == Some(job)) {
             p.job = None;
+            p.late_since = None;
         }
     }
 
@@ -864,7 +880,47 @@ impl<'t, 'a> Learner<'t, 'a> {
                 // Its benchworker stays busy until it answers (a late
                 // answer is not counted, see `handle`): new work would
                 // only wait behind the late job.
+                if let Some(p) = self.peers.values_mut().find(|p| p.job == Some(id)) {
+                    p.late_since = Some(Instant::now());
+                }
             }
+        }
+        // ... but not for ever: one that still heartbeats another
+        // job_timeout_s on lost the job or its answer on the way (a
+        // connection made again drops what was queued on the old one).
+        // Work sent to it while it measures after all waits in its queue.
+        let job_timeout = Duration::from_secs_f64(c.job_timeout_s);
+        let actor_silence = 3 * timeout;
+        let mut starved = Vec::new();
+        for (k, p) in &mut self.peers {
+            if p.late_since.is_some_and(|t| t.elapsed() > job_timeout) {
+                tracing::warn!(
+                    "benchworker {} never answered its late job {}: it gets jobs again",
+                    p.id,
+                    p.job.unwrap_or_default()
+                );
+                p.job = None;
+                p.late_since = None;
+                self.report.resyncs += 1;
+            }
+            // An actor silent with credits in hand: an unroll or a credit
+            // was lost. A fresh allotment (an unroll beyond it is dropped
+            // and counted, so it never exceeds the configured credits).
+            if p.role == Role::Actor && p.credits > 0 && p.last_unroll.elapsed() > actor_silence {
+                tracing::info!(
+                    "actor {} sent no unroll for {} s with credits in hand: credits granted anew",
+                    p.id,
+                    actor_silence.as_secs()
+                );
+                p.credits = 0;
+                p.last_unroll = Instant::now();
+                self.report.resyncs += 1;
+                starved.push(k.clone());
+            }
+        }
+        let n = c.actor_credits as u64;
+        for k in starved {
+            self.grant(&k, n);
         }
         let all: Vec<Vec<u8>> = self.peers.keys().cloned().collect();
         for p in all {
@@ -1341,7 +1397,8 @@ mod tests {
     fn uncredited_unrolls_are_dropped_and_requeued_plans_avoid_who_failed_them() {
         use common::protocol::{encode, Header};
         let dir = tempfile::tempdir().unwrap();
-        let (cfg, suite) = crate::train::tests::small_data(dir.path());
+        let (mut cfg, suite) = crate::train::tests::small_data(dir.path());
+        cfg.cluster.job_timeout_s = 1.0;
         let mut trainer = Trainer::new(&cfg, &suite.tasks);
         let ctx = zmq::Context::new();
         let endpoint = "inproc://by-hand";
@@ -1524,6 +1581,68 @@ mod tests {
         let mut places: Vec<usize> = learner.jobs.values().map(|j| j.pick.id.place).collect();
         places.sort_unstable();
         assert_eq!(places, [0, 2]);
+
+        // A job whose answer never comes (lost on the way): requeued after
+        // job_timeout_s, its benchworker busy another job_timeout_s, then
+        // given work again.
+        let ago = |s: u64| Instant::now().checked_sub(Duration::from_secs(s)).unwrap();
+        let tend = |learner: &mut Learner| {
+            learner.last_heartbeat = ago(3600);
+            for p in learner.peers.values_mut() {
+                p.last_seen = Instant::now();
+            }
+            learner.keep_alive();
+        };
+        let (&late, _) = learner.jobs.iter().find(|(_, j)| j.worker == id_a).unwrap();
+        learner.jobs.get_mut(&late).unwrap().sent = ago(2);
+        tend(&mut learner);
+        assert!(!learner.jobs.contains_key(&late), "requeued");
+        let peer_a = |l: &Learner| l.peers.values().find(|p| p.id == id_a).unwrap().job;
+        assert_eq!(peer_a(&learner), Some(late), "busy until it answers ...");
+        received(&a);
+        learner.dispatch();
+        assert!(received(&a).is_empty());
+        tend(&mut learner);
+        assert_eq!(learner.report.resyncs, 0);
+        peer_of(&mut learner, id_a).late_since = Some(ago(2));
+        tend(&mut learner);
+        assert_eq!(peer_a(&learner), None, "... or for another job_timeout_s");
+        assert_eq!(learner.report.resyncs, 1);
+        assert!(learner.dispatch());
+        assert!(received(&a)
+            .iter()
+            .any(|m| matches!(m, Message::MeasureJob { .. })));
+
+        // An actor silent with credits in hand (an unroll or a credit lost)
+        // gets a fresh allotment; one without credits is waited for.
+        fn peer_of<'l>(l: &'l mut Learner, id: u64) -> &'l mut Peer {
+            l.peers.values_mut().find(|p| p.id == id).unwrap()
+        }
+        received(&actor);
+        peer_of(&mut learner, id_actor).credits = 0;
+        peer_of(&mut learner, id_actor).last_unroll = ago(60);
+        tend(&mut learner);
+        let credits = |s: &zmq::Socket| -> Vec<u32> {
+            received(s)
+                .into_iter()
+                .filter_map(|m| match m {
+                    Message::Credit { n } => Some(n),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert!(credits(&actor).is_empty());
+        peer_of(&mut learner, id_actor).credits = 1;
+        tend(&mut learner);
+        assert_eq!(credits(&actor), [cfg.cluster.actor_credits as u32]);
+        assert_eq!(
+            peer_of(&mut learner, id_actor).credits,
+            cfg.cluster.actor_credits as u64
+        );
+        assert_eq!(learner.report.resyncs, 2);
+        // Not again while it is freshly granted.
+        tend(&mut learner);
+        assert_eq!(learner.report.resyncs, 2);
     }
 
     #[test]

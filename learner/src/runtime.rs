@@ -132,6 +132,10 @@ struct Queued {
     /// The actor that sent it: its credit goes back when the unroll is used
     /// or dropped, so an actor idles while the learner is busy elsewhere.
     from: Vec<u8>,
+    /// When the actor's hello that the unroll's credit came under was
+    /// welcomed: an actor that said hello since has fresh credits, and
+    /// gets none back for what it sent before.
+    joined: Instant,
     /// The weights' version it was acted with.
     acted: u64,
     task: usize,
@@ -379,6 +383,14 @@ impl<'t, 'a> Learner<'t, 'a> {
         self.send(to, &Message::Credit { n: n as u32 });
     }
 
+    /// The credit of a queued unroll, back to its actor once used or
+    /// dropped, unless the actor said hello since (it got fresh credits).
+    fn credit_back(&mut self, from: &[u8], joined: Instant) {
+        if self.peers.get(from).is_some_and(|p| p.joined == joined) {
+            self.grant(from, 1);
+        }
+    }
+
     fn handle(&mut self, incoming: Incoming, hooks: &mut Hooks) -> anyhow::Result<()> {
         let Incoming {
             from,
@@ -498,6 +510,10 @@ impl<'t, 'a> Learner<'t, 'a> {
                 };
                 match checked {
                     Ok(unroll) => self.queue.push_back(Queued {
+                        joined: self
+                            .peers
+                            .get(&from)
+                            .map_or_else(Instant::now, |p| p.joined),
                         from,
                         acted: header.policy_version,
                         task,
@@ -816,7 +832,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 // Acted on the previous cost network: dropped.
                 while let Some(q) = self.queue.pop_front() {
                     self.trainer.counters.dropped_unrolls += 1;
-                    self.grant(&q.from, 1);
+                    self.credit_back(&q.from, q.joined);
                 }
                 self.round_version = Some(v);
                 v
@@ -837,7 +853,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 self.broadcast();
             }
             // After the update: the credit comes with the new weights.
-            self.grant(&q.from, 1);
+            self.credit_back(&q.from, q.joined);
             return Ok(true);
         }
         // The round is complete.
@@ -1479,6 +1495,25 @@ mod tests {
         assert!(!received(&actor)
             .iter()
             .any(|m| matches!(m, Message::Credit { .. })));
+        // The credit of a used unroll goes back to the actor's session that
+        // sent it, not to a later one (it got fresh credits with its hello).
+        let key = learner
+            .peers
+            .iter()
+            .find(|(_, p)| p.id == id_actor)
+            .unwrap()
+            .0
+            .clone();
+        let joined = learner.peers[&key].joined;
+        let before = Instant::now().checked_sub(Duration::from_secs(1)).unwrap();
+        learner.credit_back(&key, before);
+        assert_eq!(learner.peers[&key].credits, 0);
+        learner.credit_back(&key, joined);
+        assert_eq!(learner.peers[&key].credits, 1);
+        assert!(received(&actor)
+            .iter()
+            .any(|m| matches!(m, Message::Credit { n: 1 })));
+        learner.peers.get_mut(&key).unwrap().credits = 0;
 
         // `a` failed a plan: measured again, it goes to `b`, though `a`
         // is idle too, and the other way round; failed by both, it goes to

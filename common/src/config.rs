@@ -811,6 +811,25 @@ pub struct Config {
 }
 
 impl Config {
+    /// Its file paths (`data.dir`, `data.pool`, `train.suite`,
+    /// `train.extra_suites`) made absolute against `base`, the folder they
+    /// were relative to: a run's `config.toml` written so resumes, `eval`
+    /// and `plan` find them from any folder.
+    pub fn with_absolute_paths(mut self, base: &Path) -> Config {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        fix(&mut self.data.dir);
+        if let Some(pool) = &mut self.data.pool {
+            fix(pool);
+        }
+        fix(&mut self.train.suite);
+        self.train.extra_suites.iter_mut().for_each(fix);
+        self
+    }
+
     /// Parses TOML text; `path` names the source in messages.
     pub fn from_toml(text: &str, path: &Path) -> Result<Config> {
         let cfg: Config = toml::from_str(text).map_err(|e| Error::Parse {
@@ -971,6 +990,30 @@ fn unit(field: &str, v: f64) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_runs_paths_are_made_absolute_and_others_kept() {
+        let mut cfg = Config::default();
+        cfg.data.pool = Some(PathBuf::from("mine.csv"));
+        cfg.train.extra_suites = vec![PathBuf::from("/abs/s.json"), PathBuf::from("x/s.json")];
+        let cfg = cfg.with_absolute_paths(Path::new("/work/here"));
+        assert_eq!(cfg.data.dir, Path::new("/work/here/data/generated"));
+        assert_eq!(
+            cfg.data.pool.as_deref(),
+            Some(Path::new("/work/here/mine.csv"))
+        );
+        assert_eq!(
+            cfg.train.suite,
+            Path::new("/work/here/data/generated/dlrm-50x4.train.json")
+        );
+        assert_eq!(
+            cfg.train.extra_suites,
+            [
+                PathBuf::from("/abs/s.json"),
+                PathBuf::from("/work/here/x/s.json")
+            ]
+        );
+    }
 
     #[test]
     fn the_shipped_default_config_spells_out_the_defaults() {

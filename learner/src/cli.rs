@@ -540,9 +540,13 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             }
         }
     } else {
+        // Its paths absolute: a resume, `eval` and `plan` find its data
+        // from any folder.
+        let here = std::env::current_dir().context("the current folder")?;
+        let written = cfg.clone().with_absolute_paths(&here);
         common::fs::write_atomic(
             &dir.join("config.toml"),
-            toml::to_string_pretty(&cfg)?.as_bytes(),
+            toml::to_string_pretty(&written)?.as_bytes(),
         )?;
         common::fs::write_atomic(&metrics_path, b"")?;
         crate::train::Trainer::new(&cfg, &train_tasks)

@@ -845,3 +845,42 @@ fn a_cluster_run_resumes_only_with_the_token_its_peers_hold() {
     let (ok, err) = train(&run, Some(&made), None);
     assert!(!ok && err.contains(stalled), "{err}");
 }
+
+#[test]
+fn a_run_started_with_relative_paths_resumes_from_any_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("c.toml"),
+        "[generate]\ntables = 60\n[data]\ndir = \"data\"\ntrain_tasks = 2\ntest_tasks = 1\n\
+         suites = [{ tables = 6, devices = 2, memory_gb = 50.0 }]\n[train]\n\
+         suite = \"data/dlrm-6x2.train.json\"\niterations = 1\nmeasure_per_iteration = 2\n\
+         cost_steps = 2\npolicy_steps = 2\nepisodes = 2\n",
+    )
+    .unwrap();
+    let in_folder = |folder: &std::path::Path, args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_learner"))
+            .args(args)
+            .current_dir(folder)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{args:?}: {err}");
+    };
+    in_folder(dir.path(), &["generate", "--config", "c.toml"]);
+    let one_thread = ["--actors", "0", "--benchworkers", "0"];
+    let mut train = vec!["train", "--config", "c.toml", "--run-dir", "run"];
+    train.extend(one_thread);
+    in_folder(dir.path(), &train);
+    let written = std::fs::read_to_string(dir.path().join("run/config.toml")).unwrap();
+    let data = dir.path().join("data");
+    assert!(
+        written.contains(&format!("{:?}", data.to_str().unwrap())),
+        "{written}"
+    );
+    // From elsewhere: the run's own paths lead to its data.
+    let run = dir.path().join("run");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let mut again = vec!["train", "--run-dir", run.to_str().unwrap(), "--resume"];
+    again.extend(one_thread);
+    in_folder(elsewhere.path(), &again);
+}

@@ -297,6 +297,10 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "cost_ms": cost,
                 "devices": per_device
                     .iter()
+                    // A time is not negative: the network's prediction
+                    // below 0 (for an empty device, where it never
+                    // learned) is written as 0.
+                    .map(|d| d.map(|t| t.max(0.0)))
                     .map(|d| serde_json::json!({"fwd_ms": d[0], "bwd_ms": d[1], "bwd_comm_ms": d[2]}))
                     .collect::<Vec<_>>(),
             });

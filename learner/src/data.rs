@@ -233,10 +233,23 @@ impl TrainedShapes {
         if density >= lo / Self::SLACK && density <= hi * Self::SLACK {
             return None;
         }
+        let range = |[a, b]: [f64; 2]| {
+            if a == b {
+                format!("{a}")
+            } else {
+                format!("{a} to {b}")
+            }
+        };
+        let density_range = if lo == hi {
+            format!("{lo:.1}")
+        } else {
+            format!("{lo:.1} to {hi:.1}")
+        };
         Some(format!(
             "{tables} tables on {devices} devices is {density:.1} per device, and the model \
-             was trained on {lo:.1} to {hi:.1} ({} to {} tables on {} to {} devices)",
-            self.tables[0], self.tables[1], self.devices[0], self.devices[1]
+             was trained on {density_range} ({} tables on {} devices)",
+            range(self.tables.map(|t| t as f64)),
+            range(self.devices.map(|d| d as f64))
         ))
     }
 }

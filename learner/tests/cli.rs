@@ -265,11 +265,18 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     assert_eq!(v["estimate"]["devices"].as_array().unwrap().len(), 8);
     // Trained on 4 tables per device: 7.5 is far out, and said; 3.75 is not.
     assert!(
-        err.contains("7.5 per device") && err.contains("trained on 4.0 to 4.0"),
+        err.contains("7.5 per device") && err.contains("trained on 4.0 (12 tables on 3 devices)"),
         "{err}"
     );
-    let (ok, _, err) = plan_with("16", "64", &run, &[]);
+    let (ok, stdout, err) = plan_with("16", "64", &run, &[]);
     assert!(ok && !err.contains("per device"), "{err}");
+    // No time is negative, on a device left empty either.
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    for d in v["estimate"]["devices"].as_array().unwrap() {
+        for phase in ["fwd_ms", "bwd_ms", "bwd_comm_ms"] {
+            assert!(d[phase].as_f64().unwrap() >= 0.0, "{d}");
+        }
+    }
     let (ok, _, err) = eval_methods(&data.join("dlrm-12x3.test.json"), &run, "lookup,policy");
     assert!(ok && !err.contains("far outside"), "{err}");
     // A suite of 12 tables on one device, three times the density: said,

@@ -191,9 +191,15 @@ if [ -n "$ADD" ]; then
     ADDED+=("$log")
   done
   echo "launch: started $ADD actors for $LEARNER (logs in $LOGS); they run until the learner stops them or Ctrl-C" >&2
+  # Each actor's end as it comes (not in the order they started).
   FAILED=0
-  for i in "${!PIDS[@]}"; do
-    if ! wait "${PIDS[$i]}"; then
+  LEFT=("${PIDS[@]}")
+  while [ ${#LEFT[@]} -gt 0 ]; do
+    status=0
+    wait -n -p done "${LEFT[@]}" || status=$?
+    for i in "${!PIDS[@]}"; do [ "${PIDS[$i]}" != "$done" ] || break; done
+    mapfile -t LEFT < <(printf '%s\n' "${LEFT[@]}" | grep -vx "$done")
+    if [ "$status" != 0 ]; then
       FAILED=$((FAILED + 1))
       echo "launch: actor $((i + 1)) failed; the end of ${ADDED[$i]}:" >&2
       tail -n 5 "${ADDED[$i]}" >&2

@@ -223,9 +223,6 @@ def main(argv):
     args = parse_args(argv)
     try:
         import torch  # noqa: F401
-        # Imported now, under the filter above: torch.load imports it later
-        # and would warn there that numpy is missing.
-        import torch._subclasses.functional_tensor  # noqa: F401
     except ImportError:
         print(
             "pool-from-trace: PyTorch is not installed for this python; run it with the "
@@ -233,6 +230,13 @@ def main(argv):
             file=sys.stderr,
         )
         return 1
+    try:
+        # Imported now, under the filter above: torch.load imports it later
+        # and would warn there that numpy is missing (absent from some
+        # torch versions: nothing to quiet then).
+        import torch._subclasses.functional_tensor  # noqa: F401
+    except ImportError:
+        pass
     try:
         indices, offsets, lengths = load_trace(args.trace)
         tables, batch = lengths.shape

@@ -737,8 +737,8 @@ fn run_rounds(
     }
     if report.resyncs > 0 {
         tracing::warn!(
-            "{} times a peer waited for a message that was lost on the way (a late job's \
-             benchworker given work again, an actor's credits granted anew)",
+            "{} times a peer was silent where a message may have been lost on the way (a \
+             late job's benchworker given work again, an actor's credits granted anew)",
             report.resyncs
         );
     }

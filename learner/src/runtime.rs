@@ -42,6 +42,10 @@ const MAX_JOB_FAILURES: usize = 10;
 /// one has not failed so (a host whose GPU runs out of memory fails fast
 /// and would otherwise take every job, and stop the run).
 const FAILING_AFTER: usize = 3;
+/// How long such a benchworker sits out after each failure: then it is
+/// tried again (a transient fault passes; a wide plan that only it can
+/// measure waits no longer).
+const SIDELINED: Duration = Duration::from_secs(30);
 
 /// A connected peer.
 #[derive(Debug)]
@@ -69,13 +73,21 @@ struct Peer {
     /// its [`Message::Ready`]); `None`: any.
     max_devices: Option<usize>,
     /// Jobs this benchworker failed since its last measurement: from
-    /// [`FAILING_AFTER`] on it gets none while another one is sound.
+    /// [`FAILING_AFTER`] on, each failure sets it aside for [`SIDELINED`].
     failed_in_a_row: usize,
+    /// Until when it gets no job while another benchworker is sound.
+    sidelined_until: Option<Instant>,
     /// When this benchworker's job timed out (it counts as busy until it
     /// answers, or for another `cluster.job_timeout_s`).
     late_since: Option<Instant>,
+    /// A benchworker given work again after a late job and silent since: a
+    /// second late job is not waited for again (it may hang).
+    resynced: bool,
     /// When this actor's latest unroll came (or it joined).
     last_unroll: Instant,
+    /// An actor granted credits anew after a silence and silent since: not
+    /// granted more (it may just be slow, or waiting for newer weights).
+    credits_renewed: bool,
 }
 
 /// What [`Learner::dispatch`] left waiting for a benchworker's width.
@@ -439,7 +451,10 @@ impl<'t, 'a> Learner<'t, 'a> {
                     ready: false,
                     max_devices: None,
                     failed_in_a_row: 0,
+                    sidelined_until: None,
                     late_since: None,
+                    resynced: false,
+                    credits_renewed: false,
                     last_unroll: Instant::now(),
                 },
             );
@@ -494,6 +509,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 self.report.unrolls_received += 1;
                 if let Some(p) = self.peers.get_mut(&from) {
                     p.last_unroll = Instant::now();
+                    p.credits_renewed = false;
                 }
                 match self.peers.get_mut(&from) {
                     Some(p) if p.credits > 0 => p.credits -= 1,
@@ -547,6 +563,8 @@ impl<'t, 'a> Learner<'t, 'a> {
                 self.job_failures = 0;
                 if let Some(p) = self.peers.get_mut(&from) {
                     p.failed_in_a_row = 0;
+                    p.sidelined_until = None;
+                    p.resynced = false;
                 }
                 // Durable now: the benchworker may forget it.
                 self.send(&from, &Message::Ack { job });
@@ -653,11 +671,15 @@ impl<'t, 'a> Learner<'t, 'a> {
         self.job_failures += 1;
         if let Some(p) = self.peers.values_mut().find(|p| p.id == job.worker) {
             p.failed_in_a_row += 1;
-            if p.failed_in_a_row == FAILING_AFTER {
+            p.resynced = false;
+            if p.failed_in_a_row >= FAILING_AFTER {
+                p.sidelined_until = Some(Instant::now() + SIDELINED);
                 tracing::warn!(
-                    "benchworker {} failed {FAILING_AFTER} jobs in a row (the last: {error}): it \
-                     gets none while another benchworker measures",
-                    p.id
+                    "benchworker {} failed {} jobs in a row (the last: {error}): it gets none \
+                     for {} s while another benchworker is sound",
+                    p.id,
+                    p.failed_in_a_row,
+                    SIDELINED.as_secs()
                 );
             }
         }
@@ -729,7 +751,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             }
             // Benchworkers failing job after job sit out while a sound one
             // is connected.
-            let sound = |p: &Peer| p.failed_in_a_row < FAILING_AFTER;
+            let sound = |p: &Peer| p.sidelined_until.is_none_or(|t| Instant::now() >= t);
             let any_sound = self
                 .peers
                 .values()
@@ -917,19 +939,25 @@ impl<'t, 'a> Learner<'t, 'a> {
                 );
                 p.job = None;
                 p.late_since = None;
+                p.resynced = true;
                 self.report.resyncs += 1;
             }
             // An actor silent with credits in hand: an unroll or a credit
-            // was lost. A fresh allotment (an unroll beyond it is dropped
-            // and counted, so it never exceeds the configured credits).
-            if p.role == Role::Actor && p.credits > 0 && p.last_unroll.elapsed() > actor_silence {
+            // may have been lost. A fresh allotment, once per silence (the
+            // learner's count never exceeds the configured credits: an
+            // unroll beyond it is dropped and counted).
+            if p.role == Role::Actor
+                && p.credits > 0
+                && !p.credits_renewed
+                && p.last_unroll.elapsed() > actor_silence
+            {
                 tracing::info!(
                     "actor {} sent no unroll for {} s with credits in hand: credits granted anew",
                     p.id,
                     actor_silence.as_secs()
                 );
                 p.credits = 0;
-                p.last_unroll = Instant::now();
+                p.credits_renewed = true;
                 self.report.resyncs += 1;
                 starved.push(k.clone());
             }
@@ -1009,6 +1037,11 @@ impl<'t, 'a> Learner<'t, 'a> {
     fn measuring(&self) -> bool {
         let timeout = Duration::from_secs_f64(self.trainer.config().cluster.job_timeout_s);
         self.jobs.values().any(|j| j.sent.elapsed() <= timeout)
+            // A late job may still come back: waited for once more.
+            || self
+                .peers
+                .values()
+                .any(|p| p.late_since.is_some() && !p.resynced)
             || self
                 .peers
                 .values()
@@ -1597,9 +1630,23 @@ mod tests {
         assert!(learner.jobs.values().all(|j| j.worker == id_a));
         received(&a);
         learner.peers.insert(key_b, peer_b);
+        // Its time out over, it is tried again beside a sound one.
+        for p in learner.peers.values_mut() {
+            p.job = None;
+            if p.id == id_a {
+                p.sidelined_until = Some(Instant::now());
+            }
+        }
+        learner.jobs.clear();
+        learner.requeue.clear();
+        assert!(learner.dispatch());
+        assert!(learner.jobs.values().any(|j| j.worker == id_a));
+        received(&a);
+        received(&b);
         for p in learner.peers.values_mut() {
             p.job = None;
             p.failed_in_a_row = 0;
+            p.sidelined_until = None;
         }
         learner.jobs.clear();
         learner.requeue.clear();
@@ -1675,8 +1722,11 @@ mod tests {
             cfg.cluster.actor_credits as u64
         );
         assert_eq!(learner.report.resyncs, 2);
-        // Not again while it is freshly granted.
+        // Not again while it stays silent (slow, or waiting for newer
+        // weights): its credits would only pile up.
+        peer_of(&mut learner, id_actor).last_unroll = ago(120);
         tend(&mut learner);
+        assert!(credits(&actor).is_empty());
         assert_eq!(learner.report.resyncs, 2);
     }
 

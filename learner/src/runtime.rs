@@ -507,18 +507,18 @@ impl<'t, 'a> Learner<'t, 'a> {
         match (role, message) {
             (Role::Actor, Message::Unroll(data)) => {
                 self.report.unrolls_received += 1;
-                if let Some(p) = self.peers.get_mut(&from) {
+                // The session whose credit it spends, if it had one.
+                let joined = self.peers.get_mut(&from).and_then(|p| {
                     p.last_unroll = Instant::now();
                     p.credits_renewed = false;
-                }
-                match self.peers.get_mut(&from) {
-                    Some(p) if p.credits > 0 => p.credits -= 1,
-                    _ => {
-                        self.report.uncredited_unrolls += 1;
-                        tracing::warn!("an unroll sent without a credit dropped");
-                        return Ok(());
-                    }
-                }
+                    p.credits = p.credits.checked_sub(1)?;
+                    Some(p.joined)
+                });
+                let Some(joined) = joined else {
+                    self.report.uncredited_unrolls += 1;
+                    tracing::warn!("an unroll sent without a credit dropped");
+                    return Ok(());
+                };
                 let task = data.task as usize;
                 let checked = match self.trainer.rollout_tasks().get(task) {
                     Some(t) => unroll_from_data(&data, t.tables.len(), t.devices),
@@ -526,10 +526,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 };
                 match checked {
                     Ok(unroll) => self.queue.push_back(Queued {
-                        joined: self
-                            .peers
-                            .get(&from)
-                            .map_or_else(Instant::now, |p| p.joined),
+                        joined,
                         from,
                         acted: header.policy_version,
                         task,
@@ -1244,6 +1241,16 @@ mod tests {
     }
 
     /// Sends `m` on `socket` in an envelope with these fields.
+    /// The key (routing id) of the peer numbered `id`.
+    fn key_of(l: &Learner, id: u64) -> Vec<u8> {
+        l.peers.iter().find(|(_, p)| p.id == id).unwrap().0.clone()
+    }
+
+    /// The peer numbered `id`.
+    fn peer_of<'l>(l: &'l mut Learner, id: u64) -> &'l mut Peer {
+        l.peers.values_mut().find(|p| p.id == id).unwrap()
+    }
+
     fn send_as(socket: &zmq::Socket, sender: u64, incarnation: u64, seq: u64, m: &Message) {
         let header = common::protocol::Header {
             sender,
@@ -1349,9 +1356,6 @@ mod tests {
                 })
                 .collect()
         };
-        let set_job = |learner: &mut Learner, id: u64, job: Option<u64>| {
-            learner.peers.values_mut().find(|p| p.id == id).unwrap().job = job;
-        };
         let reset = |learner: &mut Learner| {
             learner.jobs.clear();
             for p in learner.peers.values_mut() {
@@ -1361,7 +1365,7 @@ mod tests {
 
         // The wide one busy: the narrow one gets the first pick of a
         // 2-device task.
-        set_job(&mut learner, id_wide, Some(u64::MAX));
+        peer_of(&mut learner, id_wide).job = Some(u64::MAX);
         assert!(learner.dispatch());
         let sent = jobs(&narrow);
         assert_eq!(sent.len(), 1);
@@ -1374,7 +1378,7 @@ mod tests {
 
         // A 4-device plan to measure again waits for the wide one ...
         reset(&mut learner);
-        set_job(&mut learner, id_wide, Some(u64::MAX));
+        peer_of(&mut learner, id_wide).job = Some(u64::MAX);
         let wide_place = (0..)
             .find(|&j| learner.trainer.pick_devices(j) == 4)
             .unwrap();
@@ -1395,7 +1399,7 @@ mod tests {
         assert_eq!(learner.requeue.len(), 1);
         // ... and goes to it first once it is idle; the narrow one gets
         // only 2-device plans.
-        set_job(&mut learner, id_wide, None);
+        peer_of(&mut learner, id_wide).job = None;
         assert!(learner.dispatch());
         assert!(learner.requeue.is_empty());
         assert_eq!(width(jobs(&wide)[0]), 4);
@@ -1513,12 +1517,7 @@ mod tests {
             encode(&header, &Message::Unroll(data))
         };
         // A queued unroll holds its credit: mark the actor's as spent.
-        learner
-            .peers
-            .values_mut()
-            .find(|p| p.id == id_actor)
-            .unwrap()
-            .credits = 0;
+        peer_of(&mut learner, id_actor).credits = 0;
         actor.send(unroll(2), 0).unwrap();
         let incoming = learner.hub.recv(1000).unwrap().unwrap();
         learner.handle(incoming, &mut hooks).unwrap();
@@ -1530,13 +1529,7 @@ mod tests {
             .any(|m| matches!(m, Message::Credit { .. })));
         // The credit of a used unroll goes back to the actor's session that
         // sent it, not to a later one (it got fresh credits with its hello).
-        let key = learner
-            .peers
-            .iter()
-            .find(|(_, p)| p.id == id_actor)
-            .unwrap()
-            .0
-            .clone();
+        let key = key_of(&learner, id_actor);
         let joined = learner.peers[&key].joined;
         let before = Instant::now().checked_sub(Duration::from_secs(1)).unwrap();
         learner.credit_back(&key, before);
@@ -1583,11 +1576,8 @@ mod tests {
         // `a` fails job after job (a GPU out of memory, fast): after
         // FAILING_AFTER in a row it sits out while `b` is sound, and the
         // run goes on.
-        let busy = |learner: &mut Learner, id: u64, job: Option<u64>| {
-            learner.peers.values_mut().find(|p| p.id == id).unwrap().job = job;
-        };
         for seq in 3..3 + FAILING_AFTER as u64 {
-            busy(&mut learner, id_b, Some(u64::MAX));
+            peer_of(&mut learner, id_b).job = Some(u64::MAX);
             assert!(learner.dispatch(), "`a` is idle and not yet failing");
             let job = *learner
                 .jobs
@@ -1611,20 +1601,14 @@ mod tests {
         );
         assert!(received(&a).is_empty());
         learner.jobs.clear();
-        busy(&mut learner, id_b, None);
+        peer_of(&mut learner, id_b).job = None;
         assert!(learner.dispatch());
         assert!(learner.jobs.values().all(|j| j.worker == id_b));
         assert!(!received(&b).is_empty());
         // With no sound benchworker left, the failing one gets jobs again.
         learner.jobs.clear();
         learner.requeue.clear();
-        let key_b = learner
-            .peers
-            .iter()
-            .find(|(_, p)| p.id == id_b)
-            .unwrap()
-            .0
-            .clone();
+        let key_b = key_of(&learner, id_b);
         let peer_b = learner.peers.remove(&key_b).unwrap();
         assert!(learner.dispatch());
         assert!(learner.jobs.values().all(|j| j.worker == id_a));
@@ -1697,9 +1681,6 @@ mod tests {
 
         // An actor silent with credits in hand (an unroll or a credit lost)
         // gets a fresh allotment; one without credits is waited for.
-        fn peer_of<'l>(l: &'l mut Learner, id: u64) -> &'l mut Peer {
-            l.peers.values_mut().find(|p| p.id == id).unwrap()
-        }
         received(&actor);
         peer_of(&mut learner, id_actor).credits = 0;
         peer_of(&mut learner, id_actor).last_unroll = ago(60);

@@ -1,23 +1,11 @@
 //! The real `learner` binary: generate then eval end to end, and a suite
 //! whose tasks cannot fit memory refused with a clear message.
 
+mod support;
+
 use std::process::Command;
 
-fn learner(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_learner"))
-        .args(args)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    // Logs to a pipe or a file are plain text, without colour codes.
-    assert!(!stderr.contains('\x1b'), "{stderr:?}");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        stderr,
-    )
-}
+use support::learner;
 
 #[test]
 fn generate_then_eval_reports_every_method_as_json() {

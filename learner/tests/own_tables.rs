@@ -9,6 +9,10 @@ use std::process::Command;
 
 use rand::{Rng, SeedableRng};
 
+mod support;
+
+use support::learner;
+
 /// The repository's root.
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -50,18 +54,15 @@ fn script(args: &[&str]) -> (bool, String, String) {
     (ok, out, err)
 }
 
-fn learner(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_learner"))
-        .args(args)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!err.contains("panicked"), "{err}");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        err,
-    )
+/// The script on `trace` with `--dim dim`, writing `out`.
+fn to_pool(trace: &Path, dim: &str, out: &Path) -> (bool, String, String) {
+    script(&[
+        trace.to_str().unwrap(),
+        "--dim",
+        dim,
+        "--out",
+        out.to_str().unwrap(),
+    ])
 }
 
 /// A trace: `bags[t][s]` the rows table `t` looks up for sample `s`.
@@ -171,13 +172,7 @@ fn a_trace_becomes_the_pool_its_features_describe() {
     for (name, drop_last) in [("trace.pt", false), ("short.pt", true)] {
         let trace = save_trace(dir.path(), name, &bags, drop_last);
         let csv = dir.path().join(format!("{name}.csv"));
-        let (ok, out, err) = script(&[
-            trace.to_str().unwrap(),
-            "--dim",
-            "32",
-            "--out",
-            csv.to_str().unwrap(),
-        ]);
+        let (ok, out, err) = to_pool(&trace, "32", &csv);
         assert!(ok, "{err}");
         assert!(
             out.contains("6 tables") && out.contains("batch                  64"),
@@ -325,13 +320,7 @@ fn a_trace_whose_parts_disagree_is_refused_with_the_reason() {
         ),
     ] {
         let trace = save(name, program);
-        let (ok, _, err) = script(&[
-            trace.to_str().unwrap(),
-            "--dim",
-            "16",
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        let (ok, _, err) = to_pool(&trace, "16", &out);
         assert!(!ok, "{name}");
         assert!(err.contains(name), "{name}: {err}");
         for w in words {
@@ -339,7 +328,7 @@ fn a_trace_whose_parts_disagree_is_refused_with_the_reason() {
         }
         assert!(!out.exists(), "{name}: a refused trace writes no pool");
     }
-    let (ok, _, err) = script(&["nowhere.pt", "--dim", "16", "--out", out.to_str().unwrap()]);
+    let (ok, _, err) = to_pool(Path::new("nowhere.pt"), "16", &out);
     assert!(!ok && err.contains("nowhere.pt: no such file"), "{err}");
 }
 

@@ -552,7 +552,10 @@ pub struct ClusterConfig {
     /// Unrolls an actor may have in flight (credits).
     pub actor_credits: usize,
     /// Unrolls acted with weights more than this many versions old are
-    /// dropped and counted.
+    /// dropped and counted. No more than this many unrolls are in flight
+    /// over all actors at once (credits held, unrolls queued): more would
+    /// be that old by the time the learner reached them, so actors beyond
+    /// that wait their turn for a credit.
     pub max_policy_lag: usize,
     /// Seconds between heartbeats, both ways.
     pub heartbeat_s: f64,

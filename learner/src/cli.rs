@@ -664,10 +664,10 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         steps as f64 / secs.max(1e-9),
         c.dropped_unrolls,
     )?;
-    if let Some((p50, p99, weights)) = lags {
+    if let Some((p50, p99, weights, stale)) = lags {
         write!(
             out,
-            ", policy lag median {p50}, p99 {p99}, {weights} weight messages sent"
+            " ({stale} too old), policy lag median {p50}, p99 {p99}, {weights} weight messages sent"
         )?;
     }
     writeln!(out, "; run in {}", dir.display())?;
@@ -682,9 +682,9 @@ enum Workers {
     Cluster(crate::runtime::ClusterRun),
 }
 
-/// Policy lag median and 99th percentile, and weight messages sent, of a
-/// cluster run.
-type Lags = (u64, u64, u64);
+/// Policy lag median and 99th percentile, weight messages sent and unrolls
+/// dropped as too old, of a cluster run.
+type Lags = (u64, u64, u64, u64);
 
 /// Trains until every round is done or `stop` is set; `began` is set once
 /// training has begun (a cluster's endpoints bound).
@@ -746,6 +746,7 @@ fn run_rounds(
         report.lag_quantile(0.5),
         report.lag_quantile(0.99),
         report.weights_sent,
+        report.stale_unrolls,
     )))
 }
 

@@ -16,10 +16,14 @@
 //!
 //! The round — measurements, cost steps, policy updates in DreamShard's
 //! proportions — is what checkpoints close. Actors send unrolls under
-//! credits (one back per unroll learned from or dropped; one sent without
-//! a credit is dropped with none back), so no queue grows without bound;
-//! new weights go to actors that hold a credit, and to the others with
-//! their next credit.
+//! credits (one sent without a credit is dropped), so no queue grows
+//! without bound: at most `max_policy_lag` unrolls are in flight over all
+//! actors, an actor holds at most `actor_credits`, and the credit of an
+//! unroll learned from or dropped goes to the actor with the fewest in
+//! flight. More actors than that take turns rather than send unrolls
+//! that would be too old by the time the learner reached them. New
+//! weights go to actors that hold a credit, and to the others with their
+//! next credit.
 //!
 //! [`train_cluster`] runs actors and benchworkers as threads on
 //! `inproc://`; the same loop serves remote peers on `tcp://`.
@@ -193,6 +197,10 @@ pub struct RuntimeReport {
     /// How many unrolls were learned from at each policy lag (a count per
     /// lag, not a list that grows with the run).
     pub lags: BTreeMap<u64, u64>,
+    /// Unrolls dropped as acted with weights more than
+    /// `cluster.max_policy_lag` versions old (among the trainer's
+    /// `dropped_unrolls`, with those acted on a superseded cost network).
+    pub stale_unrolls: u64,
     /// Weight messages sent to actors.
     pub weights_sent: u64,
     /// NCCL unique ids handed to members of multi-host benchworker groups.
@@ -252,6 +260,9 @@ pub struct Learner<'t, 'a> {
     /// Multi-host benchworker groups by name.
     groups: HashMap<String, GroupId>,
     last_heartbeat: Instant,
+    /// Whether the log said that actors wait for a credit because
+    /// `cluster.max_policy_lag` unrolls are in flight (said once).
+    said_credit_cap: bool,
     pub report: RuntimeReport,
 }
 
@@ -310,6 +321,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             weights_cache: None,
             groups: HashMap::new(),
             last_heartbeat: Instant::now(),
+            said_credit_cap: false,
             report: RuntimeReport::default(),
         })
     }
@@ -343,6 +355,10 @@ impl<'t, 'a> Learner<'t, 'a> {
     fn forget(&mut self, who: &[u8]) {
         if let Some(peer) = self.peers.remove(who) {
             tracing::warn!("{:?} {} is gone", peer.role, peer.id);
+            if peer.role == Role::Actor && peer.credits > 0 {
+                // Its credits are free for the others.
+                self.share_credits();
+            }
             // A group's unique id is only good while its rank 0 lives.
             self.groups.retain(|_, g| g.leader != who);
             if let Some(job) = peer.job.and_then(|j| self.jobs.remove(&j)) {
@@ -380,6 +396,71 @@ impl<'t, 'a> Learner<'t, 'a> {
         self.send(to, weights);
     }
 
+    /// Unrolls in flight: the credits actors hold (an unroll being rolled
+    /// out holds one) and the unrolls queued for an update.
+    fn in_flight(&self) -> u64 {
+        let held: u64 = self
+            .peers
+            .values()
+            .filter(|p| p.role == Role::Actor)
+            .map(|p| p.credits)
+            .sum();
+        held + self.queue.len() as u64
+    }
+
+    /// Hands out the credits that are free. Unrolls in flight never exceed
+    /// `cluster.max_policy_lag`: each update makes every unroll ahead of
+    /// the newest one version older, so more would be older than that when
+    /// learned from, and dropped (with many actors, most of their work).
+    /// Nor does an actor hold more than `cluster.actor_credits`. Each
+    /// credit goes to the actor with the fewest unrolls in flight, among
+    /// equals the one whose last unroll came longest ago: actors beyond
+    /// the limit take turns rather than some of them waiting for ever.
+    fn share_credits(&mut self) {
+        let c = &self.trainer.config().cluster;
+        let (cap, per_actor) = (c.max_policy_lag.max(1) as u64, c.actor_credits as u64);
+        // One credit at a time, from the state as it is: a grant that
+        // finds its actor gone frees that actor's credits too.
+        while self.in_flight() < cap {
+            // Each actor's unrolls in flight: credits held and unrolls
+            // queued under its present session (an older one's are not its).
+            let next = self
+                .peers
+                .iter()
+                .filter(|(_, p)| p.role == Role::Actor)
+                .map(|(k, p)| {
+                    let queued = self
+                        .queue
+                        .iter()
+                        .filter(|q| q.from == *k && q.joined == p.joined)
+                        .count() as u64;
+                    (p.credits + queued, p.last_unroll, p.id, k)
+                })
+                .filter(|a| a.0 < per_actor)
+                .min_by_key(|a| (a.0, a.1, a.2))
+                .map(|a| a.3.clone());
+            let Some(key) = next else { return };
+            self.grant(&key, 1);
+        }
+        let waiting = self
+            .peers
+            .values()
+            .filter(|p| p.role == Role::Actor && p.credits == 0)
+            .count();
+        if !self.said_credit_cap && waiting > 0 {
+            self.said_credit_cap = true;
+            tracing::info!(
+                "an actor waits for a credit: at most cluster.max_policy_lag = {cap} unrolls are \
+                 in flight at once (more would be too old when learned from), and {} actors \
+                 share them",
+                self.peers
+                    .values()
+                    .filter(|p| p.role == Role::Actor)
+                    .count()
+            );
+        }
+    }
+
     /// Gives an actor `n` credits, with the newest weights first if it
     /// lacks them.
     fn grant(&mut self, to: &[u8], n: u64) {
@@ -393,14 +474,6 @@ impl<'t, 'a> Learner<'t, 'a> {
             self.send_weights(to, &weights, version);
         }
         self.send(to, &Message::Credit { n: n as u32 });
-    }
-
-    /// The credit of a queued unroll, back to its actor once used or
-    /// dropped, unless the actor said hello since (it got fresh credits).
-    fn credit_back(&mut self, from: &[u8], joined: Instant) {
-        if self.peers.get(from).is_some_and(|p| p.joined == joined) {
-            self.grant(from, 1);
-        }
     }
 
     fn handle(&mut self, incoming: Incoming, hooks: &mut Hooks) -> anyhow::Result<()> {
@@ -465,8 +538,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             };
             self.send(&from, &welcome);
             if role == Role::Actor {
-                let n = self.trainer.config().cluster.actor_credits as u64;
-                self.grant(&from, n);
+                self.share_credits();
             }
             return Ok(());
         }
@@ -535,7 +607,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                     Err(e) => {
                         self.report.bad_unrolls += 1;
                         tracing::warn!("malformed unroll dropped: {e}");
-                        self.grant(&from, 1);
+                        self.share_credits();
                     }
                 }
             }
@@ -849,10 +921,9 @@ impl<'t, 'a> Learner<'t, 'a> {
                 self.broadcast();
                 let v = self.trainer.counters.policy_version;
                 // Acted on the previous cost network: dropped.
-                while let Some(q) = self.queue.pop_front() {
-                    self.trainer.counters.dropped_unrolls += 1;
-                    self.credit_back(&q.from, q.joined);
-                }
+                self.trainer.counters.dropped_unrolls += self.queue.len();
+                self.queue.clear();
+                self.share_credits();
                 self.round_version = Some(v);
                 v
             }
@@ -865,6 +936,9 @@ impl<'t, 'a> Learner<'t, 'a> {
             let max_lag = self.trainer.config().cluster.max_policy_lag as u64;
             if q.acted < round_version || lag > max_lag {
                 self.trainer.counters.dropped_unrolls += 1;
+                if q.acted >= round_version {
+                    self.report.stale_unrolls += 1;
+                }
             } else {
                 let line = self.trainer.policy_update(q.task, &q.unroll, lag);
                 *self.report.lags.entry(lag).or_default() += 1;
@@ -872,7 +946,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 self.broadcast();
             }
             // After the update: the credit comes with the new weights.
-            self.credit_back(&q.from, q.joined);
+            self.share_credits();
             return Ok(true);
         }
         // The round is complete.
@@ -926,8 +1000,8 @@ impl<'t, 'a> Learner<'t, 'a> {
         // Work sent to it while it measures after all waits in its queue.
         let job_timeout = Duration::from_secs_f64(c.job_timeout_s);
         let actor_silence = 3 * timeout;
-        let mut starved = Vec::new();
-        for (k, p) in &mut self.peers {
+        let mut starved = false;
+        for p in self.peers.values_mut() {
             if p.late_since.is_some_and(|t| t.elapsed() > job_timeout) {
                 tracing::warn!(
                     "benchworker {} never answered its late job {}: it gets jobs again",
@@ -956,12 +1030,11 @@ impl<'t, 'a> Learner<'t, 'a> {
                 p.credits = 0;
                 p.credits_renewed = true;
                 self.report.resyncs += 1;
-                starved.push(k.clone());
+                starved = true;
             }
         }
-        let n = c.actor_credits as u64;
-        for k in starved {
-            self.grant(&k, n);
+        if starved {
+            self.share_credits();
         }
         let all: Vec<Vec<u8>> = self.peers.keys().cloned().collect();
         for p in all {
@@ -1527,19 +1600,6 @@ mod tests {
         assert!(!received(&actor)
             .iter()
             .any(|m| matches!(m, Message::Credit { .. })));
-        // The credit of a used unroll goes back to the actor's session that
-        // sent it, not to a later one (it got fresh credits with its hello).
-        let key = key_of(&learner, id_actor);
-        let joined = learner.peers[&key].joined;
-        let before = Instant::now().checked_sub(Duration::from_secs(1)).unwrap();
-        learner.credit_back(&key, before);
-        assert_eq!(learner.peers[&key].credits, 0);
-        learner.credit_back(&key, joined);
-        assert_eq!(learner.peers[&key].credits, 1);
-        assert!(received(&actor)
-            .iter()
-            .any(|m| matches!(m, Message::Credit { n: 1 })));
-        learner.peers.get_mut(&key).unwrap().credits = 0;
 
         // `a` failed a plan: measured again, it goes to `b`, though `a`
         // is idle too, and the other way round; failed by both, it goes to
@@ -1697,7 +1757,10 @@ mod tests {
         assert!(credits(&actor).is_empty());
         peer_of(&mut learner, id_actor).credits = 1;
         tend(&mut learner);
-        assert_eq!(credits(&actor), [cfg.cluster.actor_credits as u32]);
+        assert_eq!(
+            credits(&actor).iter().sum::<u32>(),
+            cfg.cluster.actor_credits as u32
+        );
         assert_eq!(
             peer_of(&mut learner, id_actor).credits,
             cfg.cluster.actor_credits as u64
@@ -1709,6 +1772,118 @@ mod tests {
         tend(&mut learner);
         assert!(credits(&actor).is_empty());
         assert_eq!(learner.report.resyncs, 2);
+    }
+
+    /// Actors share at most `max_policy_lag` unrolls in flight, none holds
+    /// more than `actor_credits`, and a freed credit goes to the actor with
+    /// the fewest in flight: actors beyond the limit take turns.
+    #[test]
+    fn credits_are_shared_within_the_policy_lag() {
+        use common::protocol::{encode, Header};
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cfg, suite) = crate::train::tests::small_data(dir.path());
+        cfg.cluster.max_policy_lag = 3;
+        cfg.cluster.actor_credits = 2;
+        let mut trainer = Trainer::new(&cfg, &suite.tasks);
+        let task = trainer.rollout_tasks()[0].clone();
+        let ctx = zmq::Context::new();
+        let endpoint = "inproc://credits";
+        let hub = Hub::bind(&ctx, endpoint, Some("right")).unwrap();
+        let mut learner = Learner::new(&mut trainer, hub, "right".into()).unwrap();
+        let mut hooks = Hooks::none();
+        let mut seq = 1;
+        // Sends `m` from `socket` (incarnation 7) and has the learner take it.
+        let mut say = |learner: &mut Learner, socket: &zmq::Socket, id: u64, m: &Message| {
+            seq += 1;
+            let header = Header {
+                sender: id,
+                incarnation: 7,
+                seq,
+                policy_version: learner.trainer.counters.policy_version,
+            };
+            socket.send(encode(&header, m), 0).unwrap();
+            let incoming = learner.hub.recv(1000).unwrap().expect("a message");
+            learner.handle(incoming, &mut hooks).unwrap();
+        };
+        let credits_sent = |socket: &zmq::Socket| -> u32 {
+            received(socket)
+                .iter()
+                .map(|m| match m {
+                    Message::Credit { n } => *n,
+                    _ => 0,
+                })
+                .sum()
+        };
+        let hello = Message::Hello {
+            role: Role::Actor,
+            token: "right".into(),
+        };
+        let mut actors = Vec::new();
+        for _ in 0..3 {
+            let socket = ctx.socket(zmq::DEALER).unwrap();
+            socket.connect(endpoint).unwrap();
+            say(&mut learner, &socket, 0, &hello);
+            let id = id_of(&socket);
+            actors.push((socket, id));
+        }
+        let held = |learner: &mut Learner, i: usize| peer_of(learner, actors[i].1).credits;
+        // The first two fill the three credits; the third waits.
+        assert_eq!(
+            [0, 1, 2].map(|i| held(&mut learner, i)),
+            [2, 1, 0],
+            "in order of hello"
+        );
+        assert_eq!(learner.in_flight(), 3);
+        // A valid unroll of one episode, every table on device 0.
+        let (m, d) = (task.tables.len(), task.devices);
+        let unroll = Message::Unroll(UnrollData {
+            task: 0,
+            episodes: 1,
+            order: (0..m as u32).collect(),
+            actions: vec![0; m],
+            behaviour_logp: vec![-0.5; m],
+            masks: vec![true; m * d],
+            device_features: vec![0.0; m * d * actor::nets::DEVICE_FEATURES as usize],
+            predicted_cost_ms: vec![10.0],
+            reward_scale: 1.0,
+            infeasible: vec![false],
+        });
+        // Queued, an unroll is still in flight: nobody gets its credit.
+        let (a0, id0) = (&actors[0].0, actors[0].1);
+        say(&mut learner, a0, id0, &unroll);
+        assert_eq!(learner.queue.len(), 1);
+        assert_eq!(held(&mut learner, 0), 1);
+        assert_eq!(learner.in_flight(), 3);
+        for (socket, _) in &actors {
+            received(socket);
+        }
+        // Learned from: its credit goes to the actor with none.
+        learner.queue.pop_front();
+        learner.share_credits();
+        assert_eq!([0, 1, 2].map(|i| held(&mut learner, i)), [1, 1, 1]);
+        assert_eq!(credits_sent(&actors[2].0), 1);
+        assert_eq!(credits_sent(&actors[0].0), 0);
+        // A malformed unroll frees its credit too, and its actor, now with
+        // none in flight, has it back.
+        let (a1, id1) = (&actors[1].0, actors[1].1);
+        let Message::Unroll(good) = &unroll else {
+            unreachable!()
+        };
+        let bad = Message::Unroll(UnrollData {
+            actions: vec![d as u32; m],
+            ..good.clone()
+        });
+        say(&mut learner, a1, id1, &bad);
+        assert_eq!(learner.report.bad_unrolls, 1);
+        assert_eq!([0, 1, 2].map(|i| held(&mut learner, i)), [1, 1, 1]);
+        assert_eq!(credits_sent(a1), 1);
+        // An actor that leaves frees what it held; among actors with as
+        // many in flight, the one whose last unroll came longest ago gets
+        // it (the first: the second's came since).
+        let key2 = key_of(&learner, actors[2].1);
+        learner.forget(&key2);
+        assert_eq!([0, 1].map(|i| held(&mut learner, i)), [2, 1]);
+        assert_eq!(learner.in_flight(), 3);
     }
 
     #[test]

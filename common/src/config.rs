@@ -555,7 +555,7 @@ pub struct ClusterConfig {
     /// dropped and counted. No more than this many unrolls are in flight
     /// over all actors at once (credits held, unrolls queued): more would
     /// be that old by the time the learner reached them, so actors beyond
-    /// that wait their turn for a credit.
+    /// that wait their turn for a credit (0: one unroll in flight).
     pub max_policy_lag: usize,
     /// Seconds between heartbeats, both ways.
     pub heartbeat_s: f64,

@@ -89,6 +89,9 @@ struct Peer {
     resynced: bool,
     /// When this actor's latest unroll came (or it joined).
     last_unroll: Instant,
+    /// When this actor was last granted a credit: one that waited its turn
+    /// for it is not silent with credits in hand.
+    credited_at: Instant,
     /// An actor granted credits anew after a silence and silent since: not
     /// granted more (it may just be slow, or waiting for newer weights).
     credits_renewed: bool,
@@ -143,14 +146,13 @@ impl Job {
     }
 }
 
-/// An unroll waiting for the learner.
+/// An unroll waiting for the learner: in flight until used or dropped.
 struct Queued {
-    /// The actor that sent it: its credit goes back when the unroll is used
-    /// or dropped, so an actor idles while the learner is busy elsewhere.
+    /// The actor that sent it.
     from: Vec<u8>,
     /// When the actor's hello that the unroll's credit came under was
-    /// welcomed: an actor that said hello since has fresh credits, and
-    /// gets none back for what it sent before.
+    /// welcomed: it counts among that session's unrolls in flight, not
+    /// among those of a later one (which started with none).
     joined: Instant,
     /// The weights' version it was acted with.
     acted: u64,
@@ -181,9 +183,9 @@ pub struct RuntimeReport {
     /// Peers forgotten after `cluster.peer_timeout_s` of silence.
     pub lost_peers: u64,
     /// Benchworkers given work again though a late job never came back
-    /// (the job or its answer lost on the way), and actors given a fresh
-    /// allotment of credits after a silence with credits in hand (an unroll
-    /// or a credit lost): nothing waits for a message that will not come.
+    /// (the job or its answer lost on the way), and actors whose credits
+    /// were shared anew after a silence with credits in hand (an unroll or
+    /// a credit lost): nothing waits for a message that will not come.
     pub resyncs: u64,
     /// Frames that did not decode, by reason.
     pub drops: DropCounts,
@@ -384,7 +386,10 @@ impl<'t, 'a> Learner<'t, 'a> {
         }
         let weights = self.weights();
         for a in actors {
-            self.send_weights(&a, &weights, version);
+            // A send that failed may have led to a grant, weights included.
+            if self.peers.get(&a).is_some_and(|p| p.version_sent < version) {
+                self.send_weights(&a, &weights, version);
+            }
         }
     }
 
@@ -408,44 +413,49 @@ impl<'t, 'a> Learner<'t, 'a> {
         held + self.queue.len() as u64
     }
 
+    /// This actor's unrolls in flight: the credits it holds and its
+    /// unrolls queued under its present session (an older one's are not
+    /// its own: it started with none).
+    fn actor_in_flight(&self, key: &[u8], p: &Peer) -> u64 {
+        let queued = self
+            .queue
+            .iter()
+            .filter(|q| q.from == key && q.joined == p.joined)
+            .count();
+        p.credits + queued as u64
+    }
+
     /// Hands out the credits that are free. Unrolls in flight never exceed
-    /// `cluster.max_policy_lag`: each update makes every unroll ahead of
-    /// the newest one version older, so more would be older than that when
-    /// learned from, and dropped (with many actors, most of their work).
-    /// Nor does an actor hold more than `cluster.actor_credits`. Each
-    /// credit goes to the actor with the fewest unrolls in flight, among
-    /// equals the one whose last unroll came longest ago: actors beyond
-    /// the limit take turns rather than some of them waiting for ever.
+    /// `cluster.max_policy_lag`: each update makes every unroll waiting
+    /// behind it a version older, so more would mostly be older than that
+    /// when learned from, and dropped (with many actors, most of their
+    /// work). Nor does an actor have more than `cluster.actor_credits` in
+    /// flight. Each credit goes to the actor with the fewest in flight;
+    /// among equals, one heard from lately before one that may be gone,
+    /// then the one whose last unroll came longest ago: actors beyond the
+    /// limit take turns rather than some of them waiting for ever.
     fn share_credits(&mut self) {
         let c = &self.trainer.config().cluster;
         let (cap, per_actor) = (c.max_policy_lag.max(1) as u64, c.actor_credits as u64);
+        let quiet = Duration::from_secs_f64(2.0 * c.heartbeat_s);
         // One credit at a time, from the state as it is: a grant that
         // finds its actor gone frees that actor's credits too.
         while self.in_flight() < cap {
-            // Each actor's unrolls in flight: credits held and unrolls
-            // queued under its present session (an older one's are not its).
             let next = self
                 .peers
                 .iter()
                 .filter(|(_, p)| p.role == Role::Actor)
-                .map(|(k, p)| {
-                    let queued = self
-                        .queue
-                        .iter()
-                        .filter(|q| q.from == *k && q.joined == p.joined)
-                        .count() as u64;
-                    (p.credits + queued, p.last_unroll, p.id, k)
-                })
-                .filter(|a| a.0 < per_actor)
-                .min_by_key(|a| (a.0, a.1, a.2))
-                .map(|a| a.3.clone());
+                .map(|(k, p)| (self.actor_in_flight(k, p), p, k))
+                .filter(|(n, _, _)| *n < per_actor)
+                .min_by_key(|(n, p, _)| (*n, p.last_seen.elapsed() > quiet, p.last_unroll, p.id))
+                .map(|(_, _, k)| k.clone());
             let Some(key) = next else { return };
             self.grant(&key, 1);
         }
         let waiting = self
             .peers
-            .values()
-            .filter(|p| p.role == Role::Actor && p.credits == 0)
+            .iter()
+            .filter(|(k, p)| p.role == Role::Actor && self.actor_in_flight(k, p) < per_actor)
             .count();
         if !self.said_credit_cap && waiting > 0 {
             self.said_credit_cap = true;
@@ -466,9 +476,10 @@ impl<'t, 'a> Learner<'t, 'a> {
     fn grant(&mut self, to: &[u8], n: u64) {
         let version = self.trainer.counters.policy_version;
         let Some(p) = self.peers.get_mut(to) else {
-            return; // gone, or a new incarnation that got fresh credits
+            return; // gone
         };
         p.credits += n;
+        p.credited_at = Instant::now();
         if p.version_sent < version {
             let weights = self.weights();
             self.send_weights(to, &weights, version);
@@ -529,6 +540,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                     resynced: false,
                     credits_renewed: false,
                     last_unroll: Instant::now(),
+                    credited_at: Instant::now(),
                 },
             );
             let welcome = Message::Welcome {
@@ -1013,17 +1025,19 @@ impl<'t, 'a> Learner<'t, 'a> {
                 p.resynced = true;
                 self.report.resyncs += 1;
             }
-            // An actor silent with credits in hand: an unroll or a credit
-            // may have been lost. A fresh allotment, once per silence (the
-            // learner's count never exceeds the configured credits: an
-            // unroll beyond it is dropped and counted).
+            // An actor silent with credits in hand (since its last unroll
+            // and its last credit): an unroll or a credit may have been
+            // lost. Its credits are shared anew, once per silence (it has
+            // none in flight then, so it comes first; the learner's count
+            // never exceeds what it granted: an unroll beyond it is dropped
+            // and counted).
             if p.role == Role::Actor
                 && p.credits > 0
                 && !p.credits_renewed
-                && p.last_unroll.elapsed() > actor_silence
+                && p.last_unroll.max(p.credited_at).elapsed() > actor_silence
             {
                 tracing::info!(
-                    "actor {} sent no unroll for {} s with credits in hand: credits granted anew",
+                    "actor {} sent no unroll for {} s with credits in hand: credits shared anew",
                     p.id,
                     actor_silence.as_secs()
                 );
@@ -1755,7 +1769,14 @@ mod tests {
                 .collect()
         };
         assert!(credits(&actor).is_empty());
+        // One that waited long for its credit and got it lately is not
+        // silent with it in hand.
         peer_of(&mut learner, id_actor).credits = 1;
+        peer_of(&mut learner, id_actor).credited_at = Instant::now();
+        tend(&mut learner);
+        assert!(credits(&actor).is_empty());
+        assert_eq!(learner.report.resyncs, 1);
+        peer_of(&mut learner, id_actor).credited_at = ago(60);
         tend(&mut learner);
         assert_eq!(
             credits(&actor).iter().sum::<u32>(),
@@ -1769,6 +1790,7 @@ mod tests {
         // Not again while it stays silent (slow, or waiting for newer
         // weights): its credits would only pile up.
         peer_of(&mut learner, id_actor).last_unroll = ago(120);
+        peer_of(&mut learner, id_actor).credited_at = ago(120);
         tend(&mut learner);
         assert!(credits(&actor).is_empty());
         assert_eq!(learner.report.resyncs, 2);
@@ -1877,12 +1899,16 @@ mod tests {
         assert_eq!(learner.report.bad_unrolls, 1);
         assert_eq!([0, 1, 2].map(|i| held(&mut learner, i)), [1, 1, 1]);
         assert_eq!(credits_sent(a1), 1);
-        // An actor that leaves frees what it held; among actors with as
-        // many in flight, the one whose last unroll came longest ago gets
-        // it (the first: the second's came since).
+        // An actor that leaves frees what it held. The first actor's
+        // queued unroll is its own in flight: with one each, the credit
+        // goes to the actor whose last unroll came longest ago (the
+        // second's, though the first has the lower id).
+        say(&mut learner, a0, id0, &unroll);
+        assert_eq!(learner.queue.len(), 1);
+        peer_of(&mut learner, id1).last_unroll = Instant::now() - Duration::from_secs(5);
         let key2 = key_of(&learner, actors[2].1);
         learner.forget(&key2);
-        assert_eq!([0, 1].map(|i| held(&mut learner, i)), [2, 1]);
+        assert_eq!([0, 1].map(|i| held(&mut learner, i)), [0, 2]);
         assert_eq!(learner.in_flight(), 3);
     }
 

@@ -2,8 +2,10 @@
 # Benchmark of the training cluster on this host: environment steps per second
 # that the learner learns from, policy updates per second and policy lag, with
 # 1, 2 and 4 actor processes (scripts/launch.sh) next to the same counts of
-# actor threads in one process. A benchmark, not a test: the figures depend on
-# the machine and on what else runs on it.
+# actor threads in one process. The learner's summary gives the rate over the
+# whole run and from its first update to its last (without the peers' start
+# and the stop). A benchmark, not a test: the figures depend on the machine
+# and on what else runs on it.
 #
 # Usage: scripts/bench-cluster.sh [ACTOR COUNTS…]   (default: 1 2 4)
 set -euo pipefail

@@ -567,9 +567,19 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     bar.set_position(trainer.counters.policy_updates as u64);
     let start = (std::time::Instant::now(), trainer.counters.env_steps);
     let learned_at_start = (trainer.counters.policy_updates, trainer.counters.cost_steps);
+    // When this session's first and latest policy updates came, with the
+    // env steps then: the rate between them leaves out the start (peers
+    // loading libtorch, the first measurements) and the stop (a cluster's
+    // grace for its peers), which weigh on a short run.
+    let updates =
+        std::cell::Cell::new(None::<((std::time::Instant, u64), (std::time::Instant, u64))>);
     let mut hooks = crate::train::Hooks {
         measured: Box::new(|s| log.append(s)),
         metrics: Box::new(|m| {
+            let now = (std::time::Instant::now(), m.env_steps as u64);
+            updates.set(Some(
+                updates.get().map_or((now, now), |(first, _)| (first, now)),
+            ));
             // Made durable with each checkpoint: a resume drops later lines.
             writeln!(metrics, "{}", serde_json::to_string(m)?)
                 .with_context(|| format!("writing {}", metrics_path.display()))?;
@@ -657,13 +667,23 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     write!(
         out,
         "trained {} iterations: {} measurements, {} policy updates, {steps} env steps in {secs:.1} s \
-         ({:.0} env steps/s learned from), {} unrolls dropped",
+         ({:.0} env steps/s learned from",
         c.iteration,
         trainer.buffer.len(),
         c.policy_updates,
         steps as f64 / secs.max(1e-9),
-        c.dropped_unrolls,
     )?;
+    if let Some((first, last)) = updates.get() {
+        let between = last.0.duration_since(first.0).as_secs_f64();
+        if last.1 > first.1 && between > 0.0 {
+            write!(
+                out,
+                "; {:.0} from the first update to the last",
+                (last.1 - first.1) as f64 / between
+            )?;
+        }
+    }
+    write!(out, "), {} unrolls dropped", c.dropped_unrolls)?;
     if let Some((p50, p99, weights, stale)) = lags {
         write!(
             out,

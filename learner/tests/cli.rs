@@ -740,6 +740,13 @@ fn a_second_learner_on_a_run_in_training_is_refused_and_a_killed_ones_lock_is_go
         "1",
     ]);
     assert!(ok && stdout.contains("trained 4 iterations"), "{err}");
+    // The rate between this session's first update and its last, beside
+    // the whole run's.
+    let between: f64 = stdout
+        .find(" from the first update to the last")
+        .and_then(|at| stdout[..at].rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no rate between updates in {stdout:?}"));
+    assert!(between > 0.0, "{stdout}");
 }
 
 #[test]

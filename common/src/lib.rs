@@ -19,6 +19,8 @@
 //! - [`protocol`]: the wire protocol between learner, actors and benchworkers.
 //! - [`link`]: ZeroMQ sockets that speak the protocol (learner hub, peer link).
 //! - [`logging`]: tracing set-up shared by the binaries.
+//! - [`malloc`]: keeps glibc from handing freed tensor memory back to the
+//!   kernel between a network's updates.
 
 pub mod config;
 pub mod error;
@@ -27,6 +29,7 @@ pub mod fs;
 pub mod generate;
 pub mod link;
 pub mod logging;
+pub mod malloc;
 pub mod measurement;
 pub mod placement;
 pub mod pool;

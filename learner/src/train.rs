@@ -139,7 +139,13 @@ pub fn replay(policy: &PolicyNet, task: &MdpTask, u: &Unroll) -> Replay {
     // Device sums before each step: an exclusive cumulative sum over time.
     let onehot = u.actions.one_hot(d).to_kind(Kind::Float);
     let contrib = onehot.unsqueeze(3) * placed.view([m, 1, 1, pw]);
-    let before = contrib.cumsum(0, Kind::Float) - &contrib;
+    // As a product with the strictly lower triangular matrix of ones: one
+    // matrix multiplication forward and back, where libtorch's cumsum
+    // along the first dimension is a scalar loop (a fifth of an update).
+    let earlier = Tensor::ones([m, m], (Kind::Float, Device::Cpu)).tril(-1);
+    let before = earlier
+        .matmul(&contrib.reshape([m, e * d * pw]))
+        .reshape([m, e, d, pw]);
     let current = placed
         .unsqueeze(1)
         .expand([m, e, pw], false)

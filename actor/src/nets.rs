@@ -102,8 +102,13 @@ pub fn masked_log_softmax(logits: &Tensor, mask: &Tensor) -> Tensor {
 /// A flattened batch of plans.
 #[derive(Debug)]
 pub struct PlanBatch {
-    /// `[N, 21]` scaled table features.
+    /// `[U, 21]` scaled features of the batch's distinct tables, in the
+    /// order they first appear: plans of one task (and tasks drawn from one
+    /// pool) share their tables, and the table MLP, most of a cost step's
+    /// work, runs once per distinct table.
     pub features: Tensor,
+    /// `[N]` (int64): the row of `features` of each table of each plan.
+    pub table_of: Tensor,
     /// `[N]` (int64): the device of each table, numbered across the batch.
     pub device_of: Tensor,
     /// `[G]` (int64): the plan of each device.
@@ -116,6 +121,9 @@ impl PlanBatch {
     /// Flattens plans into one batch.
     pub fn new<'p>(plans: impl IntoIterator<Item = &'p PlacedTables>) -> PlanBatch {
         let mut features = Vec::new();
+        // Distinct feature rows (by their bits) and their row.
+        let mut rows = std::collections::HashMap::new();
+        let mut table_of = Vec::new();
         let mut device_of = Vec::new();
         let mut plan_of_device = Vec::new();
         let mut first_device = 0i64;
@@ -123,15 +131,20 @@ impl PlanBatch {
         for (p, plan) in plans.into_iter().enumerate() {
             count += 1;
             for (f, &d) in plan.features.iter().zip(&plan.assignment) {
-                features.extend_from_slice(f);
+                let next = rows.len() as i64;
+                let row = *rows.entry(f.map(f32::to_bits)).or_insert_with(|| {
+                    features.extend_from_slice(f);
+                    next
+                });
+                table_of.push(row);
                 device_of.push(first_device + d as i64);
             }
             plan_of_device.extend(std::iter::repeat_n(p as i64, plan.devices));
             first_device += plan.devices as i64;
         }
-        let n = device_of.len() as i64;
         PlanBatch {
-            features: Tensor::from_slice(&features).view([n, NUM_FEATURES as i64]),
+            features: Tensor::from_slice(&features).view([rows.len() as i64, NUM_FEATURES as i64]),
+            table_of: Tensor::from_slice(&table_of),
             device_of: Tensor::from_slice(&device_of),
             plan_of_device: Tensor::from_slice(&plan_of_device),
             devices: first_device,
@@ -345,15 +358,23 @@ impl CostNet {
         }
     }
 
+    /// `[G, members × out]` device representations of a batch: each
+    /// distinct table's representation, summed over the tables of each
+    /// device.
+    fn device_sums(&self, batch: &PlanBatch) -> Tensor {
+        let tables = self.tables(&batch.features);
+        sum_by(
+            &tables.index_select(0, &batch.table_of),
+            &batch.device_of,
+            batch.devices,
+        )
+    }
+
     /// The ensemble's prediction: the members' mean per device, and the
     /// overall cost from it (composed) or the mean of the members' overall
     /// heads.
     pub fn forward(&self, batch: &PlanBatch) -> CostPrediction {
-        let dev = sum_by(
-            &self.tables(&batch.features),
-            &batch.device_of,
-            batch.devices,
-        );
+        let dev = self.device_sums(batch);
         let per_device = self.device_costs(&dev);
         let overall = match self.composition {
             OverallCost::Head => self.overall_cost(&dev, &batch.plan_of_device, batch.plans),
@@ -368,11 +389,7 @@ impl CostNet {
     /// Each member's own prediction, which training fits one by one (a
     /// member learns from its loss alone, so the members stay apart).
     pub fn forward_members(&self, batch: &PlanBatch) -> Vec<CostPrediction> {
-        let dev = sum_by(
-            &self.tables(&batch.features),
-            &batch.device_of,
-            batch.devices,
-        );
+        let dev = self.device_sums(batch);
         self.members
             .iter()
             .enumerate()
@@ -985,6 +1002,54 @@ mod tests {
         let width = w.double_value(&[0, NUM_FEATURES as i64 + 1]);
         assert!((lookups - 31.0 / 16.0).abs() < 1e-3, "{lookups}");
         assert!((width - 31.0 / 16.0 * 0.5).abs() < 1e-3, "{width}");
+    }
+
+    /// Plans that share tables: the batch holds each distinct table once,
+    /// and predicts (and trains) as with every table of every plan
+    /// computed apart.
+    #[test]
+    fn a_batch_computes_each_distinct_table_once_and_predicts_the_same() {
+        let (vs, net) = cost_net();
+        let f = pool(5);
+        let plans = [
+            placed(f.clone(), vec![0, 1, 0, 1, 1], 2),
+            placed(vec![f[3], f[0], f[4]], vec![2, 0, 2], 3),
+            placed(f.clone(), vec![1, 1, 1, 0, 0], 2),
+        ];
+        let batch = PlanBatch::new(&plans);
+        assert_eq!(batch.features.size(), [5, NUM_FEATURES as i64]);
+        assert_eq!(
+            Vec::<i64>::try_from(&batch.table_of).unwrap(),
+            [0, 1, 2, 3, 4, 3, 0, 4, 0, 1, 2, 3, 4]
+        );
+        // Every table of every plan, one row each.
+        let rows: Vec<f32> = plans
+            .iter()
+            .flat_map(|p| p.features.iter().flatten().copied())
+            .collect();
+        let rows = Tensor::from_slice(&rows).view([13, NUM_FEATURES as i64]);
+        let dev = sum_by(&net.tables(&rows), &batch.device_of, batch.devices);
+        let apart = net.overall_cost(&dev, &batch.plan_of_device, batch.plans);
+        let together = net.forward(&batch).overall;
+        assert!(close(&apart, &together));
+        // The same gradients too.
+        let grads = |loss: Tensor| -> Vec<Option<Tensor>> {
+            for mut g in vs.trainable_variables().iter().map(Tensor::grad) {
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+            loss.backward();
+            let grad = |v: &Tensor| Some(v.grad()).filter(Tensor::defined).map(|g| g.copy());
+            vs.trainable_variables().iter().map(grad).collect()
+        };
+        let a = grads(apart.sum(Kind::Float));
+        let b = grads(together.sum(Kind::Float));
+        assert!(a.iter().any(Option::is_some));
+        assert!(a.iter().zip(&b).all(|pair| match pair {
+            (Some(x), Some(y)) => close(x, y),
+            (x, y) => x.is_none() && y.is_none(),
+        }));
     }
 
     #[test]

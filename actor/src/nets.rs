@@ -1077,7 +1077,7 @@ mod tests {
             assert!(close(&a.per_device.get(0), &b.per_device.get(2)));
             // The rollout's path (device representations) agrees with forward.
             let dev = sum_by(
-                &net.tables(&PlanBatch::new(&[placed(pool(6), vec![0; 6], 1)]).features),
+                &net.tables(&Tensor::from_slice2(&pool(6))),
                 &Tensor::from_slice(&[0i64, 0, 1, 1, 2, 2]),
                 3,
             );

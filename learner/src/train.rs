@@ -125,6 +125,31 @@ pub struct Replay {
     pub values: Tensor,
 }
 
+/// Steps in a block of [`exclusive_cumsum`].
+const CUMSUM_BLOCK: i64 = 64;
+
+/// `[T, W]` sums of the rows before each row (the first row's: zero).
+/// libtorch's cumsum along the first dimension is a scalar loop, a fifth
+/// of a policy update when it ran here; this is matrix products instead:
+/// within blocks of [`CUMSUM_BLOCK`] rows a product with the strictly lower
+/// triangular matrix of ones, and each block's carry from the blocks
+/// before (a cumsum of a few rows), so the work grows with T, not T².
+pub fn exclusive_cumsum(x: &Tensor) -> Tensor {
+    let (t, w) = (x.size()[0], x.size()[1]);
+    let b = CUMSUM_BLOCK.min(t.max(1));
+    let blocks = (t + b - 1) / b;
+    let padded = x
+        .constant_pad_nd([0, 0, 0, blocks * b - t])
+        .view([blocks, b, w]);
+    let earlier = Tensor::ones([b, b], (x.kind(), x.device())).tril(-1);
+    let within = earlier.matmul(&padded);
+    let sums = padded.sum_dim_intlist([1i64].as_slice(), false, x.kind());
+    let carry = sums.cumsum(0, x.kind()) - &sums;
+    (within + carry.unsqueeze(1))
+        .view([blocks * b, w])
+        .narrow(0, 0, t)
+}
+
 /// Re-runs the policy along an unroll: its table representations, hence the
 /// device sums, depend on the current parameters; the device features are
 /// the environment's and are taken as recorded.
@@ -139,13 +164,7 @@ pub fn replay(policy: &PolicyNet, task: &MdpTask, u: &Unroll) -> Replay {
     // Device sums before each step: an exclusive cumulative sum over time.
     let onehot = u.actions.one_hot(d).to_kind(Kind::Float);
     let contrib = onehot.unsqueeze(3) * placed.view([m, 1, 1, pw]);
-    // As a product with the strictly lower triangular matrix of ones: one
-    // matrix multiplication forward and back, where libtorch's cumsum
-    // along the first dimension is a scalar loop (a fifth of an update).
-    let earlier = Tensor::ones([m, m], (Kind::Float, Device::Cpu)).tril(-1);
-    let before = earlier
-        .matmul(&contrib.reshape([m, e * d * pw]))
-        .reshape([m, e, d, pw]);
+    let before = exclusive_cumsum(&contrib.reshape([m, e * d * pw])).reshape([m, e, d, pw]);
     let current = placed
         .unsqueeze(1)
         .expand([m, e, pw], false)
@@ -1217,6 +1236,42 @@ pub(crate) mod tests {
             Mode::Sample { seed },
         );
         (cfg, model, mdp, u)
+    }
+
+    /// Across block edges, and for fewer rows than a block: the sums of
+    /// the rows before, and their gradient, as a plain loop gives them.
+    #[test]
+    fn exclusive_cumsum_sums_the_rows_before_across_blocks() {
+        for t in [
+            1i64,
+            5,
+            CUMSUM_BLOCK,
+            CUMSUM_BLOCK + 1,
+            2 * CUMSUM_BLOCK + 3,
+        ] {
+            let x = Tensor::randn([t, 3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+            let got = exclusive_cumsum(&x);
+            assert_eq!(got.size(), [t, 3]);
+            let rows: Vec<Vec<f32>> = Vec::try_from(&x.detach()).unwrap();
+            let mut sum = [0.0f32; 3];
+            for (i, row) in rows.iter().enumerate() {
+                for (k, s) in sum.iter().enumerate() {
+                    let v = got.double_value(&[i as i64, k as i64]) as f32;
+                    assert!((v - s).abs() < 1e-4, "t {t}, row {i}: {v} against {s}");
+                }
+                for (s, v) in sum.iter_mut().zip(row) {
+                    *s += v;
+                }
+            }
+            // d(Σ weights · out)/dx[i] = Σ of the weights of the rows after i.
+            let weights = Tensor::randn([t, 3], (Kind::Float, Device::Cpu));
+            (&got * &weights).sum(Kind::Float).backward();
+            let after = weights.flip([0]).cumsum(0, Kind::Float).flip([0]) - &weights;
+            assert!(
+                (x.grad() - after).abs().max().double_value(&[]) < 1e-4,
+                "t {t}"
+            );
+        }
     }
 
     #[test]

@@ -134,7 +134,7 @@ const CUMSUM_BLOCK: i64 = 64;
 /// within blocks of [`CUMSUM_BLOCK`] rows a product with the strictly lower
 /// triangular matrix of ones, and each block's carry from the blocks
 /// before (a cumsum of a few rows), so the work grows with T, not T².
-pub fn exclusive_cumsum(x: &Tensor) -> Tensor {
+fn exclusive_cumsum(x: &Tensor) -> Tensor {
     let (t, w) = (x.size()[0], x.size()[1]);
     let b = CUMSUM_BLOCK.min(t.max(1));
     let blocks = (t + b - 1) / b;

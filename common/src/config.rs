@@ -612,6 +612,13 @@ pub struct TrainConfig {
     /// Further suites whose tasks train beside `suite`'s (e.g. one with 8
     /// devices, so that the cost network sees 8-way communication).
     pub extra_suites: Vec<PathBuf>,
+    /// A trained run (a folder such as `models/pretrained`) whose networks
+    /// this run starts from instead of fresh ones (`learner train --init`):
+    /// fine-tuning a pre-trained model on your tasks and measurements. Its
+    /// `[model]` section replaces this configuration's, since the layer
+    /// sizes must match the weights.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init: Option<PathBuf>,
     /// Rounds of collect → cost updates → policy updates.
     pub iterations: usize,
     /// Plans measured on the oracle per iteration (the measurement budget is
@@ -698,6 +705,7 @@ impl Default for TrainConfig {
         TrainConfig {
             suite: PathBuf::from("data/generated/dlrm-50x4.train.json"),
             extra_suites: Vec::new(),
+            init: None,
             iterations: 20,
             measure_per_iteration: 10,
             measure_greedy_share: 0.5,
@@ -797,6 +805,59 @@ impl TrainConfig {
     }
 }
 
+/// Pre-training across the whole table space (`learner pretrain`): tasks
+/// drawn from [`crate::space`], a bulk of their plans measured on `sim` to
+/// fit the cost network, then Algorithm 1 (`[train]`) on those tasks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PretrainConfig {
+    /// Tasks drawn from the space.
+    pub tasks: usize,
+    /// Plans of each task measured on `sim` before Algorithm 1: every
+    /// heuristic's, random ones (uniform and skewed), and the plans the
+    /// local search on `sim` visits from the best heuristic's.
+    pub plans_per_task: usize,
+    /// Share of those plans that the search visits: the region near good
+    /// plans, where `plan`'s own search relies on the cost network.
+    pub search_share: f64,
+    /// Cost-network steps on the bulk before Algorithm 1 starts.
+    pub cost_steps: usize,
+    pub seed: u64,
+    /// The ranges tasks are drawn from.
+    pub space: crate::space::SpaceConfig,
+}
+
+impl Default for PretrainConfig {
+    fn default() -> Self {
+        PretrainConfig {
+            tasks: 300,
+            plans_per_task: 200,
+            search_share: 0.5,
+            cost_steps: 20_000,
+            seed: 0,
+            space: crate::space::SpaceConfig::default(),
+        }
+    }
+}
+
+impl PretrainConfig {
+    fn is_default(&self) -> bool {
+        *self == PretrainConfig::default()
+    }
+
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        positive("pretrain.tasks", self.tasks as f64)?;
+        positive("pretrain.plans_per_task", self.plans_per_task as f64)?;
+        if !(0.0..=1.0).contains(&self.search_share) {
+            return Err(format!(
+                "pretrain.search_share = {} must lie in [0, 1]",
+                self.search_share
+            ));
+        }
+        self.space.validate()
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -811,11 +872,14 @@ pub struct Config {
     pub eval: EvalConfig,
     pub model: ModelConfig,
     pub train: TrainConfig,
+    /// Only `learner pretrain` reads it; left out of a file while default.
+    #[serde(skip_serializing_if = "PretrainConfig::is_default")]
+    pub pretrain: PretrainConfig,
 }
 
 impl Config {
     /// Its file paths (`data.dir`, `data.pool`, `train.suite`,
-    /// `train.extra_suites`) made absolute against `base`, the folder they
+    /// `train.extra_suites`, `train.init`) made absolute against `base`, the folder they
     /// were relative to: a run's `config.toml` written so resumes, `eval`
     /// and `plan` find them from any folder.
     pub fn with_absolute_paths(mut self, base: &Path) -> Config {
@@ -830,6 +894,9 @@ impl Config {
         }
         fix(&mut self.train.suite);
         self.train.extra_suites.iter_mut().for_each(fix);
+        if let Some(init) = &mut self.train.init {
+            fix(init);
+        }
         self
     }
 
@@ -902,6 +969,7 @@ impl Config {
         self.data.validate()?;
         self.model.validate()?;
         self.train.validate()?;
+        self.pretrain.validate()?;
         // Step rewards come from the composed iteration cost; REINFORCE
         // uses neither them nor λ.
         if self.train.step_rewards && self.model.overall_cost != OverallCost::Composed {

@@ -9,6 +9,8 @@
 //!   read with validation that names file, line and field, and written back.
 //! - [`generate`]: a seeded generator of a DLRM-like pool shaped like Meta's
 //!   `dlrm_datasets` (`fbgemm_t856_bs65536`), its statistics, the train/test split.
+//! - [`space`]: a seeded generator of tables and tasks over the whole table
+//!   space (pre-training data, held-out suites).
 //! - [`suite`]: task suites (JSON) and their seeded generator.
 //! - [`placement`]: placement JSON and the in-memory plan type.
 //! - [`published`]: TorchRec planner constants shared by the simulator and the baseline.
@@ -35,6 +37,7 @@ pub mod placement;
 pub mod pool;
 pub mod protocol;
 pub mod published;
+pub mod space;
 pub mod suite;
 pub mod table;
 

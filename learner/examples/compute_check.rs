@@ -73,6 +73,7 @@ fn main() -> anyhow::Result<()> {
             cfg: &cfg.eval,
             batch,
             model: Some(&model),
+            shapes: None,
         },
         || eprint!("."),
     )?;

@@ -282,6 +282,31 @@ pub fn load_run(run: &Path) -> anyhow::Result<(Config, Model)> {
     Ok((cfg, loaded.model))
 }
 
+/// The configuration and newest model of the run `train.init` names, to
+/// fine-tune. Unlike [`load_run`] it accepts a run whose policy never
+/// learned (pre-training's stage 1 fits only the cost network), but not one
+/// whose cost network never did.
+pub fn load_init(run: &Path) -> anyhow::Result<(Config, Model)> {
+    let what = || format!("train.init = {}", run.display());
+    let config = run.join("config.toml");
+    anyhow::ensure!(
+        config.exists(),
+        "{}: not a training run's folder (it holds no config.toml)",
+        what()
+    );
+    let cfg = Config::load_run(&config).with_context(what)?;
+    let loaded = load_latest_model(&cfg, run)
+        .with_context(what)?
+        .with_context(|| format!("{}: no intact checkpoint", what()))?;
+    anyhow::ensure!(
+        loaded.counters.cost_steps > 0,
+        "{}: its checkpoint {} holds an untrained cost network",
+        what(),
+        loaded.path.display()
+    );
+    Ok((cfg, loaded.model))
+}
+
 /// The newest intact model of a run, without the optimizer's state (its
 /// `optimizer` is empty), for `plan` and `eval`: damaged checkpoints (files
 /// that fail their checksums) are skipped with a warning and left as they

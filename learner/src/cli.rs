@@ -88,16 +88,41 @@ pub enum Command {
     /// Example, a learner that processes join (scripts/launch.sh starts them):
     ///   learner train --config configs/default.toml --run-dir runs/big --bind tcp://10.0.0.5:5555 --actors 0 --benchworkers 0
     Train(TrainArgs),
+    /// Pre-train a model across the whole table space, on `sim`.
+    ///
+    /// Draws pretrain.tasks tasks from the table space (2-64 devices, 1-64
+    /// tables per device, dims 4-1024, rows 1e2-1e9, pooling 0.1-300, every
+    /// reuse shape; DIR/data), then: stage 1 (DIR/stage1) measures
+    /// pretrain.plans_per_task plans of each on `sim` (heuristics', random
+    /// and skewed ones, and the plans a local search visits) and fits the
+    /// cost network to them for pretrain.cost_steps steps, reporting its
+    /// error on held-out tasks; stage 2 is `learner train` on the same
+    /// tasks from stage 1's networks (the same options: threads, --bind,
+    /// --resume). The result is a run folder that `plan`, `eval` and `train
+    /// --init` take; the shipped one is models/pretrained (README).
+    ///
+    /// Example:
+    ///   learner pretrain --config configs/pretrain.toml --run-dir models/pretrained
+    Pretrain(TrainArgs),
     /// Place your tables with a trained model, in milliseconds, without a GPU.
     ///
     /// Reads a pool CSV, places every table on one of --devices devices of
-    /// --memory-gb each with the trained policy, and writes the placement
-    /// JSON with the cost network's estimate of each device's times. With
-    /// --format torchrec it writes `{"world_size": D, "ranks": {table: rank}}`
-    /// for TorchRec's table-wise sharding (see README).
+    /// --memory-gb each with a trained model (the shipped pre-trained one,
+    /// models/pretrained, unless --checkpoint names another), and writes the
+    /// placement JSON with the cost network's estimate of each device's
+    /// times. With --format torchrec it writes `{"world_size": D, "ranks":
+    /// {table: rank}}` for TorchRec's table-wise sharding (see README).
     ///
-    /// Example:
-    ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16 --checkpoint runs/first
+    /// The heuristics' plans always compete with the learned one. Where the
+    /// model cannot be trusted (a table feature outside what it was trained
+    /// on, or cost-network members that disagree) plan returns the
+    /// heuristic plan the network ranks best and a warning says why.
+    /// --verify BACKEND measures every candidate and returns the measured
+    /// best.
+    ///
+    /// Examples:
+    ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16
+    ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16 --checkpoint runs/first --verify sim
     Plan(PlanArgs),
 }
 
@@ -120,9 +145,16 @@ pub struct PlanArgs {
     /// Memory per device, GB (GiB).
     #[arg(long)]
     pub memory_gb: f64,
-    /// Run directory of a trained model.
+    /// Run directory of a trained model (default: the shipped pre-trained
+    /// model, models/pretrained).
     #[arg(long)]
-    pub checkpoint: PathBuf,
+    pub checkpoint: Option<PathBuf>,
+    /// Measure the final candidates (the learned plan and the heuristics'
+    /// plans) on this oracle and return the measured best, printing its
+    /// measured gain over the best heuristic: `sim` and `cpu` run in this
+    /// process (`cuda` on a GPU host built with the cuda feature).
+    #[arg(long, value_enum, value_name = "BACKEND")]
+    pub verify: Option<benchworker::Backend>,
     /// What to write: the placement with the cost network's estimates, or
     /// TorchRec's rank per table.
     #[arg(long, value_enum, default_value = "placement")]
@@ -177,6 +209,13 @@ pub struct TrainArgs {
     /// A resume with --bind must use the run's token: the peers hold it.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// Start from the networks of a trained run instead of fresh ones, e.g.
+    /// the shipped pre-trained model `models/pretrained`: Algorithm 1 then
+    /// fine-tunes it on this run's tasks and measurement budget. Its
+    /// [model] section (the layer sizes) replaces the config's. Kept in the
+    /// run's config.toml as train.init.
+    #[arg(long, value_name = "RUN")]
+    pub init: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -195,8 +234,8 @@ pub struct EvalArgs {
     #[arg(long, required = true)]
     pub suite: Vec<PathBuf>,
     /// Comma-separated methods, or `all`: random, round_robin, size, dim,
-    /// lookup, size_lookup, torchrec, search, and policy (the trained
-    /// model: needs --checkpoint; `all` includes it when one is given).
+    /// lookup, size_lookup, torchrec, search, and policy (a trained
+    /// model's `plan`: --checkpoint's, or the shipped one).
     #[arg(long, default_value = "all")]
     pub methods: String,
     /// The oracle that measures plans.
@@ -212,8 +251,10 @@ pub struct EvalArgs {
     /// Print JSON instead of a table: one object per suite, one per line.
     #[arg(long)]
     pub json: bool,
-    /// Run directory of a trained model: adds the method `policy` (its
-    /// network sizes come from the run's config.toml).
+    /// Run directory of a trained model: adds the method `policy`, which
+    /// is what `learner plan` returns (its network sizes come from the
+    /// run's config.toml). Without it, `policy` (and `all`) use the shipped
+    /// pre-trained model, models/pretrained.
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,
 }
@@ -224,6 +265,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Generate(args) => generate(args, out),
         Command::Eval(args) => eval(args, out),
         Command::Train(args) => train(args, out),
+        Command::Pretrain(args) => pretrain(args, out),
         Command::Plan(args) => plan(args, out),
     }
 }
@@ -231,7 +273,15 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
 fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     // One episode's tensors are tiny: a thread pool only adds latency.
     tch::set_num_threads(1);
-    let (run_cfg, model) = crate::checkpoint::load_run(&args.checkpoint)?;
+    let checkpoint = match &args.checkpoint {
+        Some(path) => path.clone(),
+        None => {
+            let shipped = default_model()?;
+            tracing::info!("placing with the shipped model in {}", shipped.display());
+            shipped
+        }
+    };
+    let (run_cfg, model) = crate::checkpoint::load_run(&checkpoint)?;
     let tables = common::pool::read(&args.tables)?;
     let task = common::Task {
         name: args.tables.display().to_string(),
@@ -251,17 +301,7 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(why) = task.infeasibility(&run_cfg.memory) {
         anyhow::bail!("{}: cannot fit memory: {why}", args.tables.display());
     }
-    if let Some(far) = TrainedShapes::read(&args.checkpoint)
-        .and_then(|s| s.outside(task.tables.len(), task.devices))
-    {
-        tracing::warn!(
-            "{far}: its plans can lose to the heuristics this far out; compare them with \
-             `learner eval --suite SUITE.json --methods all --checkpoint {}` on a suite of \
-             such tasks, or {}",
-            args.checkpoint.display(),
-            TrainedShapes::ADVICE
-        );
-    }
+    let shapes = TrainedShapes::read(&checkpoint);
     // libtorch prepares each kind of operation on its first call; one tiny
     // placement first keeps that out of the placement's own time (both are
     // logged).
@@ -272,21 +312,52 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         memory_gb: 1e6,
         tables: task.tables.iter().take(2).cloned().collect(),
     };
-    model.plan(&tiny, &run_cfg.memory);
+    crate::guard::plan(&model, None, &tiny, &run_cfg.memory)?;
     let warm = warm.elapsed();
     let start = std::time::Instant::now();
-    let (plan, infeasible) = model.plan(&task, &run_cfg.memory);
+    let mut guarded = crate::guard::plan(&model, shapes.as_ref(), &task, &run_cfg.memory)?;
     let elapsed = start.elapsed();
-    anyhow::ensure!(
-        !infeasible,
-        "the policy found no placement that fits {} GB per device; try more devices or memory",
-        args.memory_gb
-    );
+    for note in &guarded.notes {
+        tracing::warn!(
+            "{note}: its plans can lose to the heuristics this far out; `--verify sim` \
+             measures the candidates, or {}",
+            TrainedShapes::ADVICE
+        );
+    }
+    if !guarded.doubts.is_empty() {
+        tracing::warn!(
+            "not following the learned plan: {}; placed with `{}`, the heuristic the cost \
+             network ranks best (`--verify BACKEND` measures every candidate)",
+            guarded.doubts.join("; "),
+            guarded.method()
+        );
+    }
+    if let Some(backend) = args.verify {
+        let mut oracle = benchworker::build(backend, &run_cfg)?;
+        crate::guard::verify(&mut guarded, &task.tables, oracle.as_mut())?;
+        let chosen = &guarded.candidates[guarded.chosen];
+        if let Some(h) = guarded.best_heuristic() {
+            let h = &guarded.candidates[h];
+            if let (Some(c), Some(b)) = (chosen.measured, h.measured) {
+                tracing::info!(
+                    "--verify {}: `{}` measured {c:.3} ms, {:+.2} % against the best heuristic \
+                     (`{}`, {b:.3} ms)",
+                    backend.name(),
+                    chosen.method,
+                    (c / b - 1.0) * 100.0,
+                    h.method
+                );
+            }
+        }
+    }
+    let plan = guarded.plan().clone();
     let (per_device, cost) = model.estimate(&task.tables, &plan);
     tracing::info!(
-        "placed {} tables on {} devices in {:.2} ms after a {:.2} ms warm-up (estimated iteration {cost:.3} ms)",
+        "placed {} tables on {} devices with `{}` in {:.2} ms after a {:.2} ms warm-up \
+         (estimated iteration {cost:.3} ms)",
         task.tables.len(),
         args.devices,
+        guarded.method(),
         elapsed.as_secs_f64() * 1e3,
         warm.as_secs_f64() * 1e3
     );
@@ -304,6 +375,20 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                     .map(|d| serde_json::json!({"fwd_ms": d[0], "bwd_ms": d[1], "bwd_comm_ms": d[2]}))
                     .collect::<Vec<_>>(),
             });
+            v["method"] = serde_json::json!(guarded.method());
+            v["doubts"] = serde_json::json!(guarded.doubts);
+            v["candidates"] = guarded
+                .candidates
+                .iter()
+                .map(|c| {
+                    serde_json::json!({
+                        "method": c.method,
+                        "predicted_ms": c.mean(),
+                        "predicted_ms_members": c.predicted,
+                        "measured_ms": c.measured,
+                    })
+                })
+                .collect();
             v
         }
         PlanFormat::Torchrec => serde_json::json!({
@@ -322,6 +407,32 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         None => write!(out, "{text}")?,
     }
     Ok(())
+}
+
+/// The shipped pre-trained model (`models/pretrained`), for `plan` and
+/// `eval` without `--checkpoint`: looked for under the current folder, then
+/// beside the binary's build folder (`target/release/../../models`).
+pub fn default_model() -> anyhow::Result<PathBuf> {
+    let rel = Path::new("models").join("pretrained");
+    let beside_binary = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.join(&rel)));
+    let tried: Vec<PathBuf> = std::iter::once(rel.clone()).chain(beside_binary).collect();
+    tried
+        .iter()
+        .find(|p| p.join("config.toml").is_file())
+        .cloned()
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "no --checkpoint given and the shipped model is not at {}: give a trained \
+                 run's folder (`learner train --run-dir DIR` makes one)",
+                tried
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            )
+        })
 }
 
 /// Keeps the lines of a run's `metrics.jsonl` up to update `step` (a
@@ -391,6 +502,18 @@ fn run_backend(
 }
 
 fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    train_with(args, None, Vec::new(), out)
+}
+
+/// `learner train`, with the configuration already resolved for a new run
+/// (`given`, else `--config`'s) and measurements the cost network learns
+/// from beside the run's own (`prior`: see [`crate::train::Trainer::prior`]).
+fn train_with(
+    args: TrainArgs,
+    given: Option<Config>,
+    prior: Vec<crate::train::CostSample>,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
     use crate::checkpoint;
     use crate::costlog::CostLog;
     let dir = &args.run_dir;
@@ -428,11 +551,37 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
              checkpoint: add --resume to train on with them, or pick another --run-dir",
             log_path.display()
         );
-        Config::load(args.config.as_deref())?
+        match given {
+            Some(cfg) => cfg,
+            None => Config::load(args.config.as_deref())?,
+        }
     };
     // The threads asked for are part of the run: written to its
     // config.toml, so that a resume runs the same way unless told otherwise.
     let mut cfg = cfg;
+    if let Some(init) = &args.init {
+        anyhow::ensure!(
+            !args.resume,
+            "--init starts a new run from a trained one; a resumed run already has its \
+             networks (drop --init)"
+        );
+        cfg.train.init = Some(init.clone());
+    }
+    // The layer sizes are the initial networks': its [model] section (a
+    // resumed run's config.toml holds it already).
+    let mut init = None;
+    if let (Some(path), false) = (&cfg.train.init, args.resume) {
+        let (init_cfg, model) = crate::checkpoint::load_init(path)?;
+        if init_cfg.model != cfg.model {
+            tracing::info!(
+                "the [model] section of {} replaces the configuration's (its weights have \
+                 its layer sizes)",
+                path.display()
+            );
+        }
+        cfg.model = init_cfg.model;
+        init = Some(model);
+    }
     if let Some(a) = args.actors {
         cfg.cluster.actors = a;
     }
@@ -485,6 +634,11 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         })
     };
     if let Some(shapes) = TrainedShapes::of(&train_tasks) {
+        // A fine-tuned model carries what its initial one was trained on.
+        let shapes = match cfg.train.init.as_deref().and_then(TrainedShapes::read) {
+            Some(before) => before.merged(&shapes),
+            None => shapes,
+        };
         shapes.write(dir)?;
     }
     let mut trainer = if args.resume {
@@ -538,7 +692,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                     read.samples.len()
                 );
                 keep_metrics_until(&metrics_path, 0)?;
-                let mut t = crate::train::Trainer::new(&cfg, &train_tasks);
+                let mut t = fresh_trainer(&cfg, &train_tasks, init.take())?;
                 t.buffer = read.samples;
                 t
             }
@@ -553,8 +707,9 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             toml::to_string_pretty(&written)?.as_bytes(),
         )?;
         common::fs::write_atomic(&metrics_path, b"")?;
-        crate::train::Trainer::new(&cfg, &train_tasks)
+        fresh_trainer(&cfg, &train_tasks, init.take())?
     };
+    trainer.prior = prior;
     let mut log = CostLog::open(&log_path)?;
     let mut metrics = std::fs::OpenOptions::new()
         .append(true)
@@ -692,6 +847,174 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     writeln!(out, "; run in {}", dir.display())?;
     Ok(())
+}
+
+fn pretrain(mut args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    use crate::pretrain;
+    let dir = args.run_dir.clone();
+    anyhow::ensure!(
+        args.init.is_none(),
+        "pretrain starts from fresh networks (its stage 1 is what `train --init` would \
+         load): drop --init"
+    );
+    let stage1 = dir.join(pretrain::STAGE1);
+    let cfg = if args.resume && dir.join("config.toml").exists() {
+        Config::load_run(&dir.join("config.toml"))?
+    } else if args.resume && stage1.join("config.toml").exists() {
+        Config::load_run(&stage1.join("config.toml"))?
+    } else {
+        anyhow::ensure!(
+            !dir.join("config.toml").exists() && !stage1.join("config.toml").exists(),
+            "{} already holds a pre-training run: add --resume to continue it, or pick \
+             another --run-dir",
+            dir.display()
+        );
+        Config::load(args.config.as_deref())?
+    };
+    let bar = progress(cfg.pretrain.tasks as u64, "drawing the tasks");
+    let tasks = pretrain::tasks(&cfg);
+    bar.finish_and_clear();
+    let suite = pretrain::write_tasks(&dir, &tasks)?;
+    let here = std::env::current_dir().context("the current folder")?;
+    let mut cfg = cfg.with_absolute_paths(&here);
+    cfg.train.suite = here.join(&suite);
+    cfg.train.extra_suites.clear();
+    cfg.train.init = None;
+    let bar = progress(tasks.len() as u64, "measuring the bulk on sim");
+    let start = std::time::Instant::now();
+    let (bulk, held) = pretrain::bulk(&cfg, &tasks, &|| bar.inc(1))?;
+    bar.finish_and_clear();
+    writeln!(
+        out,
+        "stage 1: {} plans of {} tasks measured on sim in {:.1} s ({} of them of the {} held-out tasks)",
+        bulk.len() + held.len(),
+        tasks.len(),
+        start.elapsed().as_secs_f64(),
+        held.len(),
+        tasks.len() / pretrain::HOLD_OUT,
+    )?;
+    stage_one(&cfg, &tasks, &stage1, &bulk, &held, out)?;
+    // Stage 2: Algorithm 1 on the same tasks from stage 1's networks.
+    let resume_stage2 = dir.join("config.toml").exists();
+    args.resume = resume_stage2;
+    if !resume_stage2 {
+        args.init = Some(here.join(&stage1));
+    }
+    train_with(args, Some(cfg), bulk, out)
+}
+
+/// Stage 1 of `pretrain`: the cost network fitted to the bulk, in
+/// `stage1` (a run folder of its own: resumable, and what stage 2 starts
+/// from). Nothing to do when its newest checkpoint has every step.
+fn stage_one(
+    cfg: &Config,
+    tasks: &[common::Task],
+    stage1: &Path,
+    bulk: &[crate::train::CostSample],
+    held: &[crate::train::CostSample],
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    use crate::checkpoint;
+    const EVERY: usize = 2000;
+    let steps = cfg.pretrain.cost_steps;
+    common::fs::create_dir_durable(stage1)
+        .with_context(|| format!("creating {}", stage1.display()))?;
+    let _lock = RunLock::take(stage1)?;
+    tch::set_num_threads(
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .try_into()
+            .unwrap_or(1),
+    );
+    let mut trainer = match checkpoint::load_latest(cfg, stage1)? {
+        Some(loaded) => {
+            let (cost_state, _) = checkpoint::split_optimizer(loaded.optimizer);
+            let mut t =
+                crate::train::Trainer::with(cfg, tasks, loaded.model, Vec::new(), loaded.counters);
+            t.cost_opt
+                .load_state(&cost_state)
+                .map_err(anyhow::Error::msg)?;
+            t
+        }
+        None => {
+            common::fs::write_atomic(
+                &stage1.join("config.toml"),
+                toml::to_string_pretty(cfg)?.as_bytes(),
+            )?;
+            crate::train::Trainer::new(cfg, tasks)
+        }
+    };
+    if let Some(shapes) = TrainedShapes::of(tasks) {
+        shapes.write(stage1)?;
+    }
+    trainer.prior = bulk.to_vec();
+    let before = crate::pretrain::relative_error(&trainer.model, held);
+    let stop = common::link::stop_on_signal();
+    let bar = train_progress(steps as u64);
+    bar.set_position(trainer.counters.cost_steps as u64);
+    let start = std::time::Instant::now();
+    let mut done_here = 0usize;
+    while trainer.counters.cost_steps < steps {
+        trainer.cost_step();
+        done_here += 1;
+        bar.inc(1);
+        let at = trainer.counters.cost_steps;
+        if at % EVERY == 0 || at == steps {
+            checkpoint::save(stage1, &trainer, 2)?;
+            let (mean, p90) = crate::pretrain::relative_error(&trainer.model, held);
+            bar.set_message(format!(
+                "held-out error {:.1} % (p90 {:.1} %)",
+                mean * 100.0,
+                p90 * 100.0
+            ));
+            tracing::info!(
+                "stage 1: {at}/{steps} cost steps; held-out relative error {:.1} % (p90 {:.1} %)",
+                mean * 100.0,
+                p90 * 100.0
+            );
+        }
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            checkpoint::save(stage1, &trainer, 2)?;
+            bar.finish_and_clear();
+            anyhow::bail!(
+                "stopped in stage 1 at {at}/{steps} cost steps; checkpoint written: \
+                 `learner pretrain --resume --run-dir {}` continues",
+                stage1.parent().unwrap_or(stage1).display()
+            );
+        }
+    }
+    bar.finish_and_clear();
+    let after = crate::pretrain::relative_error(&trainer.model, held);
+    writeln!(
+        out,
+        "stage 1: {done_here} cost steps in {:.1} s; held-out relative error of the iteration \
+         cost {:.1} % (p90 {:.1} %), {:.1} % before",
+        start.elapsed().as_secs_f64(),
+        after.0 * 100.0,
+        after.1 * 100.0,
+        before.0 * 100.0
+    )?;
+    tch::set_num_threads(1);
+    Ok(())
+}
+
+/// A trainer at its first round: fresh networks, or `init`'s (a trained
+/// run's newest checkpoint) to fine-tune.
+fn fresh_trainer<'a>(
+    cfg: &'a Config,
+    tasks: &'a [common::Task],
+    init: Option<crate::train::Model>,
+) -> anyhow::Result<crate::train::Trainer<'a>> {
+    let model = match (init, &cfg.train.init) {
+        (Some(model), _) => model,
+        // A resumed run that stopped before its first checkpoint.
+        (None, Some(path)) => crate::checkpoint::load_init(path)?.1,
+        (None, None) => return Ok(crate::train::Trainer::new(cfg, tasks)),
+    };
+    if let Some(path) = &cfg.train.init {
+        tracing::info!("starting from the networks of {}", path.display());
+    }
+    Ok(crate::train::Trainer::from_model(cfg, tasks, model))
 }
 
 /// Where training's measurements and unrolls come from.
@@ -912,16 +1235,23 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let mut methods =
         Method::parse_list(&args.methods).map_err(|e| anyhow::anyhow!("--methods: {e}"))?;
-    let model = match &args.checkpoint {
+    // Without --checkpoint, `policy` is the shipped pre-trained model's.
+    let checkpoint = match &args.checkpoint {
+        Some(run) => Some(run.clone()),
+        None if methods.contains(&Method::Policy) => Some(default_model().map_err(|e| {
+            anyhow::anyhow!("--methods: `policy` needs --checkpoint RUN_DIR ({e})")
+        })?),
+        None if args.methods.trim() == "all" => default_model().ok(),
+        None => None,
+    };
+    let model = match &checkpoint {
         Some(run) => {
             let (_, model) = crate::checkpoint::load_run(run)?;
             if args.methods.trim() == "all" {
                 methods.push(Method::Policy);
             }
+            tracing::info!("`policy` places with the model in {}", run.display());
             Some(model)
-        }
-        None if methods.contains(&Method::Policy) => {
-            anyhow::bail!("--methods: `policy` needs --checkpoint RUN_DIR")
         }
         None => None,
     };
@@ -956,8 +1286,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     // The shapes the model was trained on, to warn about suites far from
     // them when the policy is evaluated.
-    let shapes = args
-        .checkpoint
+    let shapes = checkpoint
         .as_deref()
         .filter(|_| methods.contains(&Method::Policy))
         .and_then(TrainedShapes::read);
@@ -990,6 +1319,7 @@ fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 cfg: &cfg.eval,
                 batch,
                 model: model.as_ref(),
+                shapes: shapes.as_ref(),
             },
             || bar.inc(1),
         );

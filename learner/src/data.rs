@@ -165,6 +165,19 @@ pub fn tight_copy(
     (tight.cap_bytes() < task.cap_bytes()).then_some(tight)
 }
 
+/// The lowest and highest of each feature of `tables` (`[∞, −∞]` each for
+/// none).
+fn feature_ranges<'t>(tables: impl Iterator<Item = &'t common::Table>) -> Vec<[f64; 2]> {
+    let mut ranges = vec![[f64::INFINITY, f64::NEG_INFINITY]; common::table::NUM_FEATURES];
+    for t in tables {
+        for (r, v) in ranges.iter_mut().zip(t.features()) {
+            r[0] = r[0].min(v);
+            r[1] = r[1].max(v);
+        }
+    }
+    ranges
+}
+
 /// The shapes of the tasks a model was trained on, kept beside its run
 /// (`trained_shapes.json`) so that `plan` and `eval` can say when a task
 /// lies far outside them: what carries over is the number of tables per
@@ -177,6 +190,55 @@ pub struct TrainedShapes {
     pub devices: [usize; 2],
     /// Lowest and highest tables per device of a training task.
     pub tables_per_device: [f64; 2],
+    /// Lowest and highest of each table feature (in the order of
+    /// `common::table::FEATURE_NAMES`: dim, rows, pooling, size, bins)
+    /// over the training tables; absent in runs from before they were kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<Vec<[f64; 2]>>,
+}
+
+/// Tables whose feature lies outside what a model was trained on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FeatureOutside {
+    /// The feature's name (`common::table::FEATURE_NAMES`).
+    pub feature: &'static str,
+    /// The trained range.
+    pub trained: [f64; 2],
+    /// The tables outside it, by name, and their value.
+    pub tables: Vec<(String, f64)>,
+}
+
+impl std::fmt::Display for FeatureOutside {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const SHOWN: usize = 3;
+        let named: Vec<String> = self
+            .tables
+            .iter()
+            .take(SHOWN)
+            .map(|(name, v)| format!("`{name}` ({})", short(*v)))
+            .collect();
+        let more = match self.tables.len().saturating_sub(SHOWN) {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        write!(
+            f,
+            "{} of {}{more} outside the trained {} to {}",
+            self.feature,
+            named.join(", "),
+            short(self.trained[0]),
+            short(self.trained[1])
+        )
+    }
+}
+
+/// A feature value in few digits.
+fn short(v: f64) -> String {
+    if v != 0.0 && (v.abs() >= 1e5 || v.abs() < 1e-2) {
+        format!("{v:.2e}")
+    } else {
+        format!("{}", (v * 1000.0).round() / 1000.0)
+    }
 }
 
 impl TrainedShapes {
@@ -191,6 +253,12 @@ impl TrainedShapes {
     /// policy gains less (and, trained with `measure_temperature = 1`,
     /// lost to a heuristic in some seeds).
     pub const SLACK: f64 = 1.5;
+    /// How far past the trained range of a size feature (dim, rows,
+    /// pooling, size), as a factor either way, a table counts as outside.
+    pub const FEATURE_SLACK: f64 = 1.25;
+    /// How far past the trained range of a reuse share (bin_k), in share
+    /// points, a table counts as outside.
+    pub const BIN_SLACK: f64 = 0.05;
 
     /// The shapes of `tasks` (`None` when there are none).
     pub fn of(tasks: &[common::Task]) -> Option<TrainedShapes> {
@@ -206,7 +274,60 @@ impl TrainedShapes {
                 density.iter().copied().fold(f64::INFINITY, f64::min),
                 density.iter().copied().fold(0.0, f64::max),
             ],
+            features: Some(feature_ranges(tasks.iter().flat_map(|t| &t.tables))),
         })
+    }
+
+    /// The shapes of a model trained first on `self`'s tasks, then on
+    /// `other`'s (fine-tuning): each range the union of both.
+    pub fn merged(&self, other: &TrainedShapes) -> TrainedShapes {
+        let union_u = |a: [usize; 2], b: [usize; 2]| [a[0].min(b[0]), a[1].max(b[1])];
+        let union_f = |a: [f64; 2], b: [f64; 2]| [a[0].min(b[0]), a[1].max(b[1])];
+        TrainedShapes {
+            tables: union_u(self.tables, other.tables),
+            devices: union_u(self.devices, other.devices),
+            tables_per_device: union_f(self.tables_per_device, other.tables_per_device),
+            features: match (&self.features, &other.features) {
+                (Some(a), Some(b)) => Some(a.iter().zip(b).map(|(&a, &b)| union_f(a, b)).collect()),
+                // One side unknown: what it covered is unknown too.
+                _ => None,
+            },
+        }
+    }
+
+    /// The features of `tables` that lie outside the trained ranges, one
+    /// entry per feature (empty when all lie within, or the ranges are
+    /// not known). Sizes (dim, rows, pooling, size) are compared on a log
+    /// scale with [`Self::FEATURE_SLACK`] either way, reuse shares with
+    /// [`Self::BIN_SLACK`]: a model carries over a little past what it saw.
+    pub fn features_outside(&self, tables: &[common::Table]) -> Vec<FeatureOutside> {
+        let Some(ranges) = &self.features else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (k, &[lo, hi]) in ranges.iter().enumerate() {
+            let inside = |v: f64| {
+                if k < 4 {
+                    v >= lo / Self::FEATURE_SLACK && v <= hi * Self::FEATURE_SLACK
+                } else {
+                    v >= lo - Self::BIN_SLACK && v <= hi + Self::BIN_SLACK
+                }
+            };
+            let outside: Vec<(String, f64)> = tables
+                .iter()
+                .map(|t| (t, t.features()[k]))
+                .filter(|&(_, v)| !inside(v))
+                .map(|(t, v)| (t.name.clone(), v))
+                .collect();
+            if !outside.is_empty() {
+                out.push(FeatureOutside {
+                    feature: common::table::FEATURE_NAMES[k],
+                    trained: [lo, hi],
+                    tables: outside,
+                });
+            }
+        }
+        out
     }
 
     /// Writes them into run directory `run`.
@@ -311,6 +432,73 @@ mod tests {
         // A task already tighter than any copy gets none.
         let tight = vec![task(0, 1e-3)];
         assert_eq!(rollout_tasks(&tight, &cfg), tight);
+    }
+
+    #[test]
+    fn tables_outside_the_trained_features_are_named_by_feature() {
+        let pool = generate_pool(&Config::default().generate, 1).unwrap();
+        let trained = common::Task {
+            name: "t".into(),
+            devices: 4,
+            memory_gb: 1.0,
+            tables: pool[..200].to_vec(),
+        };
+        let shapes = TrainedShapes::of(std::slice::from_ref(&trained)).unwrap();
+        assert!(shapes.features_outside(&pool[..200]).is_empty());
+        // A table like those derived from a lookup trace: no row used once.
+        let mut trace = pool[0].clone();
+        trace.name = "from_trace".into();
+        trace.bins = [0.0; common::NUM_BINS];
+        trace.bins[6] = 0.5;
+        trace.bins[7] = 0.5;
+        let mut wide = pool[1].clone();
+        wide.name = "wide".into();
+        wide.dim = 2048;
+        let out = shapes.features_outside(&[pool[2].clone(), trace, wide]);
+        let names: Vec<&str> = out.iter().map(|f| f.feature).collect();
+        assert!(
+            names.contains(&"bin_0") && names.contains(&"dim"),
+            "{names:?}"
+        );
+        let bin0 = out.iter().find(|f| f.feature == "bin_0").unwrap();
+        assert_eq!(bin0.tables, vec![("from_trace".to_string(), 0.0)]);
+        let text = bin0.to_string();
+        assert!(
+            text.contains("`from_trace` (0)") && text.contains("outside the trained"),
+            "{text}"
+        );
+        // A run from before the ranges were kept checks nothing.
+        let old = TrainedShapes {
+            features: None,
+            ..shapes.clone()
+        };
+        assert!(old.features_outside(&pool[..1]).is_empty());
+    }
+
+    #[test]
+    fn a_fine_tuned_model_covers_both_trainings() {
+        let pool = generate_pool(&Config::default().generate, 1).unwrap();
+        let task = |range: std::ops::Range<usize>, devices: usize| common::Task {
+            name: "t".into(),
+            devices,
+            memory_gb: 1.0,
+            tables: pool[range].to_vec(),
+        };
+        let a = TrainedShapes::of(&[task(0..20, 2)]).unwrap();
+        let b = TrainedShapes::of(&[task(20..120, 8)]).unwrap();
+        let both = a.merged(&b);
+        assert_eq!(both.tables, [20, 100]);
+        assert_eq!(both.devices, [2, 8]);
+        assert_eq!(both.tables_per_device, [10.0, 12.5]);
+        let (fa, fb, f) = (
+            a.features.unwrap(),
+            b.features.unwrap(),
+            both.features.clone().unwrap(),
+        );
+        for k in 0..f.len() {
+            assert_eq!(f[k], [fa[k][0].min(fb[k][0]), fa[k][1].max(fb[k][1])]);
+        }
+        assert!(both.features_outside(&pool[..120]).is_empty());
     }
 
     #[test]
@@ -439,6 +627,9 @@ mod tests {
             names.push(path.file_name().unwrap().to_string_lossy().into_owned());
         }
         names.sort();
-        assert_eq!(names, ["default.toml", "mixed.toml", "small.toml"]);
+        assert_eq!(
+            names,
+            ["default.toml", "mixed.toml", "pretrain.toml", "small.toml"]
+        );
     }
 }

@@ -49,8 +49,11 @@ pub struct Setting<'a> {
     pub cfg: &'a EvalConfig,
     /// Global batch of the oracle, for TorchRec's estimator.
     pub batch: u64,
-    /// A trained model, for the method `policy`.
+    /// A trained model, for the method `policy` (`plan`'s guarded choice:
+    /// see [`crate::guard`]).
     pub model: Option<&'a crate::train::Model>,
+    /// What the model was trained on, for the guard's checks.
+    pub shapes: Option<&'a crate::data::TrainedShapes>,
 }
 
 /// What became of the oracle's measurements over an evaluation.
@@ -100,9 +103,12 @@ pub fn evaluate(
         cfg,
         batch,
         model,
+        shapes,
     } = *setting;
     let mut per_method: BTreeMap<Method, Vec<Option<f64>>> = BTreeMap::new();
     let mut outcomes = Outcomes::default();
+    // `policy`'s choices: the learned plan, a heuristic's, and with doubts.
+    let mut guard_tally = [0usize; 3];
     for (k, task) in suite.tasks.iter().enumerate() {
         let ctx = Context::for_task(task, mem, batch);
         let task_seed = cfg.seed ^ fnv1a(task.name.as_bytes()) ^ k as u64;
@@ -140,16 +146,28 @@ pub fn evaluate(
             per_method.entry(Method::Search).or_default().push(cost);
         }
         if let (true, Some(model)) = (methods.contains(&Method::Policy), model) {
-            let (plan, infeasible) = model.plan(task, mem);
-            let cost = if infeasible {
-                None
-            } else {
-                let measured = oracle.measure(&task.tables, &plan).map(|r| r.cost_ms);
-                outcomes.cost(&task.name, Method::Policy, measured)
+            let cost = match crate::guard::plan(model, shapes, task, mem) {
+                Ok(g) => {
+                    guard_tally[usize::from(g.method() != crate::guard::POLICY)] += 1;
+                    guard_tally[2] += usize::from(!g.doubts.is_empty());
+                    let measured = oracle.measure(&task.tables, g.plan()).map(|r| r.cost_ms);
+                    outcomes.cost(&task.name, Method::Policy, measured)
+                }
+                Err(_) => None,
             };
             per_method.entry(Method::Policy).or_default().push(cost);
         }
         on_task();
+    }
+    if guard_tally[0] + guard_tally[1] > 0 {
+        tracing::info!(
+            "{}: `policy` returned the learned plan for {} tasks and a heuristic's for {} \
+             ({} of them for a doubt of the cost network)",
+            suite.path.display(),
+            guard_tally[0],
+            guard_tally[1],
+            guard_tally[2]
+        );
     }
     if outcomes.measured == 0 {
         if let Some(e) = outcomes.first_error {
@@ -325,6 +343,7 @@ mod tests {
             cfg,
             batch: 65536,
             model: None,
+            shapes: None,
         }
     }
 

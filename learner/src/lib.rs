@@ -9,6 +9,9 @@
 //! - [`torchrec`]: TorchRec's table-wise perf estimator and greedy partitioner.
 //! - [`search`]: the local-search reference on the oracle.
 //! - [`eval`]: every method on every task of a suite, failures counted.
+//! - [`guard`]: `plan`'s guard: heuristics as candidates, out-of-distribution
+//!   and ensemble checks, `--verify` on an oracle.
+//! - [`pretrain`]: pre-training across the whole table space.
 //! - [`data`]: generation of the default pool, its split and the suites.
 //! - [`vtrace`]: IMPALA's V-trace targets.
 //! - [`adam`]: Adam with state a checkpoint can hold.
@@ -25,6 +28,8 @@ pub mod cli;
 pub mod costlog;
 pub mod data;
 pub mod eval;
+pub mod guard;
+pub mod pretrain;
 pub mod runlock;
 pub mod runtime;
 pub mod search;

@@ -513,6 +513,34 @@ impl Model {
         )
     }
 
+    /// Each plan's iteration cost (ms) as each cost-network member
+    /// predicts it: `[plan][member]`.
+    pub fn member_costs(&self, tables: &[common::Table], plans: &[&Plan]) -> Vec<Vec<f64>> {
+        let features: Vec<_> = tables.iter().map(scaled).collect();
+        let placed: Vec<PlacedTables> = plans
+            .iter()
+            .map(|p| PlacedTables {
+                features: features.clone(),
+                assignment: p.assignment.clone(),
+                devices: p.devices,
+            })
+            .collect();
+        let batch = PlanBatch::new(&placed);
+        let members = tch::no_grad(|| self.cost.forward_members(&batch));
+        let per_member: Vec<Vec<f64>> = members
+            .iter()
+            .map(|m| Vec::<f64>::try_from(m.overall.to_kind(Kind::Double)).unwrap_or_default())
+            .collect();
+        (0..plans.len())
+            .map(|p| {
+                per_member
+                    .iter()
+                    .map(|m| m.get(p).copied().unwrap_or(f64::NAN))
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The policy's plan for a task, and whether it ran out of memory (see
     /// [`Model::estimate`] for its predicted cost): the candidate with the
     /// lowest predicted cost among the greedy episode, `plan_samples − 1`
@@ -848,6 +876,10 @@ pub struct Trainer<'a> {
     pub cost_opt: Adam,
     pub policy_opt: Adam,
     pub buffer: Vec<CostSample>,
+    /// Measurements the cost network learns from beside the buffer's but
+    /// that are not this run's (pre-training's bulk measurements, which
+    /// are regenerated rather than logged): cost steps draw from both.
+    pub prior: Vec<CostSample>,
     pub counters: Counters,
     rng: ChaCha8Rng,
     tally: Tally,
@@ -859,6 +891,16 @@ impl<'a> Trainer<'a> {
     pub fn new(cfg: &'a Config, tasks: &'a [Task]) -> Trainer<'a> {
         tch::manual_seed(cfg.train.seed as i64);
         let model = Model::new(cfg);
+        Trainer::with(cfg, tasks, model, Vec::new(), Counters::default())
+    }
+
+    /// A fresh run from trained networks (fine-tuning): fresh optimizer
+    /// state and counters. The model's plan settings and batch are the
+    /// run's.
+    pub fn from_model(cfg: &'a Config, tasks: &'a [Task], mut model: Model) -> Trainer<'a> {
+        tch::manual_seed(cfg.train.seed as i64);
+        model.plan_cfg = cfg.model.clone();
+        model.batch = cfg.sim.batch;
         Trainer::with(cfg, tasks, model, Vec::new(), Counters::default())
     }
 
@@ -886,6 +928,7 @@ impl<'a> Trainer<'a> {
             policy_opt: Adam::new(&model.policy_vs, cfg.train.policy_lr),
             model,
             buffer,
+            prior: Vec::new(),
             counters,
             rng,
             tally: Tally::default(),
@@ -1071,14 +1114,19 @@ impl<'a> Trainer<'a> {
         }
     }
 
-    /// One MSE step of the cost network on a batch drawn from the buffer.
+    /// One MSE step of the cost network on a batch drawn from the buffer
+    /// and the prior measurements.
     pub fn cost_step(&mut self) {
-        if self.buffer.is_empty() {
+        let (n, prior) = (self.buffer.len() + self.prior.len(), self.prior.len());
+        if n == 0 {
             return;
         }
         let t = &self.cfg.train;
-        let batch: Vec<&CostSample> = (0..t.cost_batch.min(self.buffer.len()))
-            .map(|_| &self.buffer[self.rng.gen_range(0..self.buffer.len())])
+        let batch: Vec<&CostSample> = (0..t.cost_batch.min(n))
+            .map(|_| match self.rng.gen_range(0..n) {
+                k if k < prior => &self.prior[k],
+                k => &self.buffer[k - prior],
+            })
             .collect();
         let loss = cost_loss(&self.model.cost, &batch, t.cost_loss);
         if self.cost_opt.backward_step(&loss) {
@@ -1889,6 +1937,7 @@ pub(crate) mod tests {
                 cfg: &cfg.eval,
                 batch: cfg.sim.batch,
                 model: Some(&model),
+                shapes: None,
             },
             || {},
         )

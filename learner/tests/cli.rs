@@ -341,6 +341,111 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     );
 }
 
+#[test]
+fn pretrain_then_fine_tune_then_plan_verified_on_sim() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, data) = small_run_config(dir.path(), 1);
+    let pre_cfg = dir.path().join("pre.toml");
+    std::fs::write(
+        &pre_cfg,
+        "[cluster]\nactors = 0\nbenchworkers = 0\n[pretrain]\ntasks = 6\nplans_per_task = 12\ncost_steps = 20\n[pretrain.space]\ndevices_max = 4\nper_device_max = 4\n[model]\ncost_members = 2\n[train]\ncost_loss = \"relative\"\niterations = 1\nmeasure_per_iteration = 2\ncost_steps = 3\npolicy_steps = 2\nepisodes = 4\n",
+    )
+    .unwrap();
+    let pre = dir.path().join("pre");
+    let (ok, stdout, err) = learner(&[
+        "pretrain",
+        "--config",
+        pre_cfg.to_str().unwrap(),
+        "--run-dir",
+        pre.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(stdout.contains("held-out relative error"), "{stdout}");
+    assert!(pre.join("stage1/checkpoints").is_dir() && pre.join("data/pretrain.json").is_file());
+    // A second start on the same folder is refused; a resume of a finished
+    // run has nothing left to do.
+    let (ok, _, err) = learner(&[
+        "pretrain",
+        "--config",
+        pre_cfg.to_str().unwrap(),
+        "--run-dir",
+        pre.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("--resume"), "{err}");
+    let pre_shapes = learner::data::TrainedShapes::read(&pre).unwrap();
+
+    // Fine-tuning takes the pre-trained networks and their layer sizes.
+    let tuned = dir.path().join("tuned");
+    let (ok, _, err) = learner(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--run-dir",
+        tuned.to_str().unwrap(),
+        "--init",
+        pre.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("starting from the networks of"), "{err}");
+    let written = common::config::Config::load_run(&tuned.join("config.toml")).unwrap();
+    assert_eq!(written.model.cost_members, 2, "the initial model's [model]");
+    assert!(written
+        .train
+        .init
+        .as_deref()
+        .is_some_and(|p| p.ends_with("pre")));
+    let shapes = learner::data::TrainedShapes::read(&tuned).unwrap();
+    assert_eq!(shapes.devices[0], pre_shapes.devices[0].min(3));
+    assert!(shapes.devices[1] >= pre_shapes.devices[1].max(3));
+    // --init on a folder that holds no run: named.
+    let (ok, _, err) = learner(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--run-dir",
+        dir.path().join("other").to_str().unwrap(),
+        "--init",
+        data.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("train.init"), "{err}");
+
+    let pool = data.join("pool.test.csv");
+    let (ok, stdout, err) = learner(&[
+        "plan",
+        "--tables",
+        pool.to_str().unwrap(),
+        "--devices",
+        "4",
+        "--memory-gb",
+        "64",
+        "--checkpoint",
+        tuned.to_str().unwrap(),
+        "--verify",
+        "sim",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("--verify sim") && err.contains("against the best heuristic"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let candidates = v["candidates"].as_array().unwrap();
+    assert!(candidates.len() >= 4, "{v}");
+    let measured: Vec<f64> = candidates
+        .iter()
+        .map(|c| c["measured_ms"].as_f64().unwrap())
+        .collect();
+    let chosen = candidates
+        .iter()
+        .position(|c| c["method"] == v["method"])
+        .unwrap();
+    assert_eq!(
+        measured[chosen],
+        measured.iter().copied().fold(f64::INFINITY, f64::min),
+        "the measured best is returned"
+    );
+}
+
 /// `learner eval` of `methods` on `suite` with the model of `run`.
 fn eval_methods(
     suite: &std::path::Path,

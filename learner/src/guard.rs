@@ -1,0 +1,400 @@
+//! `plan`'s guard: a learned plan is returned only where the cost network
+//! can be trusted, and never in place of a heuristic's plan that the
+//! network itself cannot rank below it.
+//!
+//! A cost network is only as good as the plans it learned from. Off its
+//! training distribution it can be wrong by a factor, and the search on it
+//! goes exactly where it is most wrong (a plan predicted 3.6 ms measured
+//! 9.7 ms, 93 % slower than a heuristic, before this guard). So:
+//!
+//! 1. The heuristics' plans (`lookup`, `size_lookup`, `torchrec`, `dim`,
+//!    `size`) are always candidates beside the learned plan.
+//! 2. **Out of distribution**: a table feature outside the ranges the model
+//!    was trained on ([`TrainedShapes::features_outside`]) means the
+//!    network's figures are extrapolations. `plan` then does not follow the
+//!    search: it returns the heuristic plan the network ranks best, and a
+//!    warning names the features and tables.
+//! 3. **Disagreement**: a cost network of several members (an ensemble,
+//!    `model.cost_members`) gives one prediction per member. The learned
+//!    plan replaces the best heuristic plan only if *every* member predicts
+//!    it cheaper: where members disagree, the data did not settle the
+//!    question (the ensemble's spread is the usual estimate of a network's
+//!    epistemic uncertainty; Lakshminarayanan et al., 2017).
+//! 4. With an oracle at hand (`plan --verify`), the final candidates are
+//!    measured and the measured best is returned.
+//!
+//! A task of a shape far from training (tables per device) only warns: on
+//! the main job's model, such tasks still gained 5 to 7 % (README).
+
+use benchworker::Oracle;
+use common::{MemoryModel, Plan, Task};
+
+use crate::baselines::Method;
+use crate::data::TrainedShapes;
+use crate::train::Model;
+
+/// The heuristics whose plans are candidates, in the order they are tried.
+pub const HEURISTICS: [Method; 5] = [
+    Method::Lookup,
+    Method::SizeLookup,
+    Method::Torchrec,
+    Method::Dim,
+    Method::Size,
+];
+
+/// A plan that competed, with each cost-network member's prediction.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// `policy` (the learned plan: episode and search) or a heuristic's name.
+    pub method: &'static str,
+    pub plan: Plan,
+    /// Predicted iteration cost (ms), one per ensemble member.
+    pub predicted: Vec<f64>,
+    /// Measured iteration cost (ms), with `--verify`.
+    pub measured: Option<f64>,
+}
+
+impl Candidate {
+    /// The members' mean prediction.
+    pub fn mean(&self) -> f64 {
+        self.predicted.iter().sum::<f64>() / self.predicted.len().max(1) as f64
+    }
+
+    /// The highest member prediction: how a doubtful network ranks plans.
+    pub fn pessimistic(&self) -> f64 {
+        self.predicted
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max)
+    }
+}
+
+/// What `plan` decided and why.
+#[derive(Debug, Clone)]
+pub struct Guarded {
+    /// Every candidate; `chosen` indexes it.
+    pub candidates: Vec<Candidate>,
+    pub chosen: usize,
+    /// Why the learned plan was not followed, one line each (empty when it
+    /// was, or when a heuristic's plan was predicted cheaper anyway).
+    pub doubts: Vec<String>,
+    /// Warnings that did not change the choice (a shape far from
+    /// training).
+    pub notes: Vec<String>,
+}
+
+impl Guarded {
+    pub fn plan(&self) -> &Plan {
+        &self.candidates[self.chosen].plan
+    }
+
+    pub fn method(&self) -> &'static str {
+        self.candidates[self.chosen].method
+    }
+
+    /// The best heuristic candidate: by measurement when measured, else
+    /// by the pessimistic prediction.
+    pub fn best_heuristic(&self) -> Option<usize> {
+        let key = |c: &Candidate| c.measured.unwrap_or(c.pessimistic());
+        (0..self.candidates.len())
+            .filter(|&i| self.candidates[i].method != POLICY)
+            .min_by(|&a, &b| key(&self.candidates[a]).total_cmp(&key(&self.candidates[b])))
+    }
+}
+
+/// The learned plan's name among the candidates.
+pub const POLICY: &str = "policy";
+
+/// Places `task` with `model`, guarded (see the module's doc). `shapes`:
+/// what the model was trained on, when known. Fails only when no
+/// candidate fits memory.
+pub fn plan(
+    model: &Model,
+    shapes: Option<&TrainedShapes>,
+    task: &Task,
+    mem: &MemoryModel,
+) -> anyhow::Result<Guarded> {
+    let (learned, infeasible) = model.plan(task, mem);
+    let mut candidates = Vec::new();
+    if !infeasible {
+        candidates.push((POLICY, learned));
+    }
+    let found = HEURISTICS.iter().map(|&m| {
+        (
+            m,
+            crate::baselines::plans_for(task, mem, model.batch, &[m]).next(),
+        )
+    });
+    for (method, plan) in found {
+        if let Some(plan) = plan {
+            candidates.push((method.name(), plan));
+        }
+    }
+    anyhow::ensure!(
+        !candidates.is_empty(),
+        "neither the policy nor any heuristic found a placement that fits {} GB per \
+         device; try more devices or memory",
+        task.memory_gb
+    );
+    let plans: Vec<&Plan> = candidates.iter().map(|(_, p)| p).collect();
+    let predicted = model.member_costs(&task.tables, &plans);
+    let candidates: Vec<Candidate> = candidates
+        .into_iter()
+        .zip(predicted)
+        .map(|((method, plan), predicted)| Candidate {
+            method,
+            plan,
+            predicted,
+            measured: None,
+        })
+        .collect();
+    let mut notes = Vec::new();
+    let mut doubts = Vec::new();
+    if let Some(shapes) = shapes {
+        if let Some(far) = shapes.outside(task.tables.len(), task.devices) {
+            notes.push(far);
+        }
+        for f in shapes.features_outside(&task.tables) {
+            doubts.push(format!("out of distribution: {f}"));
+        }
+    }
+    let mut guarded = Guarded {
+        candidates,
+        chosen: 0,
+        doubts,
+        notes,
+    };
+    guarded.chosen = choose(&guarded);
+    if guarded.candidates[0].method == POLICY && guarded.chosen != 0 && guarded.doubts.is_empty() {
+        if let Some(why) = disagreement(&guarded.candidates[0], &guarded.candidates[guarded.chosen])
+        {
+            guarded.doubts.push(why);
+        }
+    }
+    Ok(guarded)
+}
+
+/// The candidate to return: the learned plan if there are no doubts of
+/// distribution and every member predicts it cheaper than the best
+/// heuristic plan; else that heuristic plan.
+fn choose(g: &Guarded) -> usize {
+    let Some(h) = g.best_heuristic() else {
+        return 0;
+    };
+    let c = &g.candidates;
+    if c[0].method != POLICY || !g.doubts.is_empty() {
+        return h;
+    }
+    let every_member_agrees = c[0]
+        .predicted
+        .iter()
+        .zip(&c[h].predicted)
+        .all(|(p, q)| p <= q);
+    if every_member_agrees {
+        0
+    } else {
+        h
+    }
+}
+
+/// Why members disagree on the learned plan against heuristic plan `h`,
+/// or `None` when every member predicts the learned plan no cheaper (a
+/// plain loss, not a doubt).
+fn disagreement(learned: &Candidate, h: &Candidate) -> Option<String> {
+    let gains: Vec<f64> = learned
+        .predicted
+        .iter()
+        .zip(&h.predicted)
+        .map(|(p, q)| (q - p) / q.abs().max(1e-9) * 100.0)
+        .collect();
+    let (lo, hi) = gains
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &g| {
+            (a.min(g), b.max(g))
+        });
+    (hi > 0.0).then(|| {
+        format!(
+            "the cost network's {} members disagree: they predict the learned plan from \
+             {:+.1} % to {:+.1} % against `{}`'s",
+            gains.len(),
+            -hi,
+            -lo,
+            h.method
+        )
+    })
+}
+
+/// Measures every candidate on `oracle` and chooses the measured best (the
+/// learned plan on a tie). A candidate the oracle fails on is left out
+/// (with a warning); it fails only when none was measured.
+pub fn verify(
+    g: &mut Guarded,
+    tables: &[common::Table],
+    oracle: &mut dyn Oracle,
+) -> anyhow::Result<()> {
+    let mut first_error = None;
+    for c in &mut g.candidates {
+        match oracle.measure(tables, &c.plan) {
+            Ok(m) => c.measured = Some(m.cost_ms),
+            Err(e) => {
+                tracing::warn!(
+                    "--verify: {} could not measure `{}`'s plan: {e}",
+                    oracle.name(),
+                    c.method
+                );
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let best = (0..g.candidates.len())
+        .filter_map(|i| g.candidates[i].measured.map(|m| (i, m)))
+        .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    match best {
+        Some((i, _)) => {
+            g.chosen = i;
+            Ok(())
+        }
+        None => Err(anyhow::anyhow!(
+            "--verify: {} measured none of the {} candidates ({})",
+            oracle.name(),
+            g.candidates.len(),
+            first_error.map_or_else(String::new, |e| e.to_string())
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(method: &'static str, predicted: &[f64]) -> Candidate {
+        Candidate {
+            method,
+            plan: Plan {
+                devices: 2,
+                assignment: vec![0, 1],
+            },
+            predicted: predicted.to_vec(),
+            measured: None,
+        }
+    }
+
+    fn guarded(candidates: Vec<Candidate>, doubts: &[&str]) -> Guarded {
+        Guarded {
+            candidates,
+            chosen: 0,
+            doubts: doubts.iter().map(|s| s.to_string()).collect(),
+            notes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_learned_plan_wins_only_when_every_member_predicts_it_cheaper() {
+        let agreed = guarded(
+            vec![cand(POLICY, &[9.0, 9.5]), cand("lookup", &[10.0, 10.0])],
+            &[],
+        );
+        assert_eq!(choose(&agreed), 0);
+        let split = guarded(
+            vec![cand(POLICY, &[9.0, 10.5]), cand("lookup", &[10.0, 10.0])],
+            &[],
+        );
+        assert_eq!(choose(&split), 1);
+        let why = disagreement(&split.candidates[0], &split.candidates[1]).unwrap();
+        assert!(
+            why.contains("2 members disagree") && why.contains("lookup"),
+            "{why}"
+        );
+        assert!(why.contains("-10.0 %") && why.contains("+5.0 %"), "{why}");
+    }
+
+    #[test]
+    fn a_doubt_of_distribution_falls_back_to_the_best_heuristic() {
+        let g = guarded(
+            vec![
+                cand(POLICY, &[1.0]),
+                cand("lookup", &[12.0]),
+                cand("size_lookup", &[11.0]),
+            ],
+            &["out of distribution: bin_0"],
+        );
+        assert_eq!(choose(&g), 2, "the heuristic predicted cheapest");
+    }
+
+    #[test]
+    fn the_best_heuristic_is_the_pessimistic_prediction_until_measured() {
+        let mut g = guarded(
+            vec![
+                cand(POLICY, &[1.0, 1.0]),
+                cand("lookup", &[5.0, 9.0]),
+                cand("size_lookup", &[7.0, 8.0]),
+            ],
+            &[],
+        );
+        assert_eq!(g.best_heuristic(), Some(2), "8 < 9 pessimistically");
+        g.candidates[1].measured = Some(3.0);
+        g.candidates[2].measured = Some(4.0);
+        assert_eq!(g.best_heuristic(), Some(1));
+    }
+
+    fn small_task(k: usize) -> (common::config::Config, Task) {
+        let cfg = common::config::Config::default();
+        let pool = common::generate::generate_pool(&cfg.generate, 5).unwrap();
+        let task = Task {
+            name: "t".into(),
+            devices: 4,
+            memory_gb: 100.0,
+            tables: pool[k..k + 24].to_vec(),
+        };
+        (cfg, task)
+    }
+
+    #[test]
+    fn a_task_out_of_distribution_gets_a_heuristics_plan_and_the_reason() {
+        let (cfg, task) = small_task(0);
+        tch::manual_seed(0);
+        let model = Model::new(&cfg);
+        let shapes = TrainedShapes::of(std::slice::from_ref(&task)).unwrap();
+        let inside = plan(&model, Some(&shapes), &task, &cfg.memory).unwrap();
+        assert!(inside.doubts.iter().all(|d| !d.contains("distribution")));
+        assert_eq!(inside.candidates[0].method, POLICY);
+        assert!(inside.candidates.len() > 3, "heuristics compete");
+        for c in &inside.candidates {
+            assert_eq!(c.predicted.len(), 1, "one member");
+            assert!(c.predicted[0].is_finite());
+        }
+        let mut odd = task.clone();
+        odd.tables[3].dim = 2048;
+        odd.tables[3].name = "very_wide".into();
+        let g = plan(&model, Some(&shapes), &odd, &cfg.memory).unwrap();
+        assert_ne!(g.method(), POLICY);
+        assert!(
+            g.doubts
+                .iter()
+                .any(|d| d.contains("dim of `very_wide` (2048)")),
+            "{:?}",
+            g.doubts
+        );
+    }
+
+    #[test]
+    fn verify_returns_the_measured_best_candidate() {
+        let (cfg, task) = small_task(30);
+        tch::manual_seed(0);
+        let model = Model::new(&cfg);
+        let mut g = plan(&model, None, &task, &cfg.memory).unwrap();
+        let mut oracle = benchworker::build(benchworker::Backend::Sim, &cfg).unwrap();
+        verify(&mut g, &task.tables, oracle.as_mut()).unwrap();
+        let measured: Vec<f64> = g.candidates.iter().map(|c| c.measured.unwrap()).collect();
+        let best = measured.iter().copied().fold(f64::INFINITY, f64::min);
+        assert_eq!(measured[g.chosen], best);
+        let again = oracle.measure(&task.tables, g.plan()).unwrap().cost_ms;
+        assert_eq!(again, best, "sim is deterministic");
+    }
+
+    #[test]
+    fn without_a_learned_plan_the_best_heuristic_is_chosen() {
+        let g = guarded(vec![cand("lookup", &[5.0]), cand("dim", &[4.0])], &[]);
+        assert_eq!(choose(&g), 1);
+    }
+}

@@ -820,8 +820,16 @@ pub struct PretrainConfig {
     /// Share of those plans that the search visits: the region near good
     /// plans, where `plan`'s own search relies on the cost network.
     pub search_share: f64,
-    /// Cost-network steps on the bulk before Algorithm 1 starts.
+    /// Cost-network steps on the bulk before Algorithm 1 starts, the
+    /// rounds' included.
     pub cost_steps: usize,
+    /// Rounds, within those steps, that measure where the search on the
+    /// cost network goes: after each equal share of the steps but the
+    /// first, `plan`'s search runs on every task from each heuristic's plan
+    /// and what it finds is measured on `sim` and joins the bulk. The
+    /// search seeks out the plans the network underrates; measured, they
+    /// correct it where `plan` relies on it.
+    pub search_rounds: usize,
     pub seed: u64,
     /// The ranges tasks are drawn from.
     pub space: crate::space::SpaceConfig,
@@ -834,6 +842,7 @@ impl Default for PretrainConfig {
             plans_per_task: 200,
             search_share: 0.5,
             cost_steps: 20_000,
+            search_rounds: 4,
             seed: 0,
             space: crate::space::SpaceConfig::default(),
         }

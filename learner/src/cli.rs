@@ -893,7 +893,11 @@ fn pretrain(mut args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         held.len(),
         tasks.len() / pretrain::HOLD_OUT,
     )?;
-    stage_one(&cfg, &tasks, &stage1, &bulk, &held, out)?;
+    // Stage 2 under way: stage 1 is done (and a shipped model's stage 1
+    // is left out of it).
+    if crate::checkpoint::list(&dir).is_empty() {
+        stage_one(&cfg, &tasks, &stage1, &bulk, &held, out)?;
+    }
     // Stage 2: Algorithm 1 on the same tasks from stage 1's networks.
     let resume_stage2 = dir.join("config.toml").exists();
     args.resume = resume_stage2;
@@ -949,12 +953,29 @@ fn stage_one(
     }
     trainer.prior = bulk.to_vec();
     let before = crate::pretrain::relative_error(&trainer.model, held);
+    let rounds = cfg.pretrain.search_rounds;
+    let share = steps / (rounds + 1);
+    let mut rounds_done = 0;
     let stop = common::link::stop_on_signal();
     let bar = train_progress(steps as u64);
     bar.set_position(trainer.counters.cost_steps as u64);
     let start = std::time::Instant::now();
     let mut done_here = 0usize;
     while trainer.counters.cost_steps < steps {
+        let due = (trainer.counters.cost_steps / share.max(1)).min(rounds);
+        while rounds_done < due {
+            rounds_done += 1;
+            let (found, held_found) = crate::pretrain::searched(&trainer.model, cfg, tasks)?;
+            let (mean, p90) = crate::pretrain::relative_error(&trainer.model, &held_found);
+            tracing::info!(
+                "stage 1: search round {rounds_done}/{rounds}: {} plans found and measured; \
+                 error on those of held-out tasks {:.1} % (p90 {:.1} %)",
+                found.len() + held_found.len(),
+                mean * 100.0,
+                p90 * 100.0
+            );
+            trainer.prior.extend(found);
+        }
         trainer.cost_step();
         done_here += 1;
         bar.inc(1);
@@ -985,14 +1006,19 @@ fn stage_one(
     }
     bar.finish_and_clear();
     let after = crate::pretrain::relative_error(&trainer.model, held);
+    let (_, held_found) = crate::pretrain::searched(&trainer.model, cfg, tasks)?;
+    let searched = crate::pretrain::relative_error(&trainer.model, &held_found);
     writeln!(
         out,
         "stage 1: {done_here} cost steps in {:.1} s; held-out relative error of the iteration \
-         cost {:.1} % (p90 {:.1} %), {:.1} % before",
+         cost {:.1} % (p90 {:.1} %), {:.1} % before; on the plans its search finds for \
+         held-out tasks {:.1} % (p90 {:.1} %)",
         start.elapsed().as_secs_f64(),
         after.0 * 100.0,
         after.1 * 100.0,
-        before.0 * 100.0
+        before.0 * 100.0,
+        searched.0 * 100.0,
+        searched.1 * 100.0
     )?;
     tch::set_num_threads(1);
     Ok(())

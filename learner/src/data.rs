@@ -258,7 +258,7 @@ impl TrainedShapes {
     pub const FEATURE_SLACK: f64 = 1.25;
     /// How far past the trained range of a reuse share (bin_k), in share
     /// points, a table counts as outside.
-    pub const BIN_SLACK: f64 = 0.05;
+    pub const BIN_SLACK: f64 = 0.1;
 
     /// The shapes of `tasks` (`None` when there are none).
     pub fn of(tasks: &[common::Task]) -> Option<TrainedShapes> {

@@ -14,7 +14,11 @@
 //!    few devices), and the plans that the local search on `sim` visits
 //!    from the best heuristic's (`pretrain.search_share` of them: near good
 //!    plans, where `plan`'s own search leans on the cost network). The cost
-//!    network fits them for `pretrain.cost_steps` steps. The bulk is
+//!    network fits them for `pretrain.cost_steps` steps, in
+//!    `pretrain.search_rounds + 1` shares: between shares, `plan`'s search
+//!    on the cost network runs from each heuristic's plan of every task,
+//!    and the plans it finds are measured and join the bulk (the search
+//!    seeks out plans the network underrates; DAgger's idea). The bulk is
 //!    regenerated from its seed on a resume (`sim` is deterministic), not
 //!    logged: it would take gigabytes.
 //! 2. **Algorithm 1** (`RUN` itself): `learner train` on the same tasks
@@ -25,7 +29,10 @@
 //!    ([`crate::train::Trainer::prior`]).
 //!
 //! A held-out share of the bulk's tasks (every 20th) is never trained on:
-//! the cost network's error on their plans is reported after stage 1.
+//! the cost network's error on their plans, and on the plans its search
+//! finds for them, is reported after stage 1. A stage 1 resumed after its
+//! first round derives the rounds' plans again with the networks it
+//! resumes with (they are not logged).
 
 use std::path::{Path, PathBuf};
 
@@ -185,6 +192,9 @@ pub fn bulk_of(
     Ok(out)
 }
 
+/// A task's number and its bulk.
+type TaskBulk = (usize, Vec<CostSample>);
+
 /// The bulk of every task, as cost samples: `(trained on, held out)`.
 /// Spread over the cores, each task seeded by its number (the same
 /// whatever the threads).
@@ -196,11 +206,11 @@ pub fn bulk(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let share = tasks.len().div_ceil(cores.max(1)).max(1);
     let indexed: Vec<(usize, &Task)> = tasks.iter().enumerate().collect();
-    let parts: Vec<anyhow::Result<Vec<(usize, Vec<CostSample>)>>> = std::thread::scope(|scope| {
+    let parts: Vec<anyhow::Result<Vec<TaskBulk>>> = std::thread::scope(|scope| {
         let running: Vec<_> = indexed
             .chunks(share)
             .map(|part| {
-                scope.spawn(move || -> anyhow::Result<Vec<(usize, Vec<CostSample>)>> {
+                scope.spawn(move || -> anyhow::Result<Vec<TaskBulk>> {
                     let mut oracle = benchworker::build(benchworker::Backend::Sim, cfg)?;
                     let mut out = Vec::with_capacity(part.len());
                     for &(k, task) in part {
@@ -233,6 +243,47 @@ pub fn bulk(
             } else {
                 train.extend(samples);
             }
+        }
+    }
+    Ok((train, held))
+}
+
+/// Where the search on `model`'s cost network goes from each heuristic's
+/// plan of each task, measured on `sim`: `(of training tasks, of held-out
+/// tasks)` (see `pretrain.search_rounds`).
+pub fn searched(
+    model: &crate::train::Model,
+    cfg: &Config,
+    tasks: &[Task],
+) -> anyhow::Result<(Vec<CostSample>, Vec<CostSample>)> {
+    let mut oracle = benchworker::build(benchworker::Backend::Sim, cfg)?;
+    let (mut train, mut held) = (Vec::new(), Vec::new());
+    for (k, task) in tasks.iter().enumerate() {
+        let mut starts: Vec<Vec<usize>> = Vec::new();
+        for &m in &crate::guard::HEURISTICS {
+            if let Some(p) = baselines::plans_for(task, &cfg.memory, cfg.sim.batch, &[m]).next() {
+                if !starts.contains(&p.assignment) {
+                    starts.push(p.assignment);
+                }
+            }
+        }
+        let mut found = model.searched_from(task, &cfg.memory, &starts);
+        found.sort();
+        found.dedup();
+        let out = if k % HOLD_OUT == HOLD_OUT - 1 {
+            &mut held
+        } else {
+            &mut train
+        };
+        for assignment in found {
+            let plan = Plan {
+                devices: task.devices,
+                assignment,
+            };
+            let m = oracle
+                .measure(&task.tables, &plan)
+                .with_context(|| format!("measuring a searched plan of `{}`", task.name))?;
+            out.push(CostSample::new(task, &plan, m));
         }
     }
     Ok((train, held))

@@ -679,6 +679,30 @@ impl Model {
         )
     }
 
+    /// Where `plan`'s search on the cost network goes from each of
+    /// `starts` (plans that fit `task`): the plan each search keeps, for
+    /// measuring. The search goes where the network predicts low, and so
+    /// where it is most wrong: measuring what it finds teaches the network
+    /// its errors there (pre-training's rounds, [`crate::pretrain`]).
+    pub fn searched_from(
+        &self,
+        task: &Task,
+        mem: &common::MemoryModel,
+        starts: &[Vec<usize>],
+    ) -> Vec<Vec<usize>> {
+        let budget = self.plan_cfg.plan_search;
+        if budget <= 1 || task.devices < 2 {
+            return starts.to_vec();
+        }
+        let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
+        let _guard = tch::no_grad_guard();
+        let reps = self.cost.tables(&mdp.features);
+        let net = crate::search::CostNetOracle::new(self.cost.device_heads(), &reps, 0);
+        in_threads(starts, |start| {
+            Self::search_from(&net, task, mem, start.clone(), budget).0
+        })
+    }
+
     /// The `search` reference's local search on the cost network (`net`,
     /// a fresh copy for each search) from `start` (a plan that fits),
     /// `budget` predicted plans: its plan if it predicts lower (see

@@ -212,7 +212,7 @@ pub struct TrainArgs {
     /// Start from the networks of a trained run instead of fresh ones, e.g.
     /// the shipped pre-trained model `models/pretrained`: Algorithm 1 then
     /// fine-tunes it on this run's tasks and measurement budget. Its
-    /// [model] section (the layer sizes) replaces the config's. Kept in the
+    /// `[model]` section (the layer sizes) replaces the config's. Kept in the
     /// run's config.toml as train.init.
     #[arg(long, value_name = "RUN")]
     pub init: Option<PathBuf>,
@@ -326,8 +326,8 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     if !guarded.doubts.is_empty() {
         tracing::warn!(
-            "not following the learned plan: {}; placed with `{}`, the heuristic the cost \
-             network ranks best (`--verify BACKEND` measures every candidate)",
+            "not following the learned plan: {}; placed with `{}`'s plan (`--verify BACKEND` \
+             measures every candidate)",
             guarded.doubts.join("; "),
             guarded.method()
         );
@@ -633,12 +633,10 @@ fn train_with(
             backend,
         })
     };
+    // A fine-tuned model is judged by its own training tasks alone:
+    // fine-tuning moves the networks toward them and away from what they
+    // learned before (docs/results.md, "Fine-tuning").
     if let Some(shapes) = TrainedShapes::of(&train_tasks) {
-        // A fine-tuned model carries what its initial one was trained on.
-        let shapes = match cfg.train.init.as_deref().and_then(TrainedShapes::read) {
-            Some(before) => before.merged(&shapes),
-            None => shapes,
-        };
         shapes.write(dir)?;
     }
     let mut trainer = if args.resume {

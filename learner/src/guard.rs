@@ -12,8 +12,9 @@
 //! 2. **Out of distribution**: a table feature outside the ranges the model
 //!    was trained on ([`TrainedShapes::features_outside`]) means the
 //!    network's figures are extrapolations. `plan` then does not follow the
-//!    search: it returns the heuristic plan the network ranks best, and a
-//!    warning names the features and tables.
+//!    network at all: it returns `torchrec`'s plan (TorchRec's own
+//!    planner's; where it does not fit, the heuristic plan the network
+//!    ranks best), and a warning names the features and tables.
 //! 3. **Disagreement**: a cost network of several members (an ensemble,
 //!    `model.cost_members`) gives one prediction per member. The learned
 //!    plan replaces the best heuristic plan only if *every* member predicts
@@ -176,13 +177,19 @@ pub fn plan(
 
 /// The candidate to return: the learned plan if there are no doubts of
 /// distribution and every member predicts it cheaper than the best
-/// heuristic plan; else that heuristic plan.
+/// heuristic plan; else that heuristic plan. Out of distribution the
+/// network cannot rank the heuristics either: then `torchrec`'s plan, what
+/// TorchRec's own planner would give, where it fits.
 fn choose(g: &Guarded) -> usize {
     let Some(h) = g.best_heuristic() else {
         return 0;
     };
     let c = &g.candidates;
-    if c[0].method != POLICY || !g.doubts.is_empty() {
+    if !g.doubts.is_empty() {
+        let torchrec = c.iter().position(|x| x.method == Method::Torchrec.name());
+        return torchrec.unwrap_or(h);
+    }
+    if c[0].method != POLICY {
         return h;
     }
     let every_member_agrees = c[0]
@@ -309,16 +316,23 @@ mod tests {
     }
 
     #[test]
-    fn a_doubt_of_distribution_falls_back_to_the_best_heuristic() {
-        let g = guarded(
+    fn a_doubt_of_distribution_falls_back_to_torchrec_where_it_fits() {
+        let mut g = guarded(
             vec![
                 cand(POLICY, &[1.0]),
                 cand("lookup", &[12.0]),
                 cand("size_lookup", &[11.0]),
+                cand("torchrec", &[13.0]),
             ],
             &["out of distribution: bin_0"],
         );
-        assert_eq!(choose(&g), 2, "the heuristic predicted cheapest");
+        assert_eq!(
+            choose(&g),
+            3,
+            "TorchRec's planner, whatever the network predicts"
+        );
+        g.candidates.pop();
+        assert_eq!(choose(&g), 2, "else the heuristic predicted cheapest");
     }
 
     #[test]

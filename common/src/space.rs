@@ -16,13 +16,13 @@
 //! | dim | 4–1024, multiples of 4 | log-uniform, rounded to 4: production dims are not only powers of two |
 //! | rows | 10²–10⁹, within `device_gb` | log-uniform: hash sizes span seven orders of magnitude |
 //! | pooling | 0.1–300 | log-uniform: optional features are looked up less than once per sample |
-//! | reuse bins | flat to extremely hot, trace-like | per style: the bins decide how much caching helps |
+//! | reuse bins | flat to extremely hot, trace-like | per style: how often rows repeat in a batch differs most between models |
 //! | devices | 2–64 | log-uniform: each doubling as likely, so small and large clusters both appear |
 //! | tables per device | 1–64 | log-uniform: sparse and dense tasks both appear |
 //! | tables per task | at most `max_tables` (512) | larger tasks take too long to train on |
 //! | memory per device | 1.05× an even share to 4×, or roomy | uniform share: tight caps change the best plan |
 //!
-//! The `Dlrm` style keeps to its own narrower ranges (below).
+//! The `Dlrm` style keeps to its own narrower ranges ([`Style::Dlrm`]).
 //!
 //! # Memory
 //!

@@ -27,6 +27,7 @@ fn main() -> anyhow::Result<()> {
             SpaceConfig {
                 share_min: 1.1,
                 share_max: 1.1,
+                roomy_share: 0.0,
                 ..full.clone()
             },
         ),

@@ -869,9 +869,7 @@ fn pretrain(mut args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         );
         Config::load(args.config.as_deref())?
     };
-    let bar = progress(cfg.pretrain.tasks as u64, "drawing the tasks");
     let tasks = pretrain::tasks(&cfg);
-    bar.finish_and_clear();
     let suite = pretrain::write_tasks(&dir, &tasks)?;
     let here = std::env::current_dir().context("the current folder")?;
     let mut cfg = cfg.with_absolute_paths(&here);

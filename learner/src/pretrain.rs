@@ -394,13 +394,16 @@ mod tests {
         let tasks = tasks(&cfg);
         let (train, held) = bulk(&cfg, &tasks, &|| {}).unwrap();
         assert!(!held.is_empty() && !train.is_empty());
-        let features_of = |s: &CostSample| s.placed.features.clone();
-        let held_tasks: std::collections::HashSet<_> = held
-            .iter()
-            .map(|s| format!("{:?}", features_of(s)))
-            .collect();
-        assert!(train
-            .iter()
-            .all(|s| !held_tasks.contains(&format!("{:?}", features_of(s)))));
+        // A task's tables, by their features' bits.
+        let key = |s: &CostSample| -> Vec<u32> {
+            s.placed
+                .features
+                .iter()
+                .flatten()
+                .map(|f| f.to_bits())
+                .collect()
+        };
+        let held_tasks: std::collections::HashSet<Vec<u32>> = held.iter().map(key).collect();
+        assert!(train.iter().all(|s| !held_tasks.contains(&key(s))));
     }
 }

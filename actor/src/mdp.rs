@@ -22,7 +22,7 @@ use common::features::scaled;
 use common::{MemoryModel, Table, NUM_FEATURES};
 use tch::{Device, Kind, Tensor};
 
-use crate::nets::{masked_log_softmax, CostNet, PolicyNet, DEVICE_FEATURES};
+use crate::nets::{add_into, masked_log_softmax, CostNet, PolicyNet, DEVICE_FEATURES};
 
 /// A task as the MDP sees it.
 #[derive(Debug)]
@@ -510,7 +510,9 @@ pub struct PlainEpisodes {
     cap: u64,
     devices: usize,
     pol_repr: Vec<Vec<f32>>,
-    cost_repr: Vec<Vec<f32>>,
+    /// `[tables × projected width]`: the cost heads' projections of the
+    /// tables' representations ([`crate::nets::DeviceHeads::project_rows`]).
+    cost_proj: Vec<f32>,
     scorer: crate::nets::PolicyScorer,
     heads: crate::nets::DeviceHeads,
 }
@@ -528,6 +530,8 @@ impl PlainEpisodes {
                 .map(<[f32]>::to_vec)
                 .collect()
         };
+        let heads = cost.device_heads();
+        let flat = Vec::<f32>::try_from(cost_repr.to_kind(Kind::Float).view([-1]));
         PlainEpisodes {
             order: placement_order(&single),
             scale: balanced_cost(&single, task.devices),
@@ -535,10 +539,22 @@ impl PlainEpisodes {
             cap: task.cap_bytes,
             devices: task.devices,
             pol_repr: rows(&policy.tables(&task.features)),
-            cost_repr: rows(&cost_repr),
+            cost_proj: heads.project_rows(&flat.unwrap_or_default()),
             scorer: policy.scorer(),
-            heads: cost.device_heads(),
+            heads,
         }
+    }
+
+    /// The cost network's per-device heads, copied out of libtorch.
+    pub fn heads(&self) -> &crate::nets::DeviceHeads {
+        &self.heads
+    }
+
+    /// The tables' projections by the heads (`[tables × projected
+    /// width]`), for a search on the same network
+    /// (`learner::search::CostNetOracle::from_projected`).
+    pub fn cost_projections(&self) -> &[f32] {
+        &self.cost_proj
     }
 
     /// The greedy episode: the first legal device of highest logit at each
@@ -577,11 +593,12 @@ impl PlainEpisodes {
             rest.take(need);
             infeasible |= legal_devices(&used, self.cap, need, &rest, &mut legal, &mut mask);
             let current = scorer.project_current(&self.pol_repr[table]);
-            let projected = heads.project(&self.cost_repr[table]);
+            let w = heads.projected_width();
+            let projected = &self.cost_proj[table * w..(table + 1) * w];
             with.clear();
             with.extend(dev_heads.iter().map(|dev| {
                 sum.clear();
-                sum.extend(dev.iter().zip(&projected).map(|(a, b)| a + b));
+                sum.extend(dev.iter().zip(projected).map(|(a, b)| a + b));
                 heads.finish(&sum)
             }));
             features.clear();
@@ -616,17 +633,10 @@ impl PlainEpisodes {
                 &mut dev_tables[d],
                 &scorer.project_table(&self.pol_repr[table]),
             );
-            add_into(&mut dev_heads[d], &projected);
+            add_into(&mut dev_heads[d], projected);
             now[d] = with[d];
         }
         (plan, infeasible)
-    }
-}
-
-/// `sum += x`, element by element.
-fn add_into(sum: &mut [f32], x: &[f32]) {
-    for (s, x) in sum.iter_mut().zip(x) {
-        *s += x;
     }
 }
 

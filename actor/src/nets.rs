@@ -10,6 +10,7 @@
 
 use common::config::{CostWork, ModelConfig, OverallCost};
 use common::NUM_FEATURES;
+use multiversion::multiversion;
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
@@ -486,11 +487,7 @@ impl MemberHeads {
                 &self.b1[span.clone()],
                 &self.w2[span],
             );
-            let mut lanes = [0.0f32; 8];
-            for (j, ((p, b), w)) in p.iter().zip(b).zip(w).enumerate() {
-                lanes[j % 8] += w * (p + b).max(0.0);
-            }
-            *o = self.b2[k] + lanes.iter().sum::<f32>();
+            *o = self.b2[k] + relu_dot(p, b, w);
         }
         out
     }
@@ -519,6 +516,48 @@ impl DeviceHeads {
         out
     }
 
+    /// [`DeviceHeads::project`] of every row of `reps` (`[rows, width]`,
+    /// row-major) by one matrix product per member: `[rows,
+    /// projected_width]`, row-major. Equal to `project` row by row up to
+    /// float rounding.
+    pub fn project_rows(&self, reps: &[f32]) -> Vec<f32> {
+        let (width, rows) = (self.width(), reps.len() / self.width().max(1));
+        if rows == 0 || width == 0 {
+            return Vec::new();
+        }
+        let reps = Tensor::from_slice(&reps[..rows * width]).view([rows as i64, width as i64]);
+        let mut at = 0;
+        let parts: Vec<Tensor> = self
+            .members
+            .iter()
+            .map(|m| {
+                let w1 = Tensor::from_slice(&m.w1).view([3 * m.hidden as i64, m.width as i64]);
+                let part = reps.narrow(1, at, m.width as i64).matmul(&w1.tr());
+                at += m.width as i64;
+                part
+            })
+            .collect();
+        Vec::<f32>::try_from(Tensor::cat(&parts, 1).contiguous().view([-1])).unwrap_or_default()
+    }
+
+    /// The ensemble's members.
+    pub fn members(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Each member's (fwd, bwd, comm) from a device's summed projections
+    /// (what [`DeviceHeads::finish`] averages).
+    pub fn finish_each(&self, projected: &[f32]) -> Vec<[f32; 3]> {
+        let mut at = 0;
+        self.members
+            .iter()
+            .map(|m| {
+                at += 3 * m.hidden;
+                m.finish(&projected[at - 3 * m.hidden..at])
+            })
+            .collect()
+    }
+
     /// (fwd, bwd, comm) from a device's summed projections: the members'
     /// mean.
     pub fn finish(&self, projected: &[f32]) -> [f32; 3] {
@@ -544,6 +583,10 @@ impl DeviceHeads {
 
 /// `Σ a·b` in eight independent lanes, which the compiler turns into
 /// vector instructions (a plain sum of products must keep its order).
+/// Compiled also for AVX2 and chosen at run time where the processor has it,
+/// like the other plain-array kernels here: the same lanes, so the same
+/// result bit for bit (Rust never fuses a multiply and an add on its own).
+#[multiversion(targets("x86_64+avx2+fma"))]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -556,6 +599,23 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     for (x, y) in ca.zip(cb) {
         for k in 0..8 {
             lanes[k] += x[k] * y[k];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// `Σ w·max(p + b, 0)` in eight independent lanes, as [`dot`].
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn relu_dot(p: &[f32], b: &[f32], w: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (cp, cb, cw) = (p.chunks_exact(8), b.chunks_exact(8), w.chunks_exact(8));
+    let tail: f32 = (cp.remainder().iter().zip(cb.remainder()))
+        .zip(cw.remainder())
+        .map(|((p, b), w)| w * (p + b).max(0.0))
+        .sum();
+    for ((p, b), w) in cp.zip(cb).zip(cw) {
+        for k in 0..8 {
+            lanes[k] += w[k] * (p[k] + b[k]).max(0.0);
         }
     }
     lanes.iter().sum::<f32>() + tail
@@ -713,9 +773,7 @@ impl InputMajor {
         y.extend_from_slice(&self.b);
         for (&xi, row) in x.iter().zip(self.w.chunks_exact(self.b.len().max(1))) {
             if xi != 0.0 {
-                for (yj, &wj) in y.iter_mut().zip(row) {
-                    *yj += xi * wj;
-                }
+                add_scaled(y, xi, row);
             }
         }
         if relu {
@@ -723,6 +781,32 @@ impl InputMajor {
                 *v = v.max(0.0);
             }
         }
+    }
+}
+
+/// `y += a·x`, element by element (see [`dot`]).
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// `minus -= x` and `plus += x`, element by element: a table's projection
+/// moved from one device's sum to another's (see [`dot`]).
+#[multiversion(targets("x86_64+avx2+fma"))]
+pub fn move_between(minus: &mut [f32], plus: &mut [f32], x: &[f32]) {
+    for ((m, p), &x) in minus.iter_mut().zip(plus.iter_mut()).zip(x) {
+        *m -= x;
+        *p += x;
+    }
+}
+
+/// `sum += x`, element by element (see [`dot`]).
+#[multiversion(targets("x86_64+avx2+fma"))]
+pub fn add_into(sum: &mut [f32], x: &[f32]) {
+    for (s, x) in sum.iter_mut().zip(x) {
+        *s += x;
     }
 }
 
@@ -947,6 +1031,20 @@ mod tests {
                     assert!(
                         (g - e).abs() < 1e-4 * (1.0 + e.abs()),
                         "{d} {k}: {g} vs {e}"
+                    );
+                }
+            }
+            // Every table's projection at once: one matrix product per
+            // member, equal to each row's own projection.
+            let flat = Vec::<f32>::try_from(reps.view([-1])).unwrap();
+            let rows = heads.project_rows(&flat);
+            let w = heads.projected_width();
+            assert_eq!(rows.len(), 7 * w);
+            for (t, r) in flat.chunks_exact(heads.width()).enumerate() {
+                for (a, b) in rows[t * w..(t + 1) * w].iter().zip(heads.project(r)) {
+                    assert!(
+                        (a - b).abs() < 1e-4 * (1.0 + b.abs()),
+                        "table {t}: {a} vs {b}"
                     );
                 }
             }

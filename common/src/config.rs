@@ -401,6 +401,12 @@ pub struct ModelConfig {
     /// predicted cheapest. The search then does not depend on one starting
     /// point.
     pub plan_search_every_candidate: bool,
+    /// The learned plan replaces the best heuristic plan only when every
+    /// cost-network member predicts it at least this share cheaper (0.02:
+    /// 2 %). The search picks the plans the network underrates, so their
+    /// predictions run low; the margin was chosen on validation draws of
+    /// the table space (docs/results.md, "The guard's margin").
+    pub plan_margin: f64,
 }
 
 /// How the cost network's table MLP sees a table's work: its lookups
@@ -475,6 +481,7 @@ impl Default for ModelConfig {
             plan_moves: 0,
             plan_search: 2000,
             plan_search_every_candidate: true,
+            plan_margin: 0.02,
         }
     }
 }
@@ -500,6 +507,12 @@ impl ModelConfig {
             return Err(format!(
                 "model.plan_temperature = {} must lie in [0, 1000]",
                 self.plan_temperature
+            ));
+        }
+        if !(self.plan_margin.is_finite() && (0.0..=0.5).contains(&self.plan_margin)) {
+            return Err(format!(
+                "model.plan_margin = {} must lie in [0, 0.5] (a share: 0.02 is 2 %)",
+                self.plan_margin
             ));
         }
         if !(1..=16).contains(&self.cost_members) {

@@ -1,7 +1,7 @@
 //! Times `Model::plan` (after loading and one warm-up call) for a pool CSV
 //! under several `model.plan_*` settings: min and median over 15 calls.
 //! With a suite instead, times the run's own `plan` settings on each of its
-//! tasks: the median (the upper one, for an even count) over tasks of each
+//! tasks, alone and guarded (what `learner plan` runs): the median (the upper one, for an even count) over tasks of each
 //! task's median of 5 calls, the range, and how many tasks took over 10 ms.
 //!
 //! cargo run --release --example plan_time -- RUN_DIR TABLES_CSV DEVICES MEMORY_GB
@@ -13,21 +13,39 @@ fn main() -> anyhow::Result<()> {
     let (cfg, mut model) = learner::checkpoint::load_run(run)?;
     if args[1] == "--suite" {
         let suite = common::Suite::load(std::path::Path::new(&args[2]), &cfg.memory)?;
-        let mut per_task: Vec<f64> = suite
-            .tasks
-            .iter()
-            .map(|task| median_of(5, || drop(model.plan(task, &cfg.memory))))
-            .collect();
-        per_task.sort_by(f64::total_cmp);
-        println!(
-            "{} tasks of {}: median {:.2} ms, {:.2} to {:.2} ms, {} over 10 ms",
-            per_task.len(),
-            args[2],
-            per_task[per_task.len() / 2],
-            per_task[0],
-            per_task[per_task.len() - 1],
-            per_task.iter().filter(|&&t| t > 10.0).count()
-        );
+        let shapes = learner::data::TrainedShapes::read(run);
+        for guarded in [false, true] {
+            let mut per_task: Vec<f64> = suite
+                .tasks
+                .iter()
+                .map(|task| {
+                    median_of(5, || {
+                        if guarded {
+                            let g =
+                                learner::guard::plan(&model, shapes.as_ref(), task, &cfg.memory);
+                            drop(g.expect("a plan that fits"));
+                        } else {
+                            drop(model.plan(task, &cfg.memory));
+                        }
+                    })
+                })
+                .collect();
+            per_task.sort_by(f64::total_cmp);
+            println!(
+                "{} ({}) {} tasks: median {:.2} ms, {:.2} to {:.2} ms, {} over 10 ms",
+                args[2],
+                if guarded {
+                    "guarded, as `learner plan`"
+                } else {
+                    "Model::plan"
+                },
+                per_task.len(),
+                per_task[per_task.len() / 2],
+                per_task[0],
+                per_task[per_task.len() - 1],
+                per_task.iter().filter(|&&t| t > 10.0).count()
+            );
+        }
         return Ok(());
     }
     let task = common::Task {

@@ -18,9 +18,12 @@
 //! 3. **Disagreement**: a cost network of several members (an ensemble,
 //!    `model.cost_members`) gives one prediction per member. The learned
 //!    plan replaces the best heuristic plan only if *every* member predicts
-//!    it cheaper: where members disagree, the data did not settle the
-//!    question (the ensemble's spread is the usual estimate of a network's
-//!    epistemic uncertainty; Lakshminarayanan et al., 2017).
+//!    it cheaper, by `model.plan_margin` (2 %): where members disagree, the
+//!    data did not settle the question (the ensemble's spread is the usual
+//!    estimate of a network's epistemic uncertainty; Lakshminarayanan et
+//!    al., 2017). The margin is for the search's optimism: it picks the
+//!    plans the network underrates, so the learned plan's prediction runs
+//!    lower than a heuristic plan's (the winner's curse).
 //! 4. With an oracle at hand (`plan --verify`), the final candidates are
 //!    measured and the measured best is returned.
 //!
@@ -115,7 +118,7 @@ pub fn plan(
     task: &Task,
     mem: &MemoryModel,
 ) -> anyhow::Result<Guarded> {
-    let (learned, infeasible) = model.plan(task, mem);
+    let (learned, infeasible, episodes) = model.plan_keeping(task, mem);
     let mut candidates = Vec::new();
     if !infeasible {
         candidates.push((POLICY, learned));
@@ -138,7 +141,7 @@ pub fn plan(
         task.memory_gb
     );
     let plans: Vec<&Plan> = candidates.iter().map(|(_, p)| p).collect();
-    let predicted = model.member_costs(&task.tables, &plans);
+    let predicted = model.member_costs_for(&episodes, &task.tables, &plans);
     let candidates: Vec<Candidate> = candidates
         .into_iter()
         .zip(predicted)
@@ -165,10 +168,11 @@ pub fn plan(
         doubts,
         notes,
     };
-    guarded.chosen = choose(&guarded);
+    let margin = model.plan_cfg.plan_margin;
+    guarded.chosen = choose(&guarded, margin);
     if guarded.candidates[0].method == POLICY && guarded.chosen != 0 && guarded.doubts.is_empty() {
-        if let Some(why) = disagreement(&guarded.candidates[0], &guarded.candidates[guarded.chosen])
-        {
+        let (learned, h) = (&guarded.candidates[0], &guarded.candidates[guarded.chosen]);
+        if let Some(why) = disagreement(learned, h, margin) {
             guarded.doubts.push(why);
         }
     }
@@ -177,10 +181,11 @@ pub fn plan(
 
 /// The candidate to return: the learned plan if there are no doubts of
 /// distribution and every member predicts it cheaper than the best
-/// heuristic plan; else that heuristic plan. Out of distribution the
-/// network cannot rank the heuristics either: then `torchrec`'s plan, what
-/// TorchRec's own planner would give, where it fits.
-fn choose(g: &Guarded) -> usize {
+/// heuristic plan by `margin` (a share); else that heuristic plan. Out of
+/// distribution the network cannot rank the heuristics either: then
+/// `torchrec`'s plan, what TorchRec's own planner would give, where it
+/// fits.
+fn choose(g: &Guarded, margin: f64) -> usize {
     let Some(h) = g.best_heuristic() else {
         return 0;
     };
@@ -196,7 +201,7 @@ fn choose(g: &Guarded) -> usize {
         .predicted
         .iter()
         .zip(&c[h].predicted)
-        .all(|(p, q)| p <= q);
+        .all(|(p, q)| p * (1.0 + margin) <= *q);
     if every_member_agrees {
         0
     } else {
@@ -204,10 +209,11 @@ fn choose(g: &Guarded) -> usize {
     }
 }
 
-/// Why members disagree on the learned plan against heuristic plan `h`,
-/// or `None` when every member predicts the learned plan no cheaper (a
-/// plain loss, not a doubt).
-fn disagreement(learned: &Candidate, h: &Candidate) -> Option<String> {
+/// Why the learned plan was set aside for heuristic plan `h` although some
+/// member predicts it cheaper (members that disagree, or a gain under
+/// `margin`), or `None` when every member predicts it no cheaper (a plain
+/// loss, not a doubt).
+fn disagreement(learned: &Candidate, h: &Candidate, margin: f64) -> Option<String> {
     let gains: Vec<f64> = learned
         .predicted
         .iter()
@@ -220,13 +226,18 @@ fn disagreement(learned: &Candidate, h: &Candidate) -> Option<String> {
             (a.min(g), b.max(g))
         });
     (hi > 0.0).then(|| {
+        let what = if lo > 0.0 {
+            format!("all {} members of the cost network", gains.len())
+        } else {
+            format!("the cost network's {} members disagree: they", gains.len())
+        };
         format!(
-            "the cost network's {} members disagree: they predict the learned plan from \
-             {:+.1} % to {:+.1} % against `{}`'s",
-            gains.len(),
+            "{what} predict the learned plan from {:+.1} % to {:+.1} % against `{}`'s, \
+             and it must be {:.1} % cheaper for every one (model.plan_margin)",
             -hi,
             -lo,
-            h.method
+            h.method,
+            margin * 100.0
         )
     })
 }
@@ -301,18 +312,42 @@ mod tests {
             vec![cand(POLICY, &[9.0, 9.5]), cand("lookup", &[10.0, 10.0])],
             &[],
         );
-        assert_eq!(choose(&agreed), 0);
+        assert_eq!(choose(&agreed, 0.0), 0);
         let split = guarded(
             vec![cand(POLICY, &[9.0, 10.5]), cand("lookup", &[10.0, 10.0])],
             &[],
         );
-        assert_eq!(choose(&split), 1);
-        let why = disagreement(&split.candidates[0], &split.candidates[1]).unwrap();
+        assert_eq!(choose(&split, 0.0), 1);
+        let why = disagreement(&split.candidates[0], &split.candidates[1], 0.0).unwrap();
         assert!(
             why.contains("2 members disagree") && why.contains("lookup"),
             "{why}"
         );
         assert!(why.contains("-10.0 %") && why.contains("+5.0 %"), "{why}");
+    }
+
+    #[test]
+    fn the_learned_plan_must_be_predicted_cheaper_by_the_margin() {
+        // Every member predicts the learned plan 1 % to 3 % cheaper.
+        let g = guarded(
+            vec![cand(POLICY, &[9.7, 9.9]), cand("lookup", &[10.0, 10.0])],
+            &[],
+        );
+        assert_eq!(choose(&g, 0.0), 0);
+        assert_eq!(choose(&g, 0.005), 0);
+        assert_eq!(choose(&g, 0.02), 1, "one member predicts only 1 %");
+        let why = disagreement(&g.candidates[0], &g.candidates[1], 0.02).unwrap();
+        assert!(
+            why.contains("all 2 members") && why.contains("2.0 % cheaper"),
+            "{why}"
+        );
+        // No member predicts a gain: a plain loss, no doubt to report.
+        let lost = guarded(
+            vec![cand(POLICY, &[10.5, 10.1]), cand("lookup", &[10.0, 10.0])],
+            &[],
+        );
+        assert_eq!(choose(&lost, 0.02), 1);
+        assert!(disagreement(&lost.candidates[0], &lost.candidates[1], 0.02).is_none());
     }
 
     #[test]
@@ -327,12 +362,12 @@ mod tests {
             &["out of distribution: bin_0"],
         );
         assert_eq!(
-            choose(&g),
+            choose(&g, 0.0),
             3,
             "TorchRec's planner, whatever the network predicts"
         );
         g.candidates.pop();
-        assert_eq!(choose(&g), 2, "else the heuristic predicted cheapest");
+        assert_eq!(choose(&g, 0.0), 2, "else the heuristic predicted cheapest");
     }
 
     #[test]
@@ -409,6 +444,6 @@ mod tests {
     #[test]
     fn without_a_learned_plan_the_best_heuristic_is_chosen() {
         let g = guarded(vec![cand("lookup", &[5.0]), cand("dim", &[4.0])], &[]);
-        assert_eq!(choose(&g), 1);
+        assert_eq!(choose(&g, 0.0), 1);
     }
 }

@@ -348,7 +348,8 @@ pub fn search<C: PlanCost + ?Sized>(
 pub struct CostNetOracle {
     /// `[tables × projected width]` table projections (see
     /// [`DeviceHeads::project`]).
-    projected: Vec<f32>,
+    /// Shared by the copies (one per search).
+    projected: std::sync::Arc<[f32]>,
     heads: DeviceHeads,
     keys: Vec<u64>,
     cache: HashMap<u64, [f32; 3], BuildHasherDefault<KeyHasher>>,
@@ -404,6 +405,10 @@ impl Hasher for KeyHasher {
     }
 }
 
+/// Entries the cache makes room for at once (a search of a few thousand
+/// plans adds about one per plan): it need not grow step by step.
+const CACHE_RESERVE: usize = 1 << 12;
+
 /// Entries after which the cache starts over (a few MB).
 pub const CACHE_LIMIT: usize = 1 << 16;
 
@@ -412,17 +417,20 @@ impl CostNetOracle {
     /// the task the plans will be of.
     pub fn new(heads: DeviceHeads, reps: &Tensor, seed: u64) -> CostNetOracle {
         let reps = Vec::<f32>::try_from(reps.to_kind(Kind::Float).view([-1])).unwrap_or_default();
-        let projected: Vec<f32> = reps
-            .chunks_exact(heads.width().max(1))
-            .flat_map(|r| heads.project(r))
-            .collect();
+        let projected = heads.project_rows(&reps);
+        Self::from_projected(heads, projected, seed)
+    }
+
+    /// From the tables' projections already made (`[tables ×
+    /// projected width]`, see [`DeviceHeads::project_rows`]).
+    pub fn from_projected(heads: DeviceHeads, projected: Vec<f32>, seed: u64) -> CostNetOracle {
         let tables = projected.len() / heads.projected_width().max(1);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         CostNetOracle {
             keys: (0..tables).map(|_| rng.gen()).collect(),
-            projected,
+            projected: projected.into(),
             heads,
-            cache: HashMap::default(),
+            cache: HashMap::with_capacity_and_hasher(CACHE_RESERVE, Default::default()),
             plan: Vec::new(),
             dev_keys: Vec::new(),
             costs: Vec::new(),
@@ -444,22 +452,22 @@ impl CostNetOracle {
         let devices = self.dev_keys.len();
         let (projected, plan, l) = (&self.projected, &self.plan, &mut self.sums);
         let projection = |t: usize| &projected[t * w..(t + 1) * w];
-        // Unknown: every table may have moved.
-        let mut moved = l.stale.take().unwrap_or_else(|| (0..plan.len()).collect());
         let fresh = l.sums.len() != devices * w
             || l.assignment.len() != plan.len()
             || l.updates >= REFRESH_SUMS;
+        // Unknown: any table may have moved (a look at each costs far less
+        // than summing afresh).
+        let mut moved = l.stale.take().unwrap_or_else(|| (0..plan.len()).collect());
         if !fresh {
             moved.sort_unstable();
             moved.dedup();
             moved.retain(|&t| l.assignment[t] != plan[t]);
         }
-        if fresh || moved.len() > MAX_MOVED {
+        // Moving a table costs two of its additions, summing afresh one.
+        if fresh || moved.len() > MAX_MOVED.max(plan.len() / 4) {
             let mut sums = vec![0.0f32; devices * w];
             for (t, &d) in plan.iter().enumerate() {
-                for (s, &x) in sums[d * w..(d + 1) * w].iter_mut().zip(projection(t)) {
-                    *s += x;
-                }
+                actor::nets::add_into(&mut sums[d * w..(d + 1) * w], projection(t));
             }
             l.assignment.clone_from(plan);
             l.sums = sums;
@@ -476,10 +484,7 @@ impl CostNetOracle {
             } else {
                 (&mut hi[..w], &mut lo[to * w..(to + 1) * w])
             };
-            for ((s, d), &x) in src.iter_mut().zip(dst.iter_mut()).zip(projection(t)) {
-                *s -= x;
-                *d += x;
-            }
+            actor::nets::move_between(src, dst, projection(t));
             l.assignment[t] = to;
         }
         l.updates += 1;

@@ -309,28 +309,84 @@ pub fn scaled_rewards(u: &Unroll, scale: RewardScale) -> Tensor {
     }
 }
 
-/// `f` of each item, in order, spread over up to one thread per core in
-/// consecutive shares when there are several items (for plain-Rust work
-/// such as `plan`'s episodes and searches: each is seeded, so the results do
-/// not depend on the threads).
+/// Each plan's iteration cost as each member predicts it (`[plan][member]`),
+/// from the cost network's plain heads and the tables' projections
+/// (`[tables × projected width]`): the members' device costs composed as
+/// [`actor::nets::compose`] does, `max fwd + max (bwd + 2·comm)`.
+fn composed_member_costs(
+    heads: &actor::nets::DeviceHeads,
+    projected: &[f32],
+    plans: &[&Plan],
+) -> Vec<Vec<f64>> {
+    let w = heads.projected_width();
+    let mut sums = Vec::new();
+    plans
+        .iter()
+        .map(|p| {
+            sums.clear();
+            sums.resize(p.devices * w, 0.0f32);
+            for (t, &d) in p.assignment.iter().enumerate() {
+                if let (Some(sum), Some(x)) = (
+                    sums.get_mut(d * w..(d + 1) * w),
+                    projected.get(t * w..(t + 1) * w),
+                ) {
+                    actor::nets::add_into(sum, x);
+                }
+            }
+            let each: Vec<Vec<[f32; 3]>> = sums
+                .chunks_exact(w.max(1))
+                .map(|s| heads.finish_each(s))
+                .collect();
+            (0..heads.members())
+                .map(|m| {
+                    let max = |f: &dyn Fn(&[f32; 3]) -> f64| {
+                        each.iter()
+                            .map(|e| f(&e[m]))
+                            .fold(f64::NEG_INFINITY, f64::max)
+                    };
+                    max(&|c| c[0] as f64) + max(&|c| c[1] as f64 + 2.0 * c[2] as f64)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `f` of each item, in order, spread over up to one thread per core (each
+/// takes the next item when free) when there are several items (for
+/// plain-Rust work such as `plan`'s episodes and searches: each is seeded,
+/// so the results do not depend on the threads).
 fn in_threads<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = items.len().min(cores);
     if threads <= 1 {
         return items.iter().map(f).collect();
     }
-    let share = items.len().div_ceil(threads);
-    let f = &f;
-    std::thread::scope(|scope| {
-        let running: Vec<_> = items
-            .chunks(share)
-            .map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<_>>()))
+    // Each thread takes the next item when it is free: items of unequal
+    // work still keep every thread busy.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (f, next) = (&f, &next);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let running: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(move || {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else {
+                            break mine;
+                        };
+                        mine.push((i, f(item)));
+                    }
+                })
+            })
             .collect();
         running
             .into_iter()
             .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
             .collect()
-    })
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
 }
 
 /// One line of `metrics.jsonl`: written after every policy update.
@@ -517,10 +573,23 @@ impl Model {
     /// predicts it: `[plan][member]`.
     pub fn member_costs(&self, tables: &[common::Table], plans: &[&Plan]) -> Vec<Vec<f64>> {
         let features: Vec<_> = tables.iter().map(scaled).collect();
+        if self.plan_cfg.overall_cost == common::config::OverallCost::Composed {
+            self.member_costs_plain(&features, plans)
+        } else {
+            self.member_costs_batched(&features, plans)
+        }
+    }
+
+    /// [`Model::member_costs`] through libtorch, in one batch.
+    fn member_costs_batched(
+        &self,
+        features: &[[f32; common::NUM_FEATURES]],
+        plans: &[&Plan],
+    ) -> Vec<Vec<f64>> {
         let placed: Vec<PlacedTables> = plans
             .iter()
             .map(|p| PlacedTables {
-                features: features.clone(),
+                features: features.to_vec(),
                 assignment: p.assignment.clone(),
                 devices: p.devices,
             })
@@ -541,6 +610,38 @@ impl Model {
             .collect()
     }
 
+    /// [`Model::member_costs`] of a composed overall cost on plain arrays:
+    /// the tables' representations once (not once per plan), each plan's
+    /// device sums of their projections, each member's heads, composed as
+    /// [`actor::nets::compose`] does. Equal to the batched forward up to
+    /// float rounding.
+    fn member_costs_plain(
+        &self,
+        features: &[[f32; common::NUM_FEATURES]],
+        plans: &[&Plan],
+    ) -> Vec<Vec<f64>> {
+        let heads = self.cost.device_heads();
+        let reps = tch::no_grad(|| self.cost.tables(&Tensor::from_slice2(features)));
+        let flat = Vec::<f32>::try_from(reps.to_kind(Kind::Float).view([-1])).unwrap_or_default();
+        composed_member_costs(&heads, &heads.project_rows(&flat), plans)
+    }
+
+    /// [`Model::member_costs`] of plans of the task `episodes` was made for
+    /// (by [`Model::plan_keeping`]), from its copy of the cost network where
+    /// the overall cost is composed.
+    pub fn member_costs_for(
+        &self,
+        episodes: &PlainEpisodes,
+        tables: &[common::Table],
+        plans: &[&Plan],
+    ) -> Vec<Vec<f64>> {
+        if self.plan_cfg.overall_cost == common::config::OverallCost::Composed {
+            composed_member_costs(episodes.heads(), episodes.cost_projections(), plans)
+        } else {
+            self.member_costs(tables, plans)
+        }
+    }
+
     /// The policy's plan for a task, and whether it ran out of memory (see
     /// [`Model::estimate`] for its predicted cost): the candidate with the
     /// lowest predicted cost among the greedy episode, `plan_samples − 1`
@@ -555,30 +656,60 @@ impl Model {
     /// feasible candidate, the lowest prediction winning. With one candidate
     /// and no moves or search, the greedy episode as it is.
     pub fn plan(&self, task: &Task, mem: &common::MemoryModel) -> (Plan, bool) {
+        let (plan, infeasible, _) = self.plan_keeping(task, mem);
+        (plan, infeasible)
+    }
+
+    /// [`Model::plan`], with the networks' plain copies for the task it
+    /// planned, for predicting more plans of it
+    /// ([`Model::member_costs_for`]) without computing them again.
+    pub fn plan_keeping(
+        &self,
+        task: &Task,
+        mem: &common::MemoryModel,
+    ) -> (Plan, bool, PlainEpisodes) {
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
-        let c = &self.plan_cfg;
-        let k = c.plan_samples.max(1);
         // The greedy episode and the sampled ones: plain arrays, no libtorch
         // call per step, sample `i` seeded by `i` (reproducible, whatever
         // the threads).
         let episodes = PlainEpisodes::new(&self.policy, &self.cost, &mdp);
-        let indices: Vec<usize> = (0..k).collect();
-        let mut candidates: Vec<(Vec<usize>, bool)> = in_threads(&indices, |&i| match i {
-            0 => episodes.greedy(),
-            i => episodes.sampled(i as u64, c.plan_temperature),
-        });
-        if c.plan_heuristics {
+        let (plan, infeasible) = self.plan_with(task, mem, &mdp, &episodes);
+        (plan, infeasible, episodes)
+    }
+
+    /// [`Model::plan`] once the task's episodes are ready.
+    fn plan_with(
+        &self,
+        task: &Task,
+        mem: &common::MemoryModel,
+        mdp: &MdpTask,
+        episodes: &PlainEpisodes,
+    ) -> (Plan, bool) {
+        let c = &self.plan_cfg;
+        let k = c.plan_samples.max(1);
+        let heuristics: Vec<Vec<usize>> = if c.plan_heuristics {
             use crate::baselines::Method::{Lookup, SizeLookup, Torchrec};
             let found =
                 crate::baselines::plans_for(task, mem, self.batch, &[Lookup, SizeLookup, Torchrec]);
-            candidates.extend(found.map(|p| (p.assignment, false)));
-        }
+            found.map(|p| p.assignment).collect()
+        } else {
+            Vec::new()
+        };
         // Moves and search need per-device costs composed into the overall.
         let (moves, searched) = if c.overall_cost == common::config::OverallCost::Composed {
             (c.plan_moves, c.plan_search)
         } else {
             (0, 0)
         };
+        if searched > 1 && task.devices > 1 && c.plan_search_every_candidate && moves == 0 {
+            return self.search_each(task, mem, episodes, heuristics);
+        }
+        let indices: Vec<usize> = (0..k).collect();
+        let mut candidates: Vec<(Vec<usize>, bool)> = in_threads(&indices, |&i| match i {
+            0 => episodes.greedy(),
+            i => episodes.sampled(i as u64, c.plan_temperature),
+        });
+        candidates.extend(heuristics.into_iter().map(|a| (a, false)));
         if candidates.len() == 1 && moves == 0 && searched == 0 {
             let (assignment, infeasible) = candidates.swap_remove(0);
             return (
@@ -600,7 +731,7 @@ impl Model {
             .then(|| crate::search::CostNetOracle::new(self.cost.device_heads(), &reps, 0));
         let moved = |assignment: Vec<usize>| -> Vec<usize> {
             if moves > 0 {
-                self.improve(&mdp, &reps, assignment, moves)
+                self.improve(mdp, &reps, assignment, moves)
             } else {
                 assignment
             }
@@ -669,6 +800,66 @@ impl Model {
         } else {
             let mut found = searches(vec![moved(assignment)]);
             found.swap_remove(0).0
+        };
+        (
+            Plan {
+                devices: task.devices,
+                assignment,
+            },
+            infeasible,
+        )
+    }
+
+    /// `plan` searching from every candidate, without moves: each episode
+    /// then the search from its plan, and the search from each distinct
+    /// heuristic plan, as one job each, spread over the cores (a search
+    /// does not wait for the other candidates). The lowest predicted
+    /// result wins, the first on a tie; with no candidate that fits, the
+    /// greedy episode as it is. The same plan as searching after all the
+    /// candidates are known.
+    fn search_each(
+        &self,
+        task: &Task,
+        mem: &common::MemoryModel,
+        episodes: &PlainEpisodes,
+        heuristics: Vec<Vec<usize>>,
+    ) -> (Plan, bool) {
+        let c = &self.plan_cfg;
+        let k = c.plan_samples.max(1);
+        let net = crate::search::CostNetOracle::from_projected(
+            episodes.heads().clone(),
+            episodes.cost_projections().to_vec(),
+            0,
+        );
+        let mut distinct: Vec<Vec<usize>> = Vec::new();
+        for h in heuristics {
+            if !distinct.contains(&h) {
+                distinct.push(h);
+            }
+        }
+        let jobs: Vec<usize> = (0..k + distinct.len()).collect();
+        let mut done = in_threads(&jobs, |&j| {
+            let (start, infeasible) = match j {
+                0 => episodes.greedy(),
+                j if j < k => episodes.sampled(j as u64, c.plan_temperature),
+                j => (distinct[j - k].clone(), false),
+            };
+            let found = (!infeasible)
+                .then(|| Self::search_from(&net, task, mem, start.clone(), c.plan_search));
+            (start, infeasible, found)
+        });
+        let best = (done.iter().enumerate())
+            .filter_map(|(i, (_, _, found))| found.as_ref().map(|f| (i, f.1)))
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        let (assignment, infeasible) = match best {
+            Some((i, _)) => (
+                done.swap_remove(i).2.map(|f| f.0).unwrap_or_default(),
+                false,
+            ),
+            None => {
+                let (greedy, infeasible, _) = done.swap_remove(0);
+                (greedy, infeasible)
+            }
         };
         (
             Plan {
@@ -1985,6 +2176,40 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn member_costs_on_plain_arrays_equal_the_batched_forward() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config(dir.path());
+        cfg.model.cost_members = 3;
+        crate::data::generate(&cfg, dir.path()).unwrap();
+        let suite = Suite::load(&dir.path().join("dlrm-20x4.test.json"), &cfg.memory).unwrap();
+        tch::manual_seed(5);
+        let model = Model::new(&cfg);
+        let task = &suite.tasks[0];
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let plans: Vec<Plan> = (0..5)
+            .map(|_| Plan {
+                devices: task.devices,
+                assignment: (0..task.tables.len())
+                    .map(|_| rng.gen_range(0..task.devices))
+                    .collect(),
+            })
+            .collect();
+        let refs: Vec<&Plan> = plans.iter().collect();
+        let features: Vec<_> = task.tables.iter().map(scaled).collect();
+        let plain = model.member_costs_plain(&features, &refs);
+        let batched = model.member_costs_batched(&features, &refs);
+        assert_eq!(plain.len(), 5);
+        for (p, b) in plain.iter().zip(&batched) {
+            assert_eq!(p.len(), 3);
+            for (x, y) in p.iter().zip(b) {
+                assert!((x - y).abs() < 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
+            }
+        }
+        // The members differ (else the test would not tell them apart).
+        assert!(plain.iter().any(|p| (p[0] - p[1]).abs() > 1e-6));
+    }
+
+    #[test]
     fn plan_selection_moves_and_search_never_predict_worse_than_greedy() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = small_config(dir.path());
@@ -2035,6 +2260,20 @@ pub(crate) mod tests {
             // cheapest, and from each heuristic's plan.
             let e = model.estimate(&task.tables, &every).1;
             assert!(e <= s + 1e-4, "from every candidate {e} ms vs {s} ms");
+            // Without moves, each candidate's search runs as soon as the
+            // candidate is known: still no worse than from the cheapest.
+            model.plan_cfg.plan_moves = 0;
+            model.plan_cfg.plan_search_every_candidate = false;
+            let cheapest = model
+                .estimate(&task.tables, &model.plan(task, &cfg.memory).0)
+                .1;
+            model.plan_cfg.plan_search_every_candidate = true;
+            let (each, each_infeasible) = model.plan(task, &cfg.memory);
+            assert!(!each_infeasible);
+            assert_eq!(each, model.plan(task, &cfg.memory).0, "reproducible");
+            let each = model.estimate(&task.tables, &each).1;
+            assert!(each <= cheapest + 1e-4, "each {each} ms vs {cheapest} ms");
+            model.plan_cfg.plan_moves = 20;
             let ctx = crate::baselines::Context::for_task(task, &cfg.memory, cfg.sim.batch);
             let mut rng = ChaCha8Rng::seed_from_u64(0);
             for method in [

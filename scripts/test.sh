@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh or set-up machine: set-up first
-# (idempotent), then every test of the workspace with the release profile the
+# (idempotent), `cargo fmt --check` and clippy with warnings as errors, then
+# every test of the workspace with the release profile the
 # binaries use, so libtorch's bindings compile once, then launch.sh's
 # multi-host modes (scripts/test-launch.sh) and the API docs. Arguments go
 # to `cargo test`.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$EMBSHARD_ROOT"
+# Formatting and lints first: a change that fails them does not land.
+cargo fmt --all --check
+cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 # The cuda backend is built and its library tests run (no GPU needed: they
 # check its arithmetic and its errors), so it never rots; then the plain
 # binaries are linked again for the process tests (unless asked for cuda).

@@ -793,7 +793,7 @@ fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
 }
 
 /// `minus -= x` and `plus += x`, element by element: a table's projection
-/// moved from one device's sum to another's (see [`dot`]).
+/// moved from one device's sum to another's (compiled for AVX2 too, like `dot`).
 #[multiversion(targets("x86_64+avx2+fma"))]
 pub fn move_between(minus: &mut [f32], plus: &mut [f32], x: &[f32]) {
     for ((m, p), &x) in minus.iter_mut().zip(plus.iter_mut()).zip(x) {
@@ -802,7 +802,7 @@ pub fn move_between(minus: &mut [f32], plus: &mut [f32], x: &[f32]) {
     }
 }
 
-/// `sum += x`, element by element (see [`dot`]).
+/// `sum += x`, element by element (compiled for AVX2 too, like `dot`).
 #[multiversion(targets("x86_64+avx2+fma"))]
 pub fn add_into(sum: &mut [f32], x: &[f32]) {
     for (s, x) in sum.iter_mut().zip(x) {

@@ -609,16 +609,17 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 fn relu_dot(p: &[f32], b: &[f32], w: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let (cp, cb, cw) = (p.chunks_exact(8), b.chunks_exact(8), w.chunks_exact(8));
-    let tail: f32 = (cp.remainder().iter().zip(cb.remainder()))
-        .zip(cw.remainder())
-        .map(|((p, b), w)| w * (p + b).max(0.0))
-        .sum();
+    let (rp, rb, rw) = (cp.remainder(), cb.remainder(), cw.remainder());
     for ((p, b), w) in cp.zip(cb).zip(cw) {
         for k in 0..8 {
             lanes[k] += w[k] * (p[k] + b[k]).max(0.0);
         }
     }
-    lanes.iter().sum::<f32>() + tail
+    // Element `j` in lane `j % 8`, the leftovers included.
+    for (k, ((p, b), w)) in rp.iter().zip(rb).zip(rw).enumerate() {
+        lanes[k] += w * (p + b).max(0.0);
+    }
+    lanes.iter().sum::<f32>()
 }
 
 /// The policy network with its value head.

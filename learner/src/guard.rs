@@ -201,7 +201,7 @@ fn choose(g: &Guarded, margin: f64) -> usize {
         .predicted
         .iter()
         .zip(&c[h].predicted)
-        .all(|(p, q)| p * (1.0 + margin) <= *q);
+        .all(|(p, q)| q - p >= margin * q.abs());
     if every_member_agrees {
         0
     } else {
@@ -341,6 +341,19 @@ mod tests {
             why.contains("all 2 members") && why.contains("2.0 % cheaper"),
             "{why}"
         );
+        // Just under 2 % for one member: still set aside.
+        let close = guarded(
+            vec![cand(POLICY, &[9.75, 9.81]), cand("lookup", &[10.0, 10.0])],
+            &[],
+        );
+        assert_eq!(choose(&close, 0.02), 1);
+        assert_eq!(choose(&close, 0.018), 0);
+        // Predictions below zero (an untrained head can give them): the
+        // gain is still the difference over the size of the heuristic's.
+        let negative = guarded(vec![cand(POLICY, &[-9.9]), cand("lookup", &[-10.0])], &[]);
+        assert_eq!(choose(&negative, 0.02), 1, "predicted dearer");
+        let negative = guarded(vec![cand(POLICY, &[-10.5]), cand("lookup", &[-10.0])], &[]);
+        assert_eq!(choose(&negative, 0.02), 0, "predicted 5 % cheaper");
         // No member predicts a gain: a plain loss, no doubt to report.
         let lost = guarded(
             vec![cand(POLICY, &[10.5, 10.1]), cand("lookup", &[10.0, 10.0])],

@@ -312,7 +312,10 @@ pub fn scaled_rewards(u: &Unroll, scale: RewardScale) -> Tensor {
 /// Each plan's iteration cost as each member predicts it (`[plan][member]`),
 /// from the cost network's plain heads and the tables' projections
 /// (`[tables × projected width]`): the members' device costs composed as
-/// [`actor::nets::compose`] does, `max fwd + max (bwd + 2·comm)`.
+/// [`actor::nets::compose`] does, `max fwd + max (bwd + 2·comm)`. A plan
+/// that is not one of these tables' (another count of tables, no device, a
+/// table on a device it lacks) is predicted NaN by every member: never
+/// cheaper than another.
 fn composed_member_costs(
     heads: &actor::nets::DeviceHeads,
     projected: &[f32],
@@ -323,15 +326,18 @@ fn composed_member_costs(
     plans
         .iter()
         .map(|p| {
+            let tables = projected.len() / w.max(1);
+            if p.devices == 0
+                || p.assignment.len() != tables
+                || p.assignment.iter().any(|&d| d >= p.devices)
+            {
+                return vec![f64::NAN; heads.members()];
+            }
             sums.clear();
             sums.resize(p.devices * w, 0.0f32);
             for (t, &d) in p.assignment.iter().enumerate() {
-                if let (Some(sum), Some(x)) = (
-                    sums.get_mut(d * w..(d + 1) * w),
-                    projected.get(t * w..(t + 1) * w),
-                ) {
-                    actor::nets::add_into(sum, x);
-                }
+                let x = &projected[t * w..(t + 1) * w];
+                actor::nets::add_into(&mut sums[d * w..(d + 1) * w], x);
             }
             let each: Vec<Vec<[f32; 3]>> = sums
                 .chunks_exact(w.max(1))
@@ -2207,6 +2213,20 @@ pub(crate) mod tests {
         }
         // The members differ (else the test would not tell them apart).
         assert!(plain.iter().any(|p| (p[0] - p[1]).abs() > 1e-6));
+        // A plan of other tables or devices is never predicted cheap.
+        let bad = [
+            Plan {
+                devices: task.devices,
+                assignment: vec![task.devices; task.tables.len()],
+            },
+            Plan {
+                devices: task.devices,
+                assignment: vec![0; task.tables.len() + 1],
+            },
+        ];
+        for p in model.member_costs_plain(&features, &[&bad[0], &bad[1]]) {
+            assert!(p.len() == 3 && p.iter().all(|x| x.is_nan()), "{p:?}");
+        }
     }
 
     #[test]

@@ -103,6 +103,8 @@ pub enum Command {
     ///
     /// Example:
     ///   learner pretrain --config configs/pretrain.toml --run-dir models/pretrained
+    // Pre-training starts from fresh networks: --init (refused) is not shown.
+    #[command(mut_arg("init", |a| a.hide(true)))]
     Pretrain(TrainArgs),
     /// Place your tables with a trained model, in milliseconds, without a GPU.
     ///
@@ -1434,5 +1436,21 @@ mod tests {
         // No file yet: nothing kept, the clock at zero.
         let none = dir.path().join("none.jsonl");
         assert_eq!(keep_metrics_until(&none, 5).unwrap(), 0.0);
+    }
+
+    #[test]
+    fn pretrains_help_does_not_offer_the_init_it_refuses() {
+        use clap::CommandFactory;
+        let help = |name: &str| {
+            let mut cmd = Cli::command();
+            let sub = cmd.find_subcommand_mut(name).unwrap();
+            sub.render_long_help().to_string()
+        };
+        assert!(help("train").contains("--init <RUN>"));
+        assert!(!help("pretrain").contains("--init <RUN>"));
+        // Still parsed, so that pretrain can say why it refuses it.
+        assert!(
+            Cli::try_parse_from(["learner", "pretrain", "--init", "x", "--run-dir", "r"]).is_ok()
+        );
     }
 }

@@ -548,30 +548,29 @@ impl DeviceHeads {
     /// Each member's (fwd, bwd, comm) from a device's summed projections
     /// (what [`DeviceHeads::finish`] averages).
     pub fn finish_each(&self, projected: &[f32]) -> Vec<[f32; 3]> {
-        let mut at = 0;
-        self.members
-            .iter()
-            .map(|m| {
-                at += 3 * m.hidden;
-                m.finish(&projected[at - 3 * m.hidden..at])
-            })
-            .collect()
+        self.each(projected).collect()
     }
 
     /// (fwd, bwd, comm) from a device's summed projections: the members'
     /// mean.
     pub fn finish(&self, projected: &[f32]) -> [f32; 3] {
         let mut sum = [0.0f32; 3];
-        let mut at = 0;
-        for m in &self.members {
-            let c = m.finish(&projected[at..at + 3 * m.hidden]);
-            at += 3 * m.hidden;
+        for c in self.each(projected) {
             for k in 0..3 {
                 sum[k] += c[k];
             }
         }
         let n = self.members.len().max(1) as f32;
         sum.map(|x| x / n)
+    }
+
+    /// Each member's heads on its own part of `projected`, in order.
+    fn each<'a>(&'a self, projected: &'a [f32]) -> impl Iterator<Item = [f32; 3]> + 'a {
+        let mut at = 0;
+        self.members.iter().map(move |m| {
+            at += 3 * m.hidden;
+            m.finish(&projected[at - 3 * m.hidden..at])
+        })
     }
 
     /// (fwd, bwd, comm) of a device whose summed table representation is

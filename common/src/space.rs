@@ -825,27 +825,43 @@ mod tests {
         assert!(near * 10 >= bound * 9, "{near} of {bound} near 1.05");
     }
 
+    /// A space with every draw pinned: one dim, row count, pooling, device
+    /// count, tables per device and memory share; DLRM-like tables, never
+    /// roomy.
+    fn pinned(
+        dim: u32,
+        log10_rows: f64,
+        pooling: f64,
+        devices: usize,
+        per_device: usize,
+        share: f64,
+    ) -> SpaceConfig {
+        SpaceConfig {
+            dim_min: dim,
+            dim_max: dim,
+            log10_rows_min: log10_rows,
+            log10_rows_max: log10_rows,
+            pooling_min: pooling,
+            pooling_max: pooling,
+            devices_min: devices,
+            devices_max: devices,
+            per_device_min: per_device,
+            per_device_max: per_device,
+            share_min: share,
+            share_max: share,
+            roomy_share: 0.0,
+            styles: vec![Style::Dlrm],
+            ..SpaceConfig::default()
+        }
+    }
+
     #[test]
     fn a_share_that_packs_no_plan_is_raised_until_one_fits() {
         // Three equal tables on two devices: 1.05 × an even share holds
         // 1.575 tables, so first-fit decreasing needs room for two.
         let cfg = SpaceConfig {
-            dim_min: 64,
-            dim_max: 64,
-            log10_rows_min: 5.0,
-            log10_rows_max: 5.0,
-            pooling_min: 1.0,
-            pooling_max: 1.0,
-            devices_min: 2,
-            devices_max: 2,
-            per_device_min: 2,
-            per_device_max: 2,
             max_tables: 3,
-            share_min: 1.05,
-            share_max: 1.05,
-            roomy_share: 0.0,
-            styles: vec![Style::Dlrm],
-            ..SpaceConfig::default()
+            ..pinned(64, 5.0, 1.0, 2, 2, 1.05)
         };
         assert_eq!(cfg.validate(), Ok(()));
         for t in &tasks(&cfg, 5, 1, "raise", &mem()) {
@@ -877,23 +893,7 @@ mod tests {
 
     #[test]
     fn narrow_ranges_give_the_value_asked_for() {
-        let cfg = SpaceConfig {
-            dim_min: 96,
-            dim_max: 96,
-            log10_rows_min: 5.0,
-            log10_rows_max: 5.0,
-            pooling_min: 0.5,
-            pooling_max: 0.5,
-            devices_min: 3,
-            devices_max: 3,
-            per_device_min: 5,
-            per_device_max: 5,
-            share_min: 1.1,
-            share_max: 1.1,
-            roomy_share: 0.0,
-            styles: vec![Style::Dlrm],
-            ..SpaceConfig::default()
-        };
+        let cfg = pinned(96, 5.0, 0.5, 3, 5, 1.1);
         assert_eq!(cfg.validate(), Ok(()));
         for t in &tasks(&cfg, 10, 1, "n", &mem()) {
             assert_eq!((t.devices, t.tables.len()), (3, 15), "{}", t.name);

@@ -731,10 +731,15 @@ impl Model {
         let _guard = tch::no_grad_guard();
         let reps = self.cost.tables(&mdp.features);
         let searching = searched > 1 && task.devices > 1;
-        // The cost network's per-device heads and table projections copied
-        // out of libtorch once for every search.
-        let net = searching
-            .then(|| crate::search::CostNetOracle::new(self.cost.device_heads(), &reps, 0));
+        // The episodes' copy of the cost network's heads and table
+        // projections, for every search.
+        let net = searching.then(|| {
+            crate::search::CostNetOracle::from_projected(
+                episodes.heads().clone(),
+                episodes.cost_projections().to_vec(),
+                0,
+            )
+        });
         let moved = |assignment: Vec<usize>| -> Vec<usize> {
             if moves > 0 {
                 self.improve(mdp, &reps, assignment, moves)

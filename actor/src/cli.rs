@@ -130,8 +130,8 @@ fn bench(
     config: Option<PathBuf>,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    use crate::mdp::{rollout, MdpTask, Mode};
-    use crate::nets::{CostNet, PolicyNet};
+    use model::mdp::{rollout, MdpTask, Mode};
+    use model::nets::{CostNet, PolicyNet};
     anyhow::ensure!(
         tables > 0 && devices > 0 && episodes > 0 && rounds > 0,
         "every count must be at least 1"
@@ -164,7 +164,7 @@ fn bench(
             seq: 1,
             policy_version: 1,
         },
-        &common::protocol::Message::Unroll(crate::wire::unroll_to_data(0, &u)),
+        &common::protocol::Message::Unroll(model::wire::unroll_to_data(0, &u)),
     );
     writeln!(
         out,

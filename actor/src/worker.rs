@@ -15,9 +15,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tch::{nn, Device};
 
-use crate::mdp::{try_rollout, MdpTask, Mode};
-use crate::nets::{CostNet, PolicyNet, DEVICE_FEATURES};
-use crate::wire::{import_all, unroll_to_data, MAX_EPISODES};
+use model::mdp::{try_rollout, MdpTask, Mode};
+use model::nets::{CostNet, PolicyNet, DEVICE_FEATURES};
+use model::wire::{import_all, unroll_to_data, MAX_EPISODES};
 
 /// How to reach the learner.
 #[derive(Debug, Clone)]

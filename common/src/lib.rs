@@ -15,6 +15,7 @@
 //! - [`placement`]: placement JSON and the in-memory plan type.
 //! - [`published`]: TorchRec planner constants shared by the simulator and the baseline.
 //! - [`measurement`]: a plan's measured per-device costs, as every oracle returns it.
+//! - [`oracle`]: "measure this plan", the trait behind every backend.
 //! - [`config`]: the TOML configuration, resolved once into validated types.
 //! - [`fs`]: atomic file writes and stable name hashes.
 //! - [`error`]: the typed errors of this crate.
@@ -33,6 +34,7 @@ pub mod link;
 pub mod logging;
 pub mod malloc;
 pub mod measurement;
+pub mod oracle;
 pub mod placement;
 pub mod pool;
 pub mod protocol;

@@ -73,7 +73,7 @@ pub struct Weights {
 }
 
 /// `E` episodes of one rollout task on the estimated MDP,
-/// time-major over the task's `M` tables (see `actor::mdp::Unroll`).
+/// time-major over the task's `M` tables (see `model::mdp::Unroll`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UnrollData {
     /// Index of the task among the welcome's tasks (the rollout tasks).

@@ -11,7 +11,7 @@
 //! TASKS: only the suite's first so many tasks.
 use benchworker::{Backend, Oracle, OracleError};
 use common::{DeviceCost, Measurement, Plan, Table};
-use learner::baselines::Method;
+use model::baselines::Method;
 
 /// Measures a plan's devices one after another as one-device plans.
 struct OneDeviceAtATime(Box<dyn Oracle>);

@@ -9,7 +9,7 @@
 use benchworker::sim::SimOracle;
 use benchworker::Oracle;
 use common::Suite;
-use learner::baselines::{place, Context, Method};
+use model::baselines::{place, Context, Method};
 use rand::SeedableRng;
 
 fn main() -> anyhow::Result<()> {
@@ -37,7 +37,7 @@ fn main() -> anyhow::Result<()> {
                     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
                     let p = place(m, &ctx, &mut rng).ok_or_else(|| anyhow::anyhow!("no plan"))?;
                     if name == "search" {
-                        learner::search::search(
+                        model::search::search(
                             &mut sim,
                             &task.tables,
                             &p,

@@ -20,8 +20,9 @@
 use benchworker::sim::SimOracle;
 use benchworker::Oracle;
 use common::{Plan, Suite};
-use learner::baselines::{place, Context, Method};
-use learner::train::{cost_loss, CostSample, Model};
+use model::baselines::{place, Context, Method};
+use model::loss::{cost_loss, CostSample};
+use model::Model;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -44,7 +45,7 @@ fn main() -> anyhow::Result<()> {
     tch::manual_seed(seed as i64);
     let model = Model::new(&cfg);
     let t = &cfg.train;
-    let mut opt = learner::adam::Adam::new(&model.cost_vs, t.cost_lr).with_weight_decay(wd);
+    let mut opt = model::adam::Adam::new(&model.cost_vs, t.cost_lr).with_weight_decay(wd);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let rounds = t.iterations.max(1);
     for round in 1..=rounds {
@@ -79,7 +80,7 @@ fn main() -> anyhow::Result<()> {
                 .collect();
             anyhow::ensure!(heuristics.len() == 3, "{}: a heuristic failed", task.name);
             let cap = task.cap_bytes();
-            let reference = learner::search::search(
+            let reference = model::search::search(
                 &mut sim,
                 &task.tables,
                 &heuristics[2],
@@ -130,11 +131,11 @@ fn main() -> anyhow::Result<()> {
                 .min_by(|&a, &b| predicted[a].total_cmp(&predicted[b]))
                 .unwrap_or(0);
             let _guard = tch::no_grad_guard();
-            let mdp = actor::mdp::MdpTask::new(&task.tables, task.devices, cap, &cfg.memory);
+            let mdp = model::mdp::MdpTask::new(&task.tables, task.devices, cap, &cfg.memory);
             let reps = model.cost.tables(&mdp.features);
-            let mut net = learner::search::CostNetOracle::new(model.cost.device_heads(), &reps, 0);
+            let mut net = model::search::CostNetOracle::new(model.cost.device_heads(), &reps, 0);
             let mut r = ChaCha8Rng::seed_from_u64(0);
-            let out = learner::search::search(
+            let out = model::search::search(
                 &mut net,
                 &task.tables,
                 &heuristics[start],

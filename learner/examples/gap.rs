@@ -8,7 +8,7 @@
 use benchworker::sim::SimOracle;
 use benchworker::Oracle;
 use common::Suite;
-use learner::baselines::{place, Context, Method};
+use model::baselines::{place, Context, Method};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -28,7 +28,7 @@ fn main() -> anyhow::Result<()> {
         let start = place(Method::Torchrec, &ctx, &mut rng)
             .ok_or_else(|| anyhow::anyhow!("{}: torchrec found no plan", task.name))?;
         let (own, _) = model.plan(task, &cfg.memory);
-        let reference = learner::search::search(
+        let reference = model::search::search(
             &mut sim,
             &task.tables,
             &start,

@@ -10,13 +10,13 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let run = std::path::Path::new(&args[0]);
     let (cfg, model) = learner::checkpoint::load_run(run)?;
-    let shapes = learner::data::TrainedShapes::read(run);
+    let shapes = model::shapes::TrainedShapes::read(run);
     let suite = common::Suite::load(std::path::Path::new(&args[1]), &cfg.memory)?;
     let mut oracle = benchworker::build(benchworker::Backend::Sim, &cfg)?;
     for task in &suite.tasks {
-        let mut g = learner::guard::plan(&model, shapes.as_ref(), task, &cfg.memory)?;
+        let mut g = model::guard::plan(&model, shapes.as_ref(), task, &cfg.memory)?;
         let chosen = g.chosen;
-        learner::guard::verify(&mut g, &task.tables, oracle.as_mut())?;
+        model::guard::verify(&mut g, &task.tables, oracle.as_mut())?;
         let best = g.candidates[g.chosen].measured.unwrap_or(f64::NAN);
         let got = g.candidates[chosen].measured.unwrap_or(f64::NAN);
         let mark = if got > best * 1.01 { "!" } else { " " };

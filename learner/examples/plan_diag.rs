@@ -6,10 +6,10 @@
 //! mean Spearman correlation between predicted and measured costs.
 //!
 //! cargo run --release --example plan_diag -- RUN_DIR K SUITE...
-use actor::mdp::{MdpTask, PlainEpisodes};
 use benchworker::sim::SimOracle;
 use benchworker::Oracle;
 use common::{Plan, Suite};
+use model::mdp::{MdpTask, PlainEpisodes};
 
 fn ranks(v: &[f64]) -> Vec<f64> {
     let mut idx: Vec<usize> = (0..v.len()).collect();

@@ -13,7 +13,7 @@ fn main() -> anyhow::Result<()> {
     let (cfg, mut model) = learner::checkpoint::load_run(run)?;
     if args[1] == "--suite" {
         let suite = common::Suite::load(std::path::Path::new(&args[2]), &cfg.memory)?;
-        let shapes = learner::data::TrainedShapes::read(run);
+        let shapes = model::shapes::TrainedShapes::read(run);
         for guarded in [false, true] {
             let mut per_task: Vec<f64> = suite
                 .tasks
@@ -21,8 +21,7 @@ fn main() -> anyhow::Result<()> {
                 .map(|task| {
                     median_of(5, || {
                         if guarded {
-                            let g =
-                                learner::guard::plan(&model, shapes.as_ref(), task, &cfg.memory);
+                            let g = model::guard::plan(&model, shapes.as_ref(), task, &cfg.memory);
                             drop(g.expect("a plan that fits"));
                         } else {
                             drop(model.plan(task, &cfg.memory));
@@ -78,35 +77,35 @@ fn main() -> anyhow::Result<()> {
     }
     // The greedy episode alone: plain arrays (what `plan` runs) against the
     // batched libtorch rollout (what training runs).
-    let mdp = actor::mdp::MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
+    let mdp = model::mdp::MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
     let (min, median) = timed(|| {
-        actor::mdp::greedy_episode(&model.policy, &model.cost, &mdp);
+        model::mdp::greedy_episode(&model.policy, &model.cost, &mdp);
     });
     println!("greedy episode on plain arrays: min {min:.2} ms, median {median:.2} ms");
     let (min, median) = timed(|| {
-        actor::mdp::rollout(
+        model::mdp::rollout(
             &model.policy,
             &model.cost,
             &mdp,
             1,
-            actor::mdp::Mode::Greedy,
+            model::mdp::Mode::Greedy,
         );
     });
     println!("greedy episode through libtorch: min {min:.2} ms, median {median:.2} ms");
     // One search on the cost network alone, from torchrec's plan.
-    let ctx = learner::baselines::Context::for_task(&task, &cfg.memory, cfg.sim.batch);
+    let ctx = model::baselines::Context::for_task(&task, &cfg.memory, cfg.sim.batch);
     let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
-    let start = learner::baselines::place(learner::baselines::Method::Torchrec, &ctx, &mut rng)
+    let start = model::baselines::place(model::baselines::Method::Torchrec, &ctx, &mut rng)
         .ok_or_else(|| anyhow::anyhow!("torchrec found no plan that fits"))?;
     let reps = tch::no_grad(|| model.cost.tables(&mdp.features));
-    let net = learner::search::CostNetOracle::new(model.cost.device_heads(), &reps, 0);
+    let net = model::search::CostNetOracle::new(model.cost.device_heads(), &reps, 0);
     let budget = 2000;
     // A fresh copy of the oracle each time, as `plan` takes one per search.
     let (min, median) = timed(|| {
         let mut net = net.clone();
         let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
         let cap = task.cap_bytes();
-        learner::search::search(
+        model::search::search(
             &mut net,
             &task.tables,
             &start,

@@ -13,7 +13,8 @@ use anyhow::Context;
 use common::config::Config;
 use tch::Tensor;
 
-use crate::train::{Counters, Model, Trainer};
+use crate::train::{Counters, Trainer};
+use model::Model;
 
 const FILES: [&str; 4] = ["policy.ot", "cost.ot", "optimizer.ot", "counters.json"];
 

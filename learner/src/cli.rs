@@ -9,10 +9,10 @@ use common::config::Config;
 use common::Suite;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::baselines::Method;
-use crate::data::TrainedShapes;
 use crate::eval::{evaluate, Report};
 use crate::runlock::RunLock;
+use model::baselines::Method;
+use model::shapes::TrainedShapes;
 
 /// The embshard learner: learns to place embedding tables on GPUs.
 ///
@@ -314,10 +314,10 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         memory_gb: 1e6,
         tables: task.tables.iter().take(2).cloned().collect(),
     };
-    crate::guard::plan(&model, None, &tiny, &run_cfg.memory)?;
+    model::guard::plan(&model, None, &tiny, &run_cfg.memory)?;
     let warm = warm.elapsed();
     let start = std::time::Instant::now();
-    let mut guarded = crate::guard::plan(&model, shapes.as_ref(), &task, &run_cfg.memory)?;
+    let mut guarded = model::guard::plan(&model, shapes.as_ref(), &task, &run_cfg.memory)?;
     let elapsed = start.elapsed();
     for note in &guarded.notes {
         tracing::warn!(
@@ -336,7 +336,7 @@ fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     if let Some(backend) = args.verify {
         let mut oracle = benchworker::build(backend, &run_cfg)?;
-        crate::guard::verify(&mut guarded, &task.tables, oracle.as_mut())?;
+        model::guard::verify(&mut guarded, &task.tables, oracle.as_mut())?;
         let chosen = &guarded.candidates[guarded.chosen];
         if let Some(h) = guarded.best_heuristic() {
             let h = &guarded.candidates[h];
@@ -513,7 +513,7 @@ fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 fn train_with(
     args: TrainArgs,
     given: Option<Config>,
-    prior: Vec<crate::train::CostSample>,
+    prior: Vec<model::loss::CostSample>,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     use crate::checkpoint;
@@ -912,8 +912,8 @@ fn stage_one(
     cfg: &Config,
     tasks: &[common::Task],
     stage1: &Path,
-    bulk: &[crate::train::CostSample],
-    held: &[crate::train::CostSample],
+    bulk: &[model::loss::CostSample],
+    held: &[model::loss::CostSample],
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     use crate::checkpoint;
@@ -1027,7 +1027,7 @@ fn stage_one(
 fn fresh_trainer<'a>(
     cfg: &'a Config,
     tasks: &'a [common::Task],
-    init: Option<crate::train::Model>,
+    init: Option<model::Model>,
 ) -> anyhow::Result<crate::train::Trainer<'a>> {
     let model = match (init, &cfg.train.init) {
         (Some(model), _) => model,

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use crate::train::CostSample;
+use model::loss::CostSample;
 
 #[derive(Serialize)]
 struct LineOut<'a> {
@@ -136,8 +136,8 @@ impl CostLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use actor::nets::PlacedTables;
     use common::{DeviceCost, Measurement, NUM_FEATURES};
+    use model::nets::PlacedTables;
 
     fn sample(k: usize) -> CostSample {
         CostSample {
@@ -152,7 +152,7 @@ mod tests {
                 DeviceCost::new(0.5, 1.0, 0.5, 0.25),
             ]),
             // Logs from before pick numbers were kept have none.
-            pick: (k % 2 == 0).then_some(crate::train::PickId {
+            pick: (k % 2 == 0).then_some(model::loss::PickId {
                 round: k / 3,
                 place: k % 3,
             }),

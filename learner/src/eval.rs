@@ -15,8 +15,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::baselines::{place, Context, Method};
-use crate::search;
+use model::baselines::{place, Context, Method};
+use model::search;
 
 /// One method's results over a suite.
 #[derive(Debug, Clone, Serialize)]
@@ -50,10 +50,10 @@ pub struct Setting<'a> {
     /// Global batch of the oracle, for TorchRec's estimator.
     pub batch: u64,
     /// A trained model, for the method `policy` (`plan`'s guarded choice:
-    /// see [`crate::guard`]).
-    pub model: Option<&'a crate::train::Model>,
+    /// see [`model::guard`]).
+    pub model: Option<&'a model::Model>,
     /// What the model was trained on, for the guard's checks.
-    pub shapes: Option<&'a crate::data::TrainedShapes>,
+    pub shapes: Option<&'a model::shapes::TrainedShapes>,
 }
 
 /// What became of the oracle's measurements over an evaluation.
@@ -146,9 +146,9 @@ pub fn evaluate(
             per_method.entry(Method::Search).or_default().push(cost);
         }
         if let (true, Some(model)) = (methods.contains(&Method::Policy), model) {
-            let cost = match crate::guard::plan(model, shapes, task, mem) {
+            let cost = match model::guard::plan(model, shapes, task, mem) {
                 Ok(g) => {
-                    guard_tally[usize::from(g.method() != crate::guard::POLICY)] += 1;
+                    guard_tally[usize::from(g.method() != model::guard::POLICY)] += 1;
                     guard_tally[2] += usize::from(!g.doubts.is_empty());
                     let measured = oracle.measure(&task.tables, g.plan()).map(|r| r.cost_ms);
                     outcomes.cost(&task.name, Method::Policy, measured)

@@ -43,9 +43,9 @@ use common::{Measurement, Plan, Task};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::baselines::{self, Method};
-use crate::search::PlanCost;
-use crate::train::CostSample;
+use model::baselines::{self, Method};
+use model::loss::CostSample;
+use model::search::PlanCost;
 
 /// Stage 1's folder inside the run.
 pub const STAGE1: &str = "stage1";
@@ -162,7 +162,7 @@ pub fn bulk_of(
             oracle: &mut *oracle,
             seen: Vec::new(),
         };
-        crate::search::search(
+        model::search::search(
             &mut rec,
             &task.tables,
             &start,
@@ -252,7 +252,7 @@ pub fn bulk(
 /// plan of each task, measured on `sim`: `(of training tasks, of held-out
 /// tasks)` (see `pretrain.search_rounds`).
 pub fn searched(
-    model: &crate::train::Model,
+    model: &model::Model,
     cfg: &Config,
     tasks: &[Task],
 ) -> anyhow::Result<(Vec<CostSample>, Vec<CostSample>)> {
@@ -260,7 +260,7 @@ pub fn searched(
     let (mut train, mut held) = (Vec::new(), Vec::new());
     for (k, task) in tasks.iter().enumerate() {
         let mut starts: Vec<Vec<usize>> = Vec::new();
-        for &m in &crate::guard::HEURISTICS {
+        for &m in &model::guard::HEURISTICS {
             if let Some(p) = baselines::plans_for(task, &cfg.memory, cfg.sim.batch, &[m]).next() {
                 if !starts.contains(&p.assignment) {
                     starts.push(p.assignment);
@@ -291,14 +291,13 @@ pub fn searched(
 
 /// The cost network's mean and 90th-percentile relative error of the
 /// iteration cost, `|predicted − measured| / measured`, on `samples`.
-pub fn relative_error(model: &crate::train::Model, samples: &[CostSample]) -> (f64, f64) {
+pub fn relative_error(model: &model::Model, samples: &[CostSample]) -> (f64, f64) {
     let mut errors: Vec<f64> = samples
         .chunks(256)
         .flat_map(|chunk| {
-            let batch = actor::nets::PlanBatch::new(chunk.iter().map(|s| &s.placed));
+            let batch = model::nets::PlanBatch::new(chunk.iter().map(|s| &s.placed));
             let pred = tch::no_grad(|| model.cost.forward(&batch));
-            let pred: Vec<f64> =
-                Vec::try_from(pred.overall.to_kind(tch::Kind::Double)).unwrap_or_default();
+            let pred: Vec<f64> = model::tensor_vec(&pred.overall.to_kind(tch::Kind::Double));
             chunk
                 .iter()
                 .zip(pred)

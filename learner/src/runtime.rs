@@ -33,12 +33,13 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use actor::mdp::Unroll;
-use actor::wire::{export, unroll_from_data};
 use common::link::{Hub, Incoming};
 use common::protocol::{DropCounts, Message, Role, Weights};
+use model::mdp::Unroll;
+use model::wire::{export, unroll_from_data};
 
-use crate::train::{CostSample, Hooks, Pick, PickId, Trainer};
+use crate::train::{Hooks, Pick, Trainer};
+use model::loss::{CostSample, PickId};
 
 /// Jobs that fail this many times in a row stop training.
 const MAX_JOB_FAILURES: usize = 10;
@@ -1860,7 +1861,7 @@ mod tests {
             actions: vec![0; m],
             behaviour_logp: vec![-0.5; m],
             masks: vec![true; m * d],
-            device_features: vec![0.0; m * d * actor::nets::DEVICE_FEATURES as usize],
+            device_features: vec![0.0; m * d * model::nets::DEVICE_FEATURES as usize],
             predicted_cost_ms: vec![10.0],
             reward_scale: 1.0,
             infeasible: vec![false],

@@ -372,7 +372,7 @@ fn pretrain_then_fine_tune_then_plan_verified_on_sim() {
         pre.to_str().unwrap(),
     ]);
     assert!(!ok && err.contains("--resume"), "{err}");
-    let pre_shapes = learner::data::TrainedShapes::read(&pre).unwrap();
+    let pre_shapes = model::shapes::TrainedShapes::read(&pre).unwrap();
 
     // Fine-tuning takes the pre-trained networks and their layer sizes.
     let tuned = dir.path().join("tuned");
@@ -396,7 +396,7 @@ fn pretrain_then_fine_tune_then_plan_verified_on_sim() {
         .is_some_and(|p| p.ends_with("pre")));
     // Judged by its own training tasks (12 tables on 3 devices), not the
     // pre-training's.
-    let shapes = learner::data::TrainedShapes::read(&tuned).unwrap();
+    let shapes = model::shapes::TrainedShapes::read(&tuned).unwrap();
     assert_eq!((shapes.tables, shapes.devices), ([12, 12], [3, 3]));
     assert_ne!(shapes, pre_shapes);
     // --init on a folder that holds no run: named.

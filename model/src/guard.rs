@@ -30,12 +30,12 @@
 //! A task of a shape far from training (tables per device) only warns: on
 //! the main job's model, such tasks still gained 5 to 7 % (README).
 
-use benchworker::Oracle;
+use common::oracle::Oracle;
 use common::{MemoryModel, Plan, Task};
 
 use crate::baselines::Method;
-use crate::data::TrainedShapes;
-use crate::train::Model;
+use crate::model::Model;
+use crate::shapes::TrainedShapes;
 
 /// The heuristics whose plans are candidates, in the order they are tried.
 pub const HEURISTICS: [Method; 5] = [

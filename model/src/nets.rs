@@ -537,7 +537,7 @@ impl DeviceHeads {
                 part
             })
             .collect();
-        Vec::<f32>::try_from(Tensor::cat(&parts, 1).contiguous().view([-1])).unwrap_or_default()
+        crate::tensor_vec(&Tensor::cat(&parts, 1))
     }
 
     /// The ensemble's members.
@@ -736,10 +736,10 @@ impl PolicyNet {
 /// A linear layer's weight (`[out, in]`, row-major) and bias as plain
 /// arrays.
 fn dense(l: &nn::Linear) -> (Vec<f32>, Vec<f32>) {
-    let flat = |t: &Tensor| Vec::<f32>::try_from(t.to_kind(Kind::Float).view([-1]));
-    let w = flat(&l.ws).unwrap_or_default();
+    let flat = |t: &Tensor| crate::tensor_vec::<f32>(&t.to_kind(Kind::Float));
+    let w = flat(&l.ws);
     let b = match &l.bs {
-        Some(b) => flat(b).unwrap_or_default(),
+        Some(b) => flat(b),
         None => vec![0.0; l.ws.size()[0] as usize],
     };
     (w, b)
@@ -943,8 +943,9 @@ mod tests {
         }
     }
 
+    /// Same shape (no broadcasting) and equal within 1e-5.
     fn close(a: &Tensor, b: &Tensor) -> bool {
-        (a - b).abs().max().double_value(&[]) < 1e-5
+        a.size() == b.size() && (a - b).abs().max().double_value(&[]) < 1e-5
     }
 
     #[test]

@@ -14,8 +14,8 @@
 //! its costing does: `plan` runs thousands of them on the cost network
 //! ([`CostNetOracle`]) within its few milliseconds.
 
-use actor::nets::DeviceHeads;
-use benchworker::{Oracle, OracleError};
+use crate::nets::DeviceHeads;
+use common::oracle::{Oracle, OracleError};
 use common::{DeviceCost, Measurement, MemoryModel, Plan, Table};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -254,7 +254,7 @@ pub fn search<C: PlanCost + ?Sized>(
     budget: usize,
     rng: &mut impl Rng,
 ) -> Result<Outcome, OracleError> {
-    benchworker::oracle::check_plan(tables, start)?;
+    common::oracle::check_plan(tables, start)?;
     let hood = Neighbourhood {
         bytes: tables.iter().map(|t| mem.table_bytes(t)).collect(),
         cap: cap_bytes,
@@ -416,7 +416,7 @@ impl CostNetOracle {
     /// `reps`: the cost network's `[tables, width]` table representations of
     /// the task the plans will be of.
     pub fn new(heads: DeviceHeads, reps: &Tensor, seed: u64) -> CostNetOracle {
-        let reps = Vec::<f32>::try_from(reps.to_kind(Kind::Float).view([-1])).unwrap_or_default();
+        let reps = crate::tensor_vec::<f32>(&reps.to_kind(Kind::Float));
         let projected = heads.project_rows(&reps);
         Self::from_projected(heads, projected, seed)
     }
@@ -467,7 +467,7 @@ impl CostNetOracle {
         if fresh || moved.len() > MAX_MOVED.max(plan.len() / 4) {
             let mut sums = vec![0.0f32; devices * w];
             for (t, &d) in plan.iter().enumerate() {
-                actor::nets::add_into(&mut sums[d * w..(d + 1) * w], projection(t));
+                crate::nets::add_into(&mut sums[d * w..(d + 1) * w], projection(t));
             }
             l.assignment.clone_from(plan);
             l.sums = sums;
@@ -484,7 +484,7 @@ impl CostNetOracle {
             } else {
                 (&mut hi[..w], &mut lo[to * w..(to + 1) * w])
             };
-            actor::nets::move_between(src, dst, projection(t));
+            crate::nets::move_between(src, dst, projection(t));
             l.assignment[t] = to;
         }
         l.updates += 1;
@@ -578,7 +578,7 @@ impl CostNetOracle {
                 }
             }
             None => {
-                benchworker::oracle::check_plan(tables, plan)?;
+                common::oracle::check_plan(tables, plan)?;
                 self.plan.clone_from(&plan.assignment);
                 self.dev_keys.clear();
                 self.dev_keys.resize(plan.devices, 0);
@@ -667,7 +667,7 @@ mod tests {
 
     #[test]
     fn the_cost_network_oracle_predicts_what_the_cost_network_does() {
-        use actor::nets::{CostNet, PlacedTables, PlanBatch};
+        use crate::nets::{CostNet, PlacedTables, PlanBatch};
         use common::config::ModelConfig;
         let tables = pool(24, 5);
         tch::manual_seed(1);
@@ -752,7 +752,7 @@ mod tests {
 
     /// A cost network oracle over a random network, for a task of `tables`.
     fn cost_net_oracle(tables: &[Table]) -> CostNetOracle {
-        use actor::nets::CostNet;
+        use crate::nets::CostNet;
         use common::config::ModelConfig;
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let net = CostNet::new(&vs.root(), &ModelConfig::default());

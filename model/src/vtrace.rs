@@ -167,7 +167,9 @@ mod tests {
     }
 
     fn assert_close(a: &[Vec<f64>], b: &[Vec<f64>], what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}: rows");
         for (ra, rb) in a.iter().zip(b) {
+            assert_eq!(ra.len(), rb.len(), "{what}: columns");
             for (x, y) in ra.iter().zip(rb) {
                 assert!(
                     (x - y).abs() <= 1e-9 * (1.0 + y.abs()),

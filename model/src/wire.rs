@@ -10,10 +10,6 @@ use tch::{nn, Device, Kind, Tensor};
 use crate::mdp::Unroll;
 use crate::nets::DEVICE_FEATURES;
 
-fn to_vec<T: tch::kind::Element + Copy>(t: &Tensor) -> Vec<T> {
-    Vec::<T>::try_from(&t.contiguous().view([-1])).unwrap_or_default()
-}
-
 /// The largest predicted cost an unroll may carry, in ms (days of an
 /// iteration): far above any real one, far below where the learner's f32
 /// sums of them overflow.
@@ -27,16 +23,16 @@ pub const MAX_EPISODES: usize = 1 << 16;
 
 /// An unroll of rollout task `task` as plain data.
 pub fn unroll_to_data(task: u32, u: &Unroll) -> UnrollData {
-    let actions: Vec<i64> = to_vec(&u.actions);
+    let actions: Vec<i64> = crate::tensor_vec(&u.actions);
     UnrollData {
         task,
         episodes: u.actions.size()[1] as u32,
         order: u.order.iter().map(|&i| i as u32).collect(),
         actions: actions.iter().map(|&a| a as u32).collect(),
-        behaviour_logp: to_vec(&u.behaviour_logp),
-        masks: to_vec(&u.masks),
-        device_features: to_vec(&u.device_features),
-        predicted_cost_ms: to_vec(&u.predicted_cost_ms),
+        behaviour_logp: crate::tensor_vec(&u.behaviour_logp),
+        masks: crate::tensor_vec(&u.masks),
+        device_features: crate::tensor_vec(&u.device_features),
+        predicted_cost_ms: crate::tensor_vec(&u.predicted_cost_ms),
         reward_scale: u.reward_scale,
         infeasible: u.infeasible.clone(),
     }
@@ -137,7 +133,7 @@ pub fn export(vs: &nn::VarStore) -> Vec<NamedArray> {
         .map(|(name, t)| NamedArray {
             name,
             shape: t.size(),
-            values: to_vec(&t.to_kind(Kind::Float)),
+            values: crate::tensor_vec(&t.to_kind(Kind::Float)),
         })
         .collect()
 }
@@ -149,7 +145,7 @@ pub fn import_tensors(vs: &nn::VarStore, named: &[(String, Tensor)]) -> Result<(
         .map(|(name, t)| NamedArray {
             name: name.clone(),
             shape: t.size(),
-            values: to_vec(&t.to_kind(Kind::Float)),
+            values: crate::tensor_vec(&t.to_kind(Kind::Float)),
         })
         .collect();
     import(vs, &arrays)

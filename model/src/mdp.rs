@@ -105,7 +105,7 @@ pub fn single_table_costs(cost: &CostNet, repr: &Tensor) -> Vec<f32> {
     let m = repr.size()[0];
     let single =
         tch::no_grad(|| cost.overall_cost(repr, &Tensor::arange(m, (Kind::Int64, Device::Cpu)), m));
-    Vec::try_from(single).unwrap_or_default()
+    crate::tensor_vec(&single)
 }
 
 /// The cost of a perfectly balanced placement without fusion: the
@@ -454,7 +454,7 @@ pub fn try_rollout(
         feats.push(features);
         masks.push(mask_t);
         logps.push(chosen_logp);
-        let acts: Vec<i64> = Vec::try_from(&action).unwrap_or_default();
+        let acts: Vec<i64> = crate::tensor_vec(&action);
         for (k, &a) in acts.iter().enumerate() {
             let a = a as usize;
             used[k][a] = used[k][a].saturating_add(need);
@@ -524,14 +524,13 @@ impl PlainEpisodes {
         let single = single_table_costs(cost, &cost_repr);
         let rows = |t: &Tensor| -> Vec<Vec<f32>> {
             let width = t.size()[1] as usize;
-            Vec::<f32>::try_from(t.to_kind(Kind::Float).view([-1]))
-                .unwrap_or_default()
+            crate::tensor_vec::<f32>(&t.to_kind(Kind::Float))
                 .chunks_exact(width.max(1))
                 .map(<[f32]>::to_vec)
                 .collect()
         };
         let heads = cost.device_heads();
-        let flat = Vec::<f32>::try_from(cost_repr.to_kind(Kind::Float).view([-1]));
+        let flat = crate::tensor_vec::<f32>(&cost_repr.to_kind(Kind::Float));
         PlainEpisodes {
             order: placement_order(&single),
             scale: balanced_cost(&single, task.devices),
@@ -539,7 +538,7 @@ impl PlainEpisodes {
             cap: task.cap_bytes,
             devices: task.devices,
             pol_repr: rows(&policy.tables(&task.features)),
-            cost_proj: heads.project_rows(&flat.unwrap_or_default()),
+            cost_proj: heads.project_rows(&flat),
             scorer: policy.scorer(),
             heads,
         }
@@ -552,7 +551,7 @@ impl PlainEpisodes {
 
     /// The tables' projections by the heads (`[tables × projected
     /// width]`), for a search on the same network
-    /// (`learner::search::CostNetOracle::from_projected`).
+    /// ([`crate::search::CostNetOracle::from_projected`]).
     pub fn cost_projections(&self) -> &[f32] {
         &self.cost_proj
     }

@@ -1,0 +1,562 @@
+//! `plan`: the policy's placement of a task, chosen among the greedy
+//! episode, sampled episodes and the heuristics' plans by the cost network,
+//! then improved by local search on the cost network.
+
+use common::{Plan, Task};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use tch::{Device, Kind, Tensor};
+
+use crate::mdp::{MdpTask, PlainEpisodes};
+use crate::model::Model;
+use crate::tensor_vec;
+
+impl Model {
+    /// The policy's plan for a task, and whether it ran out of memory (see
+    /// [`Model::estimate`] for its predicted cost): the candidate with the
+    /// lowest predicted cost among the greedy episode, `plan_samples − 1`
+    /// sampled ones (plain arrays, spread over the cores, each seeded by its
+    /// number: reproducible) and, with
+    /// `model.plan_heuristics`, the cheap heuristics' plans; then, for a
+    /// feasible candidate and a composed overall cost, `model.plan_moves`
+    /// hill-climbing moves and `model.plan_search` predicted plans of local
+    /// search on the cost network (kept if it predicts lower, see
+    /// [`crate::search::Outcome::improved`]); with
+    /// `model.plan_search_every_candidate`, moves and search from every
+    /// feasible candidate, the lowest prediction winning. With one candidate
+    /// and no moves or search, the greedy episode as it is.
+    pub fn plan(&self, task: &Task, mem: &common::MemoryModel) -> (Plan, bool) {
+        let (plan, infeasible, _) = self.plan_keeping(task, mem);
+        (plan, infeasible)
+    }
+
+    /// [`Model::plan`], with the networks' plain copies for the task it
+    /// planned, for predicting more plans of it
+    /// ([`Model::member_costs_for`]) without computing them again.
+    pub fn plan_keeping(
+        &self,
+        task: &Task,
+        mem: &common::MemoryModel,
+    ) -> (Plan, bool, PlainEpisodes) {
+        let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
+        // The greedy episode and the sampled ones: plain arrays, no libtorch
+        // call per step, sample `i` seeded by `i` (reproducible, whatever
+        // the threads).
+        let episodes = PlainEpisodes::new(&self.policy, &self.cost, &mdp);
+        let (plan, infeasible) = self.plan_with(task, mem, &mdp, &episodes);
+        (plan, infeasible, episodes)
+    }
+
+    /// [`Model::plan`] once the task's episodes are ready.
+    fn plan_with(
+        &self,
+        task: &Task,
+        mem: &common::MemoryModel,
+        mdp: &MdpTask,
+        episodes: &PlainEpisodes,
+    ) -> (Plan, bool) {
+        let c = &self.plan_cfg;
+        let k = c.plan_samples.max(1);
+        let heuristics: Vec<Vec<usize>> = if c.plan_heuristics {
+            use crate::baselines::Method::{Lookup, SizeLookup, Torchrec};
+            let found =
+                crate::baselines::plans_for(task, mem, self.batch, &[Lookup, SizeLookup, Torchrec]);
+            found.map(|p| p.assignment).collect()
+        } else {
+            Vec::new()
+        };
+        // Moves and search need per-device costs composed into the overall.
+        let (moves, searched) = if c.overall_cost == common::config::OverallCost::Composed {
+            (c.plan_moves, c.plan_search)
+        } else {
+            (0, 0)
+        };
+        if searched > 1 && task.devices > 1 && c.plan_search_every_candidate && moves == 0 {
+            return self.search_each(task, mem, episodes, heuristics);
+        }
+        let indices: Vec<usize> = (0..k).collect();
+        let mut candidates: Vec<(Vec<usize>, bool)> = in_threads(&indices, |&i| match i {
+            0 => episodes.greedy(),
+            i => episodes.sampled(i as u64, c.plan_temperature),
+        });
+        candidates.extend(heuristics.into_iter().map(|a| (a, false)));
+        if candidates.len() == 1 && moves == 0 && searched == 0 {
+            let (assignment, infeasible) = candidates.swap_remove(0);
+            return (
+                Plan {
+                    devices: task.devices,
+                    assignment,
+                },
+                infeasible,
+            );
+        }
+        // The cost network's table representations once; each candidate's
+        // device sums from them.
+        let _guard = tch::no_grad_guard();
+        let reps = self.cost.tables(&mdp.features);
+        let searching = searched > 1 && task.devices > 1;
+        // The episodes' copy of the cost network's heads and table
+        // projections, for every search.
+        let net = searching.then(|| {
+            crate::search::CostNetOracle::from_projected(
+                episodes.heads().clone(),
+                episodes.cost_projections().to_vec(),
+                0,
+            )
+        });
+        let moved = |assignment: Vec<usize>| -> Vec<usize> {
+            if moves > 0 {
+                self.improve(mdp, &reps, assignment, moves)
+            } else {
+                assignment
+            }
+        };
+        // The search from each start (after its moves), with its result's
+        // predicted cost, in order: spread over up to one thread per core
+        // when more than one (a search is plain Rust on the copied heads,
+        // and each is seeded, so the result does not depend on the threads).
+        let searches = |starts: Vec<Vec<usize>>| -> Vec<(Vec<usize>, f64)> {
+            let Some(net) = &net else {
+                return starts.into_iter().map(|a| (a, f64::NAN)).collect();
+            };
+            in_threads(&starts, |start| {
+                Self::search_from(net, task, mem, start.clone(), searched)
+            })
+        };
+        if searching && c.plan_search_every_candidate {
+            // From every distinct candidate that fits (heuristics often
+            // agree); the lowest prediction wins (the first on a tie).
+            let starts: Vec<Vec<usize>> = candidates
+                .iter()
+                .enumerate()
+                .filter(|(i, (a, infeasible))| {
+                    !infeasible && !candidates[..*i].iter().any(|(b, _)| b == a)
+                })
+                .map(|(_, (assignment, _))| moved(assignment.clone()))
+                .collect();
+            let best = searches(starts)
+                .into_iter()
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            if let Some((assignment, _)) = best {
+                return (
+                    Plan {
+                        devices: task.devices,
+                        assignment,
+                    },
+                    false,
+                );
+            }
+        }
+        let best =
+            if candidates.len() == 1 {
+                0
+            } else {
+                let (n, d) = (candidates.len() as i64, task.devices as i64);
+                let device_of: Vec<i64> = candidates
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, (a, _))| a.iter().map(move |&x| i as i64 * d + x as i64))
+                    .collect();
+                let dev = Tensor::zeros([n * d, reps.size()[1]], (Kind::Float, Device::Cpu))
+                    .index_add(0, &Tensor::from_slice(&device_of), &reps.repeat([n, 1]));
+                let plan_of_device = Tensor::arange(n, (Kind::Int64, Device::Cpu))
+                    .repeat_interleave_self_int(d, 0, None);
+                let costs: Vec<f32> = tensor_vec(&self.cost.overall_cost(&dev, &plan_of_device, n));
+                (0..candidates.len())
+                    .filter(|&i| !candidates[i].1)
+                    .min_by(|&a, &b| costs[a].total_cmp(&costs[b]).then(a.cmp(&b)))
+                    .unwrap_or(0)
+            };
+        let (assignment, infeasible) = candidates.swap_remove(best);
+        let assignment = if infeasible {
+            assignment
+        } else {
+            let mut found = searches(vec![moved(assignment)]);
+            found.swap_remove(0).0
+        };
+        (
+            Plan {
+                devices: task.devices,
+                assignment,
+            },
+            infeasible,
+        )
+    }
+
+    /// `plan` searching from every candidate, without moves: each episode
+    /// then the search from its plan, and the search from each distinct
+    /// heuristic plan, as one job each, spread over the cores (a search
+    /// does not wait for the other candidates). The lowest predicted
+    /// result wins, the first on a tie; with no candidate that fits, the
+    /// greedy episode as it is. The same plan as searching after all the
+    /// candidates are known.
+    fn search_each(
+        &self,
+        task: &Task,
+        mem: &common::MemoryModel,
+        episodes: &PlainEpisodes,
+        heuristics: Vec<Vec<usize>>,
+    ) -> (Plan, bool) {
+        let c = &self.plan_cfg;
+        let k = c.plan_samples.max(1);
+        let net = crate::search::CostNetOracle::from_projected(
+            episodes.heads().clone(),
+            episodes.cost_projections().to_vec(),
+            0,
+        );
+        let mut distinct: Vec<Vec<usize>> = Vec::new();
+        for h in heuristics {
+            if !distinct.contains(&h) {
+                distinct.push(h);
+            }
+        }
+        let jobs: Vec<usize> = (0..k + distinct.len()).collect();
+        let mut done = in_threads(&jobs, |&j| {
+            let (start, infeasible) = match j {
+                0 => episodes.greedy(),
+                j if j < k => episodes.sampled(j as u64, c.plan_temperature),
+                j => (distinct[j - k].clone(), false),
+            };
+            let found = (!infeasible)
+                .then(|| Self::search_from(&net, task, mem, start.clone(), c.plan_search));
+            (start, infeasible, found)
+        });
+        let best = (done.iter().enumerate())
+            .filter_map(|(i, (_, _, found))| found.as_ref().map(|f| (i, f.1)))
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        let (assignment, infeasible) = match best {
+            Some((i, _)) => (
+                done.swap_remove(i).2.map(|f| f.0).unwrap_or_default(),
+                false,
+            ),
+            None => {
+                let (greedy, infeasible, _) = done.swap_remove(0);
+                (greedy, infeasible)
+            }
+        };
+        (
+            Plan {
+                devices: task.devices,
+                assignment,
+            },
+            infeasible,
+        )
+    }
+
+    /// Where `plan`'s search on the cost network goes from each of
+    /// `starts` (plans that fit `task`): the plan each search keeps, for
+    /// measuring. The search goes where the network predicts low, and so
+    /// where it is most wrong: measuring what it finds teaches the network
+    /// its errors there (pre-training's rounds, the learner's `pretrain`).
+    pub fn searched_from(
+        &self,
+        task: &Task,
+        mem: &common::MemoryModel,
+        starts: &[Vec<usize>],
+    ) -> Vec<Vec<usize>> {
+        let budget = self.plan_cfg.plan_search;
+        if budget <= 1 || task.devices < 2 {
+            return starts.to_vec();
+        }
+        let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
+        let _guard = tch::no_grad_guard();
+        let reps = self.cost.tables(&mdp.features);
+        let net = crate::search::CostNetOracle::new(self.cost.device_heads(), &reps, 0);
+        in_threads(starts, |start| {
+            Self::search_from(&net, task, mem, start.clone(), budget).0
+        })
+    }
+
+    /// The `search` reference's local search on the cost network (`net`,
+    /// a fresh copy for each search) from `start` (a plan that fits),
+    /// `budget` predicted plans: its plan if it predicts lower (see
+    /// [`crate::search::Outcome::improved`]), else the start; with that
+    /// plan's predicted cost.
+    fn search_from(
+        net: &crate::search::CostNetOracle,
+        task: &Task,
+        mem: &common::MemoryModel,
+        start: Vec<usize>,
+        budget: usize,
+    ) -> (Vec<usize>, f64) {
+        let start = Plan {
+            devices: task.devices,
+            assignment: start,
+        };
+        let mut net = net.clone();
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        match crate::search::search(
+            &mut net,
+            &task.tables,
+            &start,
+            task.cap_bytes(),
+            mem,
+            budget,
+            &mut rng,
+        ) {
+            Ok(out) if out.improved() => (out.plan.assignment, out.cost_ms),
+            Ok(out) => (start.assignment, out.start_cost_ms),
+            Err(e) => {
+                // Only a plan that does not fit the task gets here.
+                tracing::warn!("plan: the search on the cost network stopped: {e}");
+                (start.assignment, f64::INFINITY)
+            }
+        }
+    }
+}
+
+impl Model {
+    /// Hill climbing on the cost network: up to `moves` times, the single
+    /// table move (to a device it fits) that lowers the predicted iteration
+    /// cost most. Only the two devices a move touches are re-costed.
+    fn improve(
+        &self,
+        mdp: &MdpTask,
+        reps: &Tensor,
+        mut assignment: Vec<usize>,
+        moves: usize,
+    ) -> Vec<usize> {
+        let _guard = tch::no_grad_guard();
+        let (m, d) = (mdp.tables(), mdp.devices);
+        let bytes = &mdp.bytes;
+        let cap = mdp.cap_bytes;
+        let cw = reps.size()[1];
+        let mut used = vec![0u64; d];
+        for (t, &a) in assignment.iter().enumerate() {
+            used[a] += bytes[t];
+        }
+        let dev_of = Tensor::from_slice(&assignment.iter().map(|&a| a as i64).collect::<Vec<_>>());
+        let dev_repr =
+            Tensor::zeros([d as i64, cw], (Kind::Float, Device::Cpu)).index_add(0, &dev_of, reps);
+        // Per-device (fwd, bwd, comm) as plain floats: a move changes two
+        // devices, and `compose` is two maxima and a sum.
+        let costs_of = |t: &Tensor| tensor_vec::<f32>(t);
+        let mut pd = costs_of(&self.cost.device_costs(&dev_repr));
+        let composed = |dev: &dyn Fn(usize) -> [f32; 3]| {
+            let (mut fwd, mut rest) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            for x in 0..d {
+                let c = dev(x);
+                fwd = fwd.max(c[0]);
+                rest = rest.max(c[1] + c[2] * 2.0);
+            }
+            fwd + rest
+        };
+        let row = |v: &[f32], x: usize| [v[x * 3], v[x * 3 + 1], v[x * 3 + 2]];
+        let mut current = composed(&|x| row(&pd, x));
+        for _ in 0..moves {
+            // Only moves off a bottleneck device (the slowest forward, the
+            // slowest backward with its exchanges) can lower the cost.
+            let argmax = |f: &dyn Fn([f32; 3]) -> f32| {
+                (0..d)
+                    .max_by(|&a, &b| f(row(&pd, a)).total_cmp(&f(row(&pd, b))))
+                    .unwrap_or(0)
+            };
+            let slow = [argmax(&|c| c[0]), argmax(&|c| c[1] + 2.0 * c[2])];
+            let (mut tabs, mut dsts) = (Vec::new(), Vec::new());
+            for t in (0..m).filter(|&t| slow.contains(&assignment[t])) {
+                for (dst, &u) in used.iter().enumerate() {
+                    if dst != assignment[t] && u + bytes[t] <= cap {
+                        tabs.push(t as i64);
+                        dsts.push(dst as i64);
+                    }
+                }
+            }
+            if tabs.is_empty() {
+                break;
+            }
+            let n = tabs.len();
+            let srcs: Vec<i64> = tabs
+                .iter()
+                .map(|&t| assignment[t as usize] as i64)
+                .collect();
+            let moved = reps.index_select(0, &Tensor::from_slice(&tabs));
+            let src_repr = dev_repr.index_select(0, &Tensor::from_slice(&srcs)) - &moved;
+            let dst_repr = dev_repr.index_select(0, &Tensor::from_slice(&dsts)) + &moved;
+            // [2N, 3]: the source devices after each move, then the targets.
+            let changed = costs_of(
+                &self
+                    .cost
+                    .device_costs(&Tensor::cat(&[src_repr, dst_repr], 0)),
+            );
+            let (best, best_cost) = (0..n)
+                .map(|i| {
+                    let (src, dst) = (srcs[i] as usize, dsts[i] as usize);
+                    let c = composed(&|x| {
+                        if x == src {
+                            row(&changed, i)
+                        } else if x == dst {
+                            row(&changed, n + i)
+                        } else {
+                            row(&pd, x)
+                        }
+                    });
+                    (i, c)
+                })
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .unwrap_or((0, f32::INFINITY));
+            if best_cost >= current - 1e-6 {
+                break;
+            }
+            let (t, dst) = (tabs[best] as usize, dsts[best] as usize);
+            let src = assignment[t];
+            used[src] -= bytes[t];
+            used[dst] += bytes[t];
+            assignment[t] = dst;
+            let rep = reps.get(t as i64);
+            let _ = dev_repr.get(src as i64).g_sub_(&rep);
+            let _ = dev_repr.get(dst as i64).g_add_(&rep);
+            pd[src * 3..src * 3 + 3].copy_from_slice(&row(&changed, best));
+            pd[dst * 3..dst * 3 + 3].copy_from_slice(&row(&changed, n + best));
+            current = best_cost;
+        }
+        assignment
+    }
+}
+
+/// `f` of each item, in order, spread over up to one thread per core (each
+/// takes the next item when free) when there are several items (for
+/// plain-Rust work such as `plan`'s episodes and searches: each is seeded,
+/// so the results do not depend on the threads).
+fn in_threads<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = items.len().min(cores);
+    if threads <= 1 {
+        return items.iter().map(f).collect();
+    }
+    // Each thread takes the next item when it is free: items of unequal
+    // work still keep every thread busy.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (f, next) = (&f, &next);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let running: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(move || {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else {
+                            break mine;
+                        };
+                        mine.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        running
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{small_config, small_suite};
+
+    #[test]
+    fn plan_selection_moves_and_search_never_predict_worse_than_greedy() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = small_config();
+        let suite = small_suite(&cfg, "test", dir.path());
+        tch::manual_seed(3);
+        let mut model = Model::new(&cfg);
+        let (mut searched_lower, mut every_lower) = (0, 0);
+        for task in &suite.tasks {
+            // Memory for 1.5 times an even share (or the largest table): the
+            // cap binds.
+            let mut task = task.clone();
+            let bytes: Vec<u64> = task
+                .tables
+                .iter()
+                .map(|t| cfg.memory.table_bytes(t))
+                .collect();
+            let share = 1.5 * bytes.iter().sum::<u64>() as f64 / task.devices as f64;
+            let cap = share.max(1.1 * *bytes.iter().max().unwrap() as f64);
+            task.memory_gb *= cap / task.cap_bytes() as f64;
+            let task = &task;
+            model.plan_cfg.plan_samples = 1;
+            model.plan_cfg.plan_moves = 0;
+            model.plan_cfg.plan_search = 0;
+            model.plan_cfg.plan_heuristics = false;
+            let (greedy, _) = model.plan(task, &cfg.memory);
+            model.plan_cfg.plan_samples = 8;
+            model.plan_cfg.plan_moves = 20;
+            model.plan_cfg.plan_heuristics = true;
+            let (moved, _) = model.plan(task, &cfg.memory);
+            model.plan_cfg.plan_search = 300;
+            model.plan_cfg.plan_search_every_candidate = false;
+            let (searched, infeasible) = model.plan(task, &cfg.memory);
+            model.plan_cfg.plan_search_every_candidate = true;
+            let (every, every_infeasible) = model.plan(task, &cfg.memory);
+            assert!(!infeasible && !every_infeasible);
+            assert_eq!(every, model.plan(task, &cfg.memory).0, "reproducible");
+            for plan in [&moved, &searched, &every] {
+                let used = plan.device_bytes(&task.tables, &cfg.memory);
+                assert!(used.iter().all(|&u| u <= task.cap_bytes()));
+            }
+            let g = model.estimate(&task.tables, &greedy).1;
+            let m = model.estimate(&task.tables, &moved).1;
+            let s = model.estimate(&task.tables, &searched).1;
+            assert!(m <= g + 1e-4, "moved {m} ms vs greedy {g} ms");
+            assert!(s <= m + 1e-4, "searched {s} ms vs moved {m} ms");
+            // Searching from every candidate includes the search from the
+            // cheapest, and from each heuristic's plan.
+            let e = model.estimate(&task.tables, &every).1;
+            assert!(e <= s + 1e-4, "from every candidate {e} ms vs {s} ms");
+            // Without moves, each candidate's search runs as soon as the
+            // candidate is known: still no worse than from the cheapest.
+            model.plan_cfg.plan_moves = 0;
+            model.plan_cfg.plan_search_every_candidate = false;
+            let cheapest = model
+                .estimate(&task.tables, &model.plan(task, &cfg.memory).0)
+                .1;
+            model.plan_cfg.plan_search_every_candidate = true;
+            let (each, each_infeasible) = model.plan(task, &cfg.memory);
+            assert!(!each_infeasible);
+            assert_eq!(each, model.plan(task, &cfg.memory).0, "reproducible");
+            let each = model.estimate(&task.tables, &each).1;
+            assert!(each <= cheapest + 1e-4, "each {each} ms vs {cheapest} ms");
+            model.plan_cfg.plan_moves = 20;
+            let ctx = crate::baselines::Context::for_task(task, &cfg.memory, cfg.sim.batch);
+            let mut rng = ChaCha8Rng::seed_from_u64(0);
+            for method in [
+                crate::baselines::Method::Lookup,
+                crate::baselines::Method::Torchrec,
+            ] {
+                if let Some(h) = crate::baselines::place(method, &ctx, &mut rng) {
+                    let hc = model.estimate(&task.tables, &h).1;
+                    assert!(e <= hc + 1e-4, "{e} ms vs {method:?}'s {hc} ms");
+                }
+            }
+            every_lower += usize::from(e < s - 1e-4);
+            // A search that only rebalanced devices below the bottleneck (its
+            // tie-break) predicts no gain: the moved plan stays. (Judged by
+            // the search's own figures, which round apart from `estimate`'s.)
+            let reps = tch::no_grad(|| {
+                model.cost.tables(
+                    &MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory)
+                        .features,
+                )
+            });
+            let mut net = crate::search::CostNetOracle::new(model.cost.device_heads(), &reps, 0);
+            let mut predict = |p: &Plan| net.measure(&task.tables, p).unwrap().cost_ms;
+            let (ps, pm) = (predict(&searched), predict(&moved));
+            assert!(
+                searched == moved || ps < pm - 1e-5 * pm.abs(),
+                "the search changed the plan for no predicted gain ({ps} vs {pm} ms)"
+            );
+            searched_lower += usize::from(s < m - 1e-4);
+        }
+        assert!(
+            searched_lower > 0,
+            "the search never found a lower prediction"
+        );
+        assert!(
+            every_lower > 0,
+            "searching from every candidate never beat searching from the cheapest"
+        );
+    }
+}

@@ -781,36 +781,33 @@ fn issue<'t>(
 ) -> Result<(), OracleError> {
     let group = NcclGroup::start()?;
     for t in transfers {
-        if let Some(i) = slot(t.from) {
-            let buf = send_buf(i).ok_or_else(|| err("a send from a device with no output"))?;
-            // SAFETY: the transfer lies within the sender's buffer (its
+        // The sending end, then the receiving end, each where it is local.
+        for sending in [true, false] {
+            let (here, peer, offset) = match sending {
+                true => (t.from, t.to, t.send_offset),
+                false => (t.to, t.from, t.recv_offset),
+            };
+            let Some(i) = slot(here) else { continue };
+            let (buf, what) = match sending {
+                true => (send_buf(i), "send"),
+                false => (recv_buf(i), "recv"),
+            };
+            let buf = buf.ok_or_else(|| err(format!("a {what} with no buffer on its device")))?;
+            let (ptr, count, kind) = (
+                at(buf, offset),
+                t.count as usize,
+                nccl_sys::ncclDataType_t::ncclFloat32,
+            );
+            let (peer, comm, stream) = (peer as i32, comms.0[i], streams[i]);
+            // SAFETY: the transfer lies within the buffer of its end (its
             // arithmetic is tested in `layout`), which outlives the round.
             unsafe {
-                nccl::send(
-                    at(buf, t.send_offset),
-                    t.count as usize,
-                    nccl_sys::ncclDataType_t::ncclFloat32,
-                    t.to as i32,
-                    comms.0[i],
-                    streams[i],
-                )
+                match sending {
+                    true => nccl::send(ptr, count, kind, peer, comm, stream),
+                    false => nccl::recv(ptr, count, kind, peer, comm, stream),
+                }
             }
-            .map_err(nccl_err("send"))?;
-        }
-        if let Some(i) = slot(t.to) {
-            let buf = recv_buf(i).ok_or_else(|| err("a receive into a missing buffer"))?;
-            // SAFETY: as above, within the receiver's buffer.
-            unsafe {
-                nccl::recv(
-                    at(buf, t.recv_offset),
-                    t.count as usize,
-                    nccl_sys::ncclDataType_t::ncclFloat32,
-                    t.from as i32,
-                    comms.0[i],
-                    streams[i],
-                )
-            }
-            .map_err(nccl_err("recv"))?;
+            .map_err(nccl_err(what))?;
         }
     }
     group.end()

@@ -12,7 +12,7 @@ use common::config::Config;
 use common::{Plan, Task};
 use model::adam::Adam;
 use model::loss::{cost_loss, policy_loss, CostSample, PickId, PolicyStats};
-use model::mdp::{rollout, MdpTask, Mode, PlainEpisodes, Unroll};
+use model::mdp::{rollout, try_rollout, MdpTask, Mode, PlainEpisodes, Unroll};
 use model::Model;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -421,10 +421,11 @@ impl<'a> Trainer<'a> {
     }
 
     /// Rolls out a batch of episodes on a random rollout task in this
-    /// thread.
-    pub fn rollout(&mut self) -> (usize, Unroll) {
+    /// thread. An error (the policy's probabilities are not numbers) names
+    /// the task; training then stops at the last checkpoint.
+    pub fn rollout(&mut self) -> anyhow::Result<(usize, Unroll)> {
         let k = self.rng.gen_range(0..self.mdps.len());
-        let u = rollout(
+        let u = try_rollout(
             &self.model.policy,
             &self.model.cost,
             &self.mdps[k],
@@ -432,8 +433,9 @@ impl<'a> Trainer<'a> {
             Mode::Sample {
                 seed: self.rng.gen(),
             },
-        );
-        (k, u)
+        )
+        .map_err(|e| anyhow::anyhow!("rolling out task `{}`: {e}", self.rollout_tasks[k].name))?;
+        Ok((k, u))
     }
 
     /// One policy update from an unroll of task `task` acted with weights
@@ -513,7 +515,7 @@ impl<'a> Trainer<'a> {
             self.cost_step();
         }
         while self.counters.policy_updates < round_end * t.policy_steps {
-            let (k, u) = self.rollout();
+            let (k, u) = self.rollout()?;
             let line = self.policy_update(k, &u, 0);
             (hooks.metrics)(&line)?;
         }
@@ -570,7 +572,7 @@ pub(crate) mod tests {
             v.sort_by(|a, b| a.0.cmp(&b.0));
             v
         };
-        let (k, mut u) = trainer.rollout();
+        let (k, mut u) = trainer.rollout().unwrap();
         let before = weights(&trainer);
         let version = trainer.counters.policy_version;
         // Finite, but rewards of cost / 1e-300 overflow f32.
@@ -584,7 +586,7 @@ pub(crate) mod tests {
             assert!(a.equal(&b), "{name} changed");
         }
         // A sound unroll steps as before.
-        let (k, u) = trainer.rollout();
+        let (k, u) = trainer.rollout().unwrap();
         trainer.policy_update(k, &u, 0);
         assert_eq!(trainer.counters.policy_version, version + 1);
         assert_eq!(trainer.counters.refused_steps, 1);
@@ -596,6 +598,22 @@ pub(crate) mod tests {
         assert!(after
             .iter()
             .all(|(_, w)| w.isfinite().all().int64_value(&[]) == 1));
+    }
+
+    #[test]
+    fn a_policy_whose_logits_are_not_numbers_stops_training_with_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, suite) = small_data(dir.path());
+        let mut trainer = Trainer::new(&cfg, &suite.tasks);
+        tch::no_grad(|| {
+            for mut v in trainer.model.policy_vs.trainable_variables() {
+                let _ = v.fill_(f64::NAN);
+            }
+        });
+        let e = trainer.rollout().err().expect("NaN logits are an error");
+        assert!(e.to_string().starts_with("rolling out task `"), "{e}");
+        let mut sim = benchworker::sim::SimOracle::new(cfg.sim.clone(), cfg.memory);
+        assert!(trainer.iteration(&mut sim, &mut Hooks::none()).is_err());
     }
 
     #[test]
@@ -611,7 +629,7 @@ pub(crate) mod tests {
         // Rollouts place the copies too.
         let mut tight = None;
         for _ in 0..40 {
-            let (k, u) = trainer.rollout();
+            let (k, u) = trainer.rollout().unwrap();
             assert!(k < trainer.rollout_tasks().len());
             if k >= n {
                 tight = Some((k, u));

@@ -5,7 +5,7 @@ mod support;
 
 use std::process::Command;
 
-use support::learner;
+use support::{learner, wait_for};
 
 #[test]
 fn generate_then_eval_reports_every_method_as_json() {
@@ -521,13 +521,6 @@ fn start_training(cfg: &std::path::Path, run: &std::path::Path) -> std::process:
 }
 
 /// Waits for `cond` with a deadline, polling.
-fn wait_for(what: &str, deadline: std::time::Duration, cond: impl Fn() -> bool) {
-    let start = std::time::Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-}
 
 #[test]
 fn a_killed_training_run_resumes_with_every_counter_and_measurement() {

@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+mod support;
+use support::wait_for;
+
 fn bin(name: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_BIN_EXE_learner"))
         .parent()
@@ -80,15 +83,6 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn wait_for(what: &str, within: Duration, cond: impl Fn() -> bool) -> Duration {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < within, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    start.elapsed()
 }
 
 fn lines(path: &Path) -> usize {

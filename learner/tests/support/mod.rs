@@ -1,6 +1,10 @@
 //! What the integration tests share.
 
+// Each test binary uses its own share of these.
+#![allow(dead_code)]
+
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// Runs the `learner` binary: (success, stdout, stderr). It never panics,
 /// and its logs to a pipe are plain text, without colour codes.
@@ -17,4 +21,15 @@ pub fn learner(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).to_string(),
         stderr,
     )
+}
+
+/// Polls `cond` every 20 ms until it holds, and says how long that took;
+/// panics naming `what` once `within` has passed.
+pub fn wait_for(what: &str, within: Duration, cond: impl Fn() -> bool) -> Duration {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < within, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
 }

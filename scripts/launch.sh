@@ -253,7 +253,10 @@ if [ "$RESUME_ASKED" = 1 ] || compgen -G "$RUN_DIR/checkpoints/step-[0-9]*[0-9]"
   [ -z "$CONFIG" ] || [ "$CONFIG" = "$RUN_DIR/config.toml" ] ||
     echo "launch: warning: continuing the run in $RUN_DIR with its own config.toml; --config $CONFIG is ignored (by training, generate and eval)" >&2
   CONFIG=$RUN_DIR/config.toml
-  RECORDED=$(cat "$RUN_DIR/backend" 2>/dev/null || echo sim)
+  # Recorded in its config.toml ([cluster] backend); runs from before that
+  # record kept it in RUN/backend.
+  RECORDED=$(sed -n 's/^backend = "\([a-z]*\)".*/\1/p' "$RUN_DIR/config.toml" 2>/dev/null | head -n 1)
+  [ -n "$RECORDED" ] || RECORDED=$(cat "$RUN_DIR/backend" 2>/dev/null || echo sim)
   [ -z "$BACKEND" ] || [ "$BACKEND" = "$RECORDED" ] ||
     die "the run in $RUN_DIR measures with '$RECORDED', not '$BACKEND'"
   BACKEND=$RECORDED
@@ -322,7 +325,6 @@ if [ "$RESUME" = 1 ]; then
   fi
 else
   TRAIN+=(--config "$CONFIG")
-  echo "$BACKEND" >"$RUN_DIR/backend"
 fi
 [ -z "$TOKEN_FILE" ] || TRAIN+=(--token-file "$TOKEN_FILE")
 session "$LOGS/learner.log" "learner"

@@ -141,7 +141,7 @@ fn bench(
         tables,
         ..cfg.generate.clone()
     };
-    let pool = common::generate::generate_pool(&gen, 0).map_err(|e| anyhow::anyhow!(e))?;
+    let pool = common::generate::generate_pool(&gen, 0)?;
     tch::set_num_threads(1);
     tch::manual_seed(0);
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);

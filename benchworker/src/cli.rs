@@ -219,8 +219,7 @@ fn bench(args: BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         tables: args.tables,
         ..cfg.generate.clone()
     };
-    let tables =
-        common::generate::generate_pool(&gen, args.seed).map_err(|e| anyhow::anyhow!(e))?;
+    let tables = common::generate::generate_pool(&gen, args.seed)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     let plans: Vec<common::Plan> = (0..args.plans)
         .map(|_| common::Plan {

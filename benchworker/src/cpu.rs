@@ -123,9 +123,9 @@ pub struct CpuOracle {
 
 impl CpuOracle {
     pub fn new(cfg: CpuConfig, mem: MemoryModel) -> Result<Self, OracleError> {
-        cfg.validate().map_err(|message| OracleError::Backend {
+        cfg.validate().map_err(|e| OracleError::Backend {
             backend: BACKEND,
-            message,
+            message: e.to_string(),
         })?;
         if mem.precision == Precision::Fp16 {
             tracing::debug!(

@@ -224,7 +224,7 @@ fn check_lookups(tables: &[Table], plan: &Plan, batch: u64) -> Result<(), Oracle
 /// Checks that the driver, libtorch's CUDA and NCCL are all there, and
 /// returns the GPUs to use.
 fn open_gpus(cfg: &CudaConfig) -> Result<Vec<Gpu>, OracleError> {
-    cfg.validate().map_err(err)?;
+    cfg.validate().map_err(|e| err(e.to_string()))?;
     // SAFETY: probing for the libraries only loads them.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(err(

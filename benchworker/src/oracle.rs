@@ -1,32 +1,10 @@
 //! The choice of measuring backend. The trait every backend implements,
 //! [`Oracle`], lives in `common` (re-exported here).
 
+pub use common::config::Backend;
 use common::config::Config;
 
 pub use common::oracle::{check_plan, Oracle, OracleError, Spread};
-
-/// The measuring backends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Backend {
-    /// Deterministic model of a GPU (fast; for tests, laptops and training).
-    Sim,
-    /// Real fused embedding_bag with libtorch on this machine's CPU.
-    Cpu,
-    /// Real fused lookups on this host's GPUs with NCCL all-to-all (a
-    /// benchworker built with `--features cuda`; docs/gpu.md).
-    Cuda,
-}
-
-impl Backend {
-    /// Its name on the command line and in a run's `backend` file.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Sim => "sim",
-            Backend::Cpu => "cpu",
-            Backend::Cuda => "cuda",
-        }
-    }
-}
 
 /// Whether this build has the `cuda` backend.
 pub const CUDA_BUILT: bool = cfg!(feature = "cuda");

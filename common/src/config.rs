@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidSetting, Result};
 use crate::generate::PoolGenConfig;
 use crate::table::MemoryModel;
 
@@ -68,7 +68,7 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
         positive("sim.batch", self.batch as f64)?;
         positive("sim.hbm_gibps", self.hbm_gibps)?;
         unit("sim.gather_efficiency", self.gather_efficiency)?;
@@ -76,9 +76,12 @@ impl SimConfig {
         unit("sim.l2_hit_cost", self.l2_hit_cost)?;
         non_negative("sim.kernel_floor_ms", self.kernel_floor_ms)?;
         if self.floor_sharpness.is_nan() || self.floor_sharpness < 1.0 {
-            return Err(format!(
-                "sim.floor_sharpness = {} must be at least 1",
-                self.floor_sharpness
+            return Err(InvalidSetting::new(
+                "sim.floor_sharpness",
+                format!(
+                    "sim.floor_sharpness = {} must be at least 1",
+                    self.floor_sharpness
+                ),
             ));
         }
         positive("sim.bwd_multiplier", self.bwd_multiplier)?;
@@ -121,7 +124,7 @@ impl Default for CpuConfig {
 }
 
 impl CpuConfig {
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
         positive("cpu.batch", self.batch as f64)?;
         positive("cpu.max_rows", self.max_rows as f64)?;
         positive("cpu.repeats", self.repeats as f64)
@@ -174,7 +177,7 @@ impl Default for CudaConfig {
 }
 
 impl CudaConfig {
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
         positive("cuda.batch", self.batch as f64)?;
         // The first iteration makes NCCL's connections: never timed.
         positive("cuda.warmup", self.warmup as f64)?;
@@ -184,7 +187,10 @@ impl CudaConfig {
         positive("cuda.learning_rate", self.learning_rate)?;
         let mut seen = std::collections::BTreeSet::new();
         if let Some(g) = self.gpus.iter().find(|&&g| !seen.insert(g)) {
-            return Err(format!("cuda.gpus names GPU {g} twice"));
+            return Err(InvalidSetting::new(
+                "cuda.gpus",
+                format!("cuda.gpus names GPU {g} twice"),
+            ));
         }
         Ok(())
     }
@@ -219,7 +225,10 @@ impl SuiteConfig {
     }
 
     /// The memory rule of `data.suites[i]` (this one), checked.
-    pub fn memory(&self, i: usize) -> std::result::Result<crate::suite::SuiteMemory, String> {
+    pub fn memory(
+        &self,
+        i: usize,
+    ) -> std::result::Result<crate::suite::SuiteMemory, InvalidSetting> {
         use crate::suite::SuiteMemory;
         match (self.memory_gb, self.memory_share) {
             (Some(gb), None) => {
@@ -229,18 +238,25 @@ impl SuiteConfig {
             (None, Some(share)) if (1.0..=self.devices as f64).contains(&share) => {
                 Ok(SuiteMemory::Share(share))
             }
-            (None, Some(share)) => Err(format!(
-                "data.suites[{i}].memory_share = {share} must lie in 1..={} (below an even \
+            (None, Some(share)) => Err(InvalidSetting::new(
+                format!("data.suites[{i}].memory_share"),
+                format!(
+                    "data.suites[{i}].memory_share = {share} must lie in 1..={} (below an even \
                  share of its tables' memory no task fits; at the number of devices, one \
                  device holds them all)",
-                self.devices
+                    self.devices
+                ),
             )),
-            (Some(_), Some(_)) => Err(format!(
-                "data.suites[{i}] gives both memory_gb and memory_share: give one"
+            (Some(_), Some(_)) => Err(InvalidSetting::new(
+                format!("data.suites[{i}]"),
+                format!("data.suites[{i}] gives both memory_gb and memory_share: give one"),
             )),
-            (None, None) => Err(format!(
-                "data.suites[{i}] needs memory_gb (memory per device) or memory_share (a \
+            (None, None) => Err(InvalidSetting::new(
+                format!("data.suites[{i}]"),
+                format!(
+                    "data.suites[{i}] needs memory_gb (memory per device) or memory_share (a \
                  multiple of an even share of each task's tables' memory)"
+                ),
             )),
         }
     }
@@ -295,28 +311,34 @@ impl Default for DataConfig {
 }
 
 impl DataConfig {
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
         positive("data.train_tasks", self.train_tasks as f64)?;
         positive("data.test_tasks", self.test_tasks as f64)?;
         let mut names = std::collections::BTreeMap::new();
         for (i, s) in self.suites.iter().enumerate() {
             positive(&format!("data.suites[{i}].tables"), s.tables as f64)?;
             if !(1..=crate::placement::MAX_DEVICES).contains(&s.devices) {
-                return Err(format!(
-                    "data.suites[{i}].devices = {} must lie in 1..={}",
-                    s.devices,
-                    crate::placement::MAX_DEVICES
+                return Err(InvalidSetting::new(
+                    format!("data.suites[{i}].devices"),
+                    format!(
+                        "data.suites[{i}].devices = {} must lie in 1..={}",
+                        s.devices,
+                        crate::placement::MAX_DEVICES
+                    ),
                 ));
             }
             s.memory(i)?;
             // The files are named by tables, devices and memory share: a
             // second entry of the same name would overwrite the first's.
             if let Some(j) = names.insert(s.name(), i) {
-                return Err(format!(
-                    "data.suites[{j}] and data.suites[{i}] are both {}: their files would \
+                return Err(InvalidSetting::new(
+                    format!("data.suites[{j}]"),
+                    format!(
+                        "data.suites[{j}] and data.suites[{i}] are both {}: their files would \
                      overwrite each other (one suite per number of tables and devices, and per \
                      memory_share)",
-                    s.name()
+                        s.name()
+                    ),
                 ));
             }
         }
@@ -487,7 +509,7 @@ impl Default for ModelConfig {
 }
 
 impl ModelConfig {
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
         for (field, v) in [
             ("model.cost_table_hidden", self.cost_table_hidden),
             ("model.cost_table_out", self.cost_table_out),
@@ -500,25 +522,37 @@ impl ModelConfig {
             ("model.value_hidden", self.value_hidden),
         ] {
             if !(1..=65536).contains(&v) {
-                return Err(format!("{field} = {v} must lie in 1..=65536"));
+                return Err(InvalidSetting::new(
+                    field,
+                    format!("{field} = {v} must lie in 1..=65536"),
+                ));
             }
         }
         if !(self.plan_temperature.is_finite() && (0.0..=1e3).contains(&self.plan_temperature)) {
-            return Err(format!(
-                "model.plan_temperature = {} must lie in [0, 1000]",
-                self.plan_temperature
+            return Err(InvalidSetting::new(
+                "model.plan_temperature",
+                format!(
+                    "model.plan_temperature = {} must lie in [0, 1000]",
+                    self.plan_temperature
+                ),
             ));
         }
         if !(self.plan_margin.is_finite() && (0.0..=0.5).contains(&self.plan_margin)) {
-            return Err(format!(
-                "model.plan_margin = {} must lie in [0, 0.5] (a share: 0.02 is 2 %)",
-                self.plan_margin
+            return Err(InvalidSetting::new(
+                "model.plan_margin",
+                format!(
+                    "model.plan_margin = {} must lie in [0, 0.5] (a share: 0.02 is 2 %)",
+                    self.plan_margin
+                ),
             ));
         }
         if !(1..=16).contains(&self.cost_members) {
-            return Err(format!(
-                "model.cost_members = {} must lie in 1..=16",
-                self.cost_members
+            return Err(InvalidSetting::new(
+                "model.cost_members",
+                format!(
+                    "model.cost_members = {} must lie in 1..=16",
+                    self.cost_members
+                ),
             ));
         }
         Ok(())
@@ -552,6 +586,30 @@ pub enum RewardScale {
     MinRatio,
 }
 
+/// The measuring backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Deterministic model of a GPU (fast; for tests, laptops and training).
+    Sim,
+    /// Real fused embedding_bag with libtorch on this machine's CPU.
+    Cpu,
+    /// Real fused lookups on this host's GPUs with NCCL all-to-all (a
+    /// benchworker built with `--features cuda`; docs/gpu.md).
+    Cuda,
+}
+
+impl Backend {
+    /// Its name on the command line and in a run's `config.toml`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sim => "sim",
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
 /// How the learner, actors and benchworkers work together (DESIGN §3, §9).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -582,6 +640,11 @@ pub struct ClusterConfig {
     /// setting up within `job_timeout_s`, training stops with an error
     /// (after a checkpoint) instead of waiting for peers that will not come.
     pub stall_timeout_s: f64,
+    /// The oracle that measures plans (`--backend`; absent: `sim`). A
+    /// run's `config.toml` records the one it measures with: its cost
+    /// buffer holds that oracle's measurements.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Backend>,
 }
 
 impl Default for ClusterConfig {
@@ -595,21 +658,25 @@ impl Default for ClusterConfig {
             peer_timeout_s: 10.0,
             job_timeout_s: 600.0,
             stall_timeout_s: 120.0,
+            backend: None,
         }
     }
 }
 
 impl ClusterConfig {
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
         positive("cluster.actor_credits", self.actor_credits as f64)?;
         seconds("cluster.heartbeat_s", self.heartbeat_s)?;
         seconds("cluster.job_timeout_s", self.job_timeout_s)?;
         seconds("cluster.peer_timeout_s", self.peer_timeout_s)?;
         seconds("cluster.stall_timeout_s", self.stall_timeout_s)?;
         if self.peer_timeout_s < 2.0 * self.heartbeat_s {
-            return Err(format!(
-                "cluster.peer_timeout_s ({}) must be at least twice cluster.heartbeat_s ({})",
-                self.peer_timeout_s, self.heartbeat_s
+            return Err(InvalidSetting::new(
+                "cluster.peer_timeout_s",
+                format!(
+                    "cluster.peer_timeout_s ({}) must be at least twice cluster.heartbeat_s ({})",
+                    self.peer_timeout_s, self.heartbeat_s
+                ),
             ));
         }
         Ok(())
@@ -753,7 +820,7 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
         positive("train.iterations", self.iterations as f64)?;
         positive(
             "train.measure_per_iteration",
@@ -761,25 +828,31 @@ impl TrainConfig {
         )?;
         positive("train.measure_temperature", self.measure_temperature)?;
         if !(0.0..=1.0).contains(&self.measure_greedy_share) {
-            return Err(format!(
-                "train.measure_greedy_share = {} must lie in [0, 1]",
-                self.measure_greedy_share
+            return Err(InvalidSetting::new(
+                "train.measure_greedy_share",
+                format!(
+                    "train.measure_greedy_share = {} must lie in [0, 1]",
+                    self.measure_greedy_share
+                ),
             ));
         }
         positive("train.cost_batch", self.cost_batch as f64)?;
         if !(1..=65536).contains(&self.episodes) {
-            return Err(format!(
-                "train.episodes = {} must lie in 1..=65536",
-                self.episodes
+            return Err(InvalidSetting::new(
+                "train.episodes",
+                format!("train.episodes = {} must lie in 1..=65536", self.episodes),
             ));
         }
         positive("train.cost_lr", self.cost_lr)?;
         non_negative("train.cost_weight_decay", self.cost_weight_decay)?;
         if self.cost_lr * self.cost_weight_decay >= 1.0 {
-            return Err(format!(
-                "train.cost_weight_decay = {} times train.cost_lr = {} must stay below 1 \
+            return Err(InvalidSetting::new(
+                "train.cost_weight_decay",
+                format!(
+                    "train.cost_weight_decay = {} times train.cost_lr = {} must stay below 1 \
                  (each step scales the weights by 1 − their product)",
-                self.cost_weight_decay, self.cost_lr
+                    self.cost_weight_decay, self.cost_lr
+                ),
             ));
         }
         positive("train.policy_lr", self.policy_lr)?;
@@ -790,27 +863,36 @@ impl TrainConfig {
         positive("train.clip_c", self.clip_c)?;
         positive("train.clip_pg_rho", self.clip_pg_rho)?;
         if !(self.lambda > 0.0 && self.lambda <= 1.0) {
-            return Err(format!("train.lambda = {} must lie in (0, 1]", self.lambda));
+            return Err(InvalidSetting::new(
+                "train.lambda",
+                format!("train.lambda = {} must lie in (0, 1]", self.lambda),
+            ));
         }
         if self.step_rewards && self.reward != RewardScale::Balanced {
-            return Err(
+            return Err(InvalidSetting::new(
+                "train.step_rewards",
                 "train.step_rewards needs train.reward = \"balanced\" (the unit \
-                        of a step's cost)"
-                    .into(),
-            );
+                        of a step's cost)",
+            ));
         }
         non_negative("train.infeasible_penalty", self.infeasible_penalty)?;
         let [low, high] = self.tight_memory_slack;
         if !(low >= 1.0 && high >= low && high.is_finite()) {
-            return Err(format!(
-                "train.tight_memory_slack = [{low}, {high}] must be [low, high] with \
+            return Err(InvalidSetting::new(
+                "train.tight_memory_slack",
+                format!(
+                    "train.tight_memory_slack = [{low}, {high}] must be [low, high] with \
                  1 <= low <= high (multiples of an even share of a task's memory)"
+                ),
             ));
         }
         if self.tight_memory > 8 {
-            return Err(format!(
-                "train.tight_memory = {} must lie in 0..=8 (tight copies per training task)",
-                self.tight_memory
+            return Err(InvalidSetting::new(
+                "train.tight_memory",
+                format!(
+                    "train.tight_memory = {} must lie in 0..=8 (tight copies per training task)",
+                    self.tight_memory
+                ),
             ));
         }
         positive("train.checkpoint_every", self.checkpoint_every as f64)?;
@@ -867,13 +949,16 @@ impl PretrainConfig {
         *self == PretrainConfig::default()
     }
 
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
         positive("pretrain.tasks", self.tasks as f64)?;
         positive("pretrain.plans_per_task", self.plans_per_task as f64)?;
         if !(0.0..=1.0).contains(&self.search_share) {
-            return Err(format!(
-                "pretrain.search_share = {} must lie in [0, 1]",
-                self.search_share
+            return Err(InvalidSetting::new(
+                "pretrain.search_share",
+                format!(
+                    "pretrain.search_share = {} must lie in [0, 1]",
+                    self.search_share
+                ),
             ));
         }
         self.space.validate()
@@ -928,10 +1013,10 @@ impl Config {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        cfg.validate().map_err(|message| Error::Invalid {
+        cfg.validate().map_err(|e| Error::Invalid {
             path: path.to_path_buf(),
             location: "config".into(),
-            message,
+            message: e.to_string(),
         })?;
         Ok(cfg)
     }
@@ -982,7 +1067,7 @@ impl Config {
         Ok(cfg)
     }
 
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
         self.cluster.validate()?;
         self.sim.validate()?;
         self.cpu.validate()?;
@@ -995,20 +1080,20 @@ impl Config {
         // Step rewards come from the composed iteration cost; REINFORCE
         // uses neither them nor λ.
         if self.train.step_rewards && self.model.overall_cost != OverallCost::Composed {
-            return Err(
+            return Err(InvalidSetting::new(
+                "train.step_rewards",
                 "train.step_rewards needs model.overall_cost = \"composed\" (a step's \
-                        added cost is the composed iteration cost's)"
-                    .into(),
-            );
+                        added cost is the composed iteration cost's)",
+            ));
         }
         if self.train.update == Update::Reinforce
             && (self.train.step_rewards || self.train.lambda != 1.0)
         {
-            return Err(
+            return Err(InvalidSetting::new(
+                "train.step_rewards",
                 "train.step_rewards and train.lambda are V-trace's: with train.update = \
-                        \"reinforce\" leave them at false and 1"
-                    .into(),
-            );
+                        \"reinforce\" leave them at false and 1",
+            ));
         }
         Ok(())
     }
@@ -1044,45 +1129,70 @@ pub fn missing_settings(text: &str) -> Vec<String> {
     out
 }
 
-fn positive(field: &str, v: f64) -> std::result::Result<(), String> {
+fn positive(field: &str, v: f64) -> std::result::Result<(), InvalidSetting> {
     if v.is_finite() && v > 0.0 {
         Ok(())
     } else {
-        Err(format!("{field} = {v} must be a positive number"))
+        Err(InvalidSetting::new(
+            field,
+            format!("{field} = {v} must be a positive number"),
+        ))
     }
 }
 
 /// A duration in seconds that libstd can hold and a peer can wait: from a
 /// millisecond to about eleven days.
-fn seconds(field: &str, v: f64) -> std::result::Result<(), String> {
+fn seconds(field: &str, v: f64) -> std::result::Result<(), InvalidSetting> {
     if (1e-3..=1e6).contains(&v) {
         Ok(())
     } else {
-        Err(format!(
-            "{field} = {v} must lie in [0.001, 1000000] seconds"
+        Err(InvalidSetting::new(
+            field,
+            format!("{field} = {v} must lie in [0.001, 1000000] seconds"),
         ))
     }
 }
 
-fn non_negative(field: &str, v: f64) -> std::result::Result<(), String> {
+fn non_negative(field: &str, v: f64) -> std::result::Result<(), InvalidSetting> {
     if v.is_finite() && v >= 0.0 {
         Ok(())
     } else {
-        Err(format!("{field} = {v} must be a non-negative number"))
+        Err(InvalidSetting::new(
+            field,
+            format!("{field} = {v} must be a non-negative number"),
+        ))
     }
 }
 
-fn unit(field: &str, v: f64) -> std::result::Result<(), String> {
+fn unit(field: &str, v: f64) -> std::result::Result<(), InvalidSetting> {
     if v > 0.0 && v <= 1.0 {
         Ok(())
     } else {
-        Err(format!("{field} = {v} must lie in (0, 1]"))
+        Err(InvalidSetting::new(
+            field,
+            format!("{field} = {v} must lie in (0, 1]"),
+        ))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_setting_that_cannot_work_is_named_by_its_key() {
+        let mut cfg = Config::default();
+        cfg.train.lambda = 0.0;
+        let e = cfg.validate().unwrap_err();
+        assert_eq!(e.key, "train.lambda");
+        assert!(e.to_string().starts_with("train.lambda = 0 "), "{e}");
+        let mut cfg = Config::default();
+        cfg.data.suites[1].devices = 0;
+        assert_eq!(cfg.validate().unwrap_err().key, "data.suites[1].devices");
+        let mut cfg = Config::default();
+        cfg.cluster.heartbeat_s = 0.0;
+        assert_eq!(cfg.validate().unwrap_err().key, "cluster.heartbeat_s");
+    }
 
     #[test]
     fn a_runs_paths_are_made_absolute_and_others_kept() {

@@ -40,6 +40,26 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A setting that cannot work: which one, and why. Its message names the
+/// setting and its value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidSetting {
+    /// The setting, as a configuration file writes it (`train.lambda`,
+    /// `data.suites[2].devices`).
+    pub key: String,
+    pub message: String,
+}
+
+impl InvalidSetting {
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> InvalidSetting {
+        InvalidSetting {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {

@@ -22,6 +22,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, LogNormal, Normal};
 use serde::{Deserialize, Serialize};
 
+use crate::error::InvalidSetting;
 use crate::pool::{MAX_DIM, MAX_POOLING, MAX_ROWS};
 use crate::table::{MemoryModel, Table, NUM_BINS};
 
@@ -84,12 +85,15 @@ impl Default for PoolGenConfig {
 
 impl PoolGenConfig {
     /// Checks ranges; the message names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
         let finite = |field: &str, v: f64| {
             if v.is_finite() {
                 Ok(())
             } else {
-                Err(format!("generate.{field} = {v} must be a finite number"))
+                Err(InvalidSetting::new(
+                    format!("generate.{field}"),
+                    format!("generate.{field} = {v} must be a finite number"),
+                ))
             }
         };
         let non_negative = |field: &str, v: f64| {
@@ -97,27 +101,42 @@ impl PoolGenConfig {
             if v >= 0.0 {
                 Ok(())
             } else {
-                Err(format!("generate.{field} = {v} must not be negative"))
+                Err(InvalidSetting::new(
+                    format!("generate.{field}"),
+                    format!("generate.{field} = {v} must not be negative"),
+                ))
             }
         };
         if self.tables == 0 {
-            return Err("generate.tables must be at least 1".into());
+            return Err(InvalidSetting::new(
+                "generate.tables",
+                "generate.tables must be at least 1",
+            ));
         }
         if self.batch == 0 {
-            return Err("generate.batch must be at least 1".into());
+            return Err(InvalidSetting::new(
+                "generate.batch",
+                "generate.batch must be at least 1",
+            ));
         }
         finite("max_pooling", self.max_pooling)?;
         if !(1.0..=MAX_POOLING).contains(&self.max_pooling) {
-            return Err(format!(
-                "generate.max_pooling = {} must lie in [1, {MAX_POOLING}]",
-                self.max_pooling
+            return Err(InvalidSetting::new(
+                "generate.max_pooling",
+                format!(
+                    "generate.max_pooling = {} must lie in [1, {MAX_POOLING}]",
+                    self.max_pooling
+                ),
             ));
         }
         finite("mean_pooling", self.mean_pooling)?;
         if !(self.mean_pooling >= 1.0 && self.mean_pooling < self.max_pooling) {
-            return Err(format!(
-                "generate.mean_pooling = {} must lie in [1, max_pooling)",
-                self.mean_pooling
+            return Err(InvalidSetting::new(
+                "generate.mean_pooling",
+                format!(
+                    "generate.mean_pooling = {} must lie in [1, max_pooling)",
+                    self.mean_pooling
+                ),
             ));
         }
         non_negative("pooling_sigma", self.pooling_sigma)?;
@@ -128,7 +147,10 @@ impl PoolGenConfig {
             if v.abs() <= 20.0 {
                 Ok(())
             } else {
-                Err(format!("generate.{field} = {v} must lie in [-20, 20]"))
+                Err(InvalidSetting::new(
+                    format!("generate.{field}"),
+                    format!("generate.{field} = {v} must lie in [-20, 20]"),
+                ))
             }
         };
         log_scale("log10_rows_mean", self.log10_rows_mean)?;
@@ -136,28 +158,40 @@ impl PoolGenConfig {
         log_scale("log10_rows_sigma", self.log10_rows_sigma)?;
         log_scale("rows_pooling_slope", self.rows_pooling_slope)?;
         if !(100..=MAX_ROWS).contains(&self.max_rows) {
-            return Err(format!(
-                "generate.max_rows = {} must lie in [100, {MAX_ROWS}]",
-                self.max_rows
+            return Err(InvalidSetting::new(
+                "generate.max_rows",
+                format!(
+                    "generate.max_rows = {} must lie in [100, {MAX_ROWS}]",
+                    self.max_rows
+                ),
             ));
         }
         if self.dims.is_empty() || self.dims.len() != self.dim_weights.len() {
-            return Err(
-                "generate.dims and generate.dim_weights must be non-empty and of equal length"
-                    .into(),
-            );
+            return Err(InvalidSetting::new(
+                "generate.dims",
+                "generate.dims and generate.dim_weights must be non-empty and of equal length",
+            ));
         }
         if self.dims.iter().any(|&d| d == 0 || d as u64 > MAX_DIM) {
-            return Err(format!("generate.dims must lie in 1..={MAX_DIM}"));
+            return Err(InvalidSetting::new(
+                "generate.dims",
+                format!("generate.dims must lie in 1..={MAX_DIM}"),
+            ));
         }
         for &w in &self.dim_weights {
             non_negative("dim_weights", w)?;
         }
         if self.dim_weights.iter().sum::<f64>() <= 0.0 {
-            return Err("generate.dim_weights must not all be 0".into());
+            return Err(InvalidSetting::new(
+                "generate.dim_weights",
+                "generate.dim_weights must not all be 0",
+            ));
         }
         if !(0.0 < self.reuse_min && self.reuse_min <= self.reuse_max && self.reuse_max < 1.0) {
-            return Err("generate.reuse_min/reuse_max must satisfy 0 < min ≤ max < 1".into());
+            return Err(InvalidSetting::new(
+                "generate.reuse_min",
+                "generate.reuse_min/reuse_max must satisfy 0 < min ≤ max < 1",
+            ));
         }
         Ok(())
     }
@@ -186,11 +220,12 @@ pub fn unique_rows(t: &Table, batch: u64) -> f64 {
 
 /// Generates a pool; the same config and seed give the same pool. Fails
 /// with the field's name when the config is out of range.
-pub fn generate_pool(cfg: &PoolGenConfig, seed: u64) -> Result<Vec<Table>, String> {
+pub fn generate_pool(cfg: &PoolGenConfig, seed: u64) -> Result<Vec<Table>, InvalidSetting> {
     cfg.validate()?;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut pooling: Vec<f64> = {
-        let ln = LogNormal::new(0.0, cfg.pooling_sigma).map_err(|e| e.to_string())?;
+        let ln = LogNormal::new(0.0, cfg.pooling_sigma)
+            .map_err(|e| InvalidSetting::new("generate.pooling_sigma", e.to_string()))?;
         (0..cfg.tables).map(|_| ln.sample(&mut rng)).collect()
     };
     // Rescale to the target mean; clamping moves the mean, so repeat a few times.
@@ -200,8 +235,8 @@ pub fn generate_pool(cfg: &PoolGenConfig, seed: u64) -> Result<Vec<Table>, Strin
             *p = (*p * cfg.mean_pooling / mean).clamp(1.0, cfg.max_pooling);
         }
     }
-    let rows_dist =
-        Normal::new(cfg.log10_rows_mean, cfg.log10_rows_sigma).map_err(|e| e.to_string())?;
+    let rows_dist = Normal::new(cfg.log10_rows_mean, cfg.log10_rows_sigma)
+        .map_err(|e| InvalidSetting::new("generate.log10_rows_sigma", e.to_string()))?;
     let total_w: f64 = cfg.dim_weights.iter().sum();
     let median_pf = {
         let mut p = pooling.clone();
@@ -465,7 +500,8 @@ mod tests {
             ),
         ] {
             let e = generate_pool(&cfg, 0).unwrap_err();
-            assert!(e.contains(field), "{e}");
+            assert!(e.to_string().contains(field), "{e}");
+            assert!(e.key.starts_with("generate."), "{}", e.key);
         }
     }
 

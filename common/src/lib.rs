@@ -43,7 +43,7 @@ pub mod space;
 pub mod suite;
 pub mod table;
 
-pub use error::{Error, Result};
+pub use error::{Error, InvalidSetting, Result};
 pub use measurement::{DeviceCost, Measurement};
 pub use placement::{Placement, Plan};
 pub use suite::{Suite, Task};

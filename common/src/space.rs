@@ -72,6 +72,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::error::InvalidSetting;
 use crate::pool::MAX_POOLING;
 use crate::suite::{first_fit_decreasing, share_memory_gb, SuiteFile, TaskSpec};
 use crate::table::{MemoryModel, Table, BYTES_PER_GB, NUM_BINS};
@@ -186,14 +187,17 @@ impl Default for SpaceConfig {
 impl SpaceConfig {
     /// Checks every range; the message names the field (`space.<name>`)
     /// and its value.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
         let dim = |name: &str, v: u32| {
             if v % 4 == 0 && (DIM_RANGE.0..=DIM_RANGE.1).contains(&v) {
                 Ok(())
             } else {
-                Err(format!(
-                    "space.{name} = {v} must be a multiple of 4 in {}..={}",
-                    DIM_RANGE.0, DIM_RANGE.1
+                Err(InvalidSetting::new(
+                    format!("space.{name}"),
+                    format!(
+                        "space.{name} = {v} must be a multiple of 4 in {}..={}",
+                        DIM_RANGE.0, DIM_RANGE.1
+                    ),
                 ))
             }
         };
@@ -201,15 +205,19 @@ impl SpaceConfig {
             if v.is_finite() && (lo..=hi).contains(&v) {
                 Ok(())
             } else {
-                Err(format!("space.{name} = {v} must lie in [{lo}, {hi}]"))
+                Err(InvalidSetting::new(
+                    format!("space.{name}"),
+                    format!("space.{name} = {v} must lie in [{lo}, {hi}]"),
+                ))
             }
         };
         let ordered = |name: &str, lo: f64, hi: f64| {
             if lo <= hi {
                 Ok(())
             } else {
-                Err(format!(
-                    "space.{name}_min = {lo} must not exceed space.{name}_max = {hi}"
+                Err(InvalidSetting::new(
+                    format!("space.{name}_min"),
+                    format!("space.{name}_min = {lo} must not exceed space.{name}_max = {hi}"),
                 ))
             }
         };
@@ -220,31 +228,43 @@ impl SpaceConfig {
         within("log10_rows_max", self.log10_rows_max, 0.0, LOG10_ROWS_MAX)?;
         ordered("log10_rows", self.log10_rows_min, self.log10_rows_max)?;
         if !(self.pooling_min.is_finite() && self.pooling_min > 0.0) {
-            return Err(format!(
-                "space.pooling_min = {} must be a positive number",
-                self.pooling_min
+            return Err(InvalidSetting::new(
+                "space.pooling_min",
+                format!(
+                    "space.pooling_min = {} must be a positive number",
+                    self.pooling_min
+                ),
             ));
         }
         within("pooling_max", self.pooling_max, 0.0, MAX_POOLING)?;
         ordered("pooling", self.pooling_min, self.pooling_max)?;
         let max_devices = crate::placement::MAX_DEVICES;
         if !(2..=max_devices).contains(&self.devices_min) {
-            return Err(format!(
-                "space.devices_min = {} must lie in 2..={max_devices}",
-                self.devices_min
+            return Err(InvalidSetting::new(
+                "space.devices_min",
+                format!(
+                    "space.devices_min = {} must lie in 2..={max_devices}",
+                    self.devices_min
+                ),
             ));
         }
         if self.devices_max > max_devices {
-            return Err(format!(
-                "space.devices_max = {} must be at most {max_devices}",
-                self.devices_max
+            return Err(InvalidSetting::new(
+                "space.devices_max",
+                format!(
+                    "space.devices_max = {} must be at most {max_devices}",
+                    self.devices_max
+                ),
             ));
         }
         ordered("devices", self.devices_min as f64, self.devices_max as f64)?;
         if self.per_device_min < 1 {
-            return Err(format!(
-                "space.per_device_min = {} must be at least 1",
-                self.per_device_min
+            return Err(InvalidSetting::new(
+                "space.per_device_min",
+                format!(
+                    "space.per_device_min = {} must be at least 1",
+                    self.per_device_min
+                ),
             ));
         }
         ordered(
@@ -253,55 +273,79 @@ impl SpaceConfig {
             self.per_device_max as f64,
         )?;
         if self.max_tables < self.devices_min {
-            return Err(format!(
-                "space.max_tables = {} must be at least space.devices_min = {}",
-                self.max_tables, self.devices_min
+            return Err(InvalidSetting::new(
+                "space.max_tables",
+                format!(
+                    "space.max_tables = {} must be at least space.devices_min = {}",
+                    self.max_tables, self.devices_min
+                ),
             ));
         }
         if !(self.share_min.is_finite() && self.share_min >= 1.0) {
-            return Err(format!(
-                "space.share_min = {} must be at least 1 (an even share)",
-                self.share_min
+            return Err(InvalidSetting::new(
+                "space.share_min",
+                format!(
+                    "space.share_min = {} must be at least 1 (an even share)",
+                    self.share_min
+                ),
             ));
         }
         if !self.share_max.is_finite() {
-            return Err(format!(
-                "space.share_max = {} must be a finite number",
-                self.share_max
+            return Err(InvalidSetting::new(
+                "space.share_max",
+                format!(
+                    "space.share_max = {} must be a finite number",
+                    self.share_max
+                ),
             ));
         }
         ordered("share", self.share_min, self.share_max)?;
         within("roomy_share", self.roomy_share, 0.0, 1.0)?;
         if !(self.device_gb.is_finite() && self.device_gb > 0.0) {
-            return Err(format!(
-                "space.device_gb = {} must be a positive number",
-                self.device_gb
+            return Err(InvalidSetting::new(
+                "space.device_gb",
+                format!(
+                    "space.device_gb = {} must be a positive number",
+                    self.device_gb
+                ),
             ));
         }
         if self.batch == 0 {
-            return Err("space.batch = 0 must be at least 1".into());
+            return Err(InvalidSetting::new(
+                "space.batch",
+                "space.batch = 0 must be at least 1",
+            ));
         }
         if self.styles.is_empty() {
-            return Err("space.styles = [] must name at least one style".into());
+            return Err(InvalidSetting::new(
+                "space.styles",
+                "space.styles = [] must name at least one style",
+            ));
         }
         // The fewest rows must fit one device at the narrowest dim.
         let fewest = rows_floor(self);
         if fewest > rows_that_fit(self, self.dim_min) {
-            return Err(format!(
-                "space.log10_rows_min = {}: {fewest} rows of dim space.dim_min = {} \
+            return Err(InvalidSetting::new(
+                "space.log",
+                format!(
+                    "space.log10_rows_min = {}: {fewest} rows of dim space.dim_min = {} \
                  need more than space.device_gb = {} GB",
-                self.log10_rows_min, self.dim_min, self.device_gb
+                    self.log10_rows_min, self.dim_min, self.device_gb
+                ),
             ));
         }
         // Consistency (module doc) must be reachable without going under
         // pooling_min: the fewest rows, each read as often as bin_16 says.
         let touched = self.batch as f64 * self.pooling_min / Table::bin_count(NUM_BINS - 1);
         if touched > fewest {
-            return Err(format!(
-                "space.pooling_min = {}: {touched:.0} unique rows a batch even at the \
+            return Err(InvalidSetting::new(
+                "space.pooling_min",
+                format!(
+                    "space.pooling_min = {}: {touched:.0} unique rows a batch even at the \
                  hottest reuse, more than the {fewest} rows of space.log10_rows_min = {} \
                  (space.batch = {})",
-                self.pooling_min, self.log10_rows_min, self.batch
+                    self.pooling_min, self.log10_rows_min, self.batch
+                ),
             ));
         }
         Ok(())
@@ -993,7 +1037,12 @@ mod tests {
             let Err(e) = cfg.validate() else {
                 panic!("accepted where it should name {needle}")
             };
-            assert!(e.contains(needle), "{e} should name {needle}");
+            assert!(e.to_string().contains(needle), "{e} should name {needle}");
+            assert!(
+                e.to_string().contains(&e.key),
+                "{e} should name its key {}",
+                e.key
+            );
         };
         bad(|c| c.dim_min = 3, "space.dim_min = 3");
         bad(|c| c.dim_max = 1030, "space.dim_max = 1030");

@@ -35,7 +35,7 @@ fn main() -> anyhow::Result<()> {
     let mut cfg = common::config::Config::load(Some(&run.join("config.toml")))?;
     if let Some(wd) = args.get(1) {
         cfg.train.cost_weight_decay = wd.parse()?;
-        cfg.train.validate().map_err(anyhow::Error::msg)?;
+        cfg.train.validate()?;
     }
     let wd = cfg.train.cost_weight_decay;
     let seed: u64 = args.get(2).map_or(Ok(0), |s| s.parse())?;

@@ -41,7 +41,7 @@ fn main() -> anyhow::Result<()> {
     ];
     std::fs::create_dir_all(&out)?;
     for (k, (name, space)) in suites.iter().enumerate() {
-        space.validate().map_err(anyhow::Error::msg)?;
+        space.validate()?;
         let tasks = common::space::tasks(space, n, seed + k as u64, name, &mem);
         let pool_name = format!("{name}.csv");
         let (pool, suite) = common::space::suite(&tasks, &pool_name);

@@ -13,6 +13,7 @@ use anyhow::Context;
 use common::config::Config;
 use tch::Tensor;
 
+use crate::run::RunDir;
 use crate::train::{Counters, Trainer};
 use model::Model;
 
@@ -30,7 +31,7 @@ pub struct Loaded {
 }
 
 fn checkpoints(run: &Path) -> PathBuf {
-    run.join("checkpoints")
+    run.join(RunDir::CHECKPOINTS)
 }
 
 /// Where a checkpoint folder's name puts it among the run's: `step-N` is
@@ -253,7 +254,7 @@ pub fn load_latest(cfg: &Config, run: &Path) -> anyhow::Result<Option<Loaded>> {
 
 /// A run directory's configuration and its newest intact model.
 pub fn load_run(run: &Path) -> anyhow::Result<(Config, Model)> {
-    let config = run.join("config.toml");
+    let config = run.join(RunDir::CONFIG);
     anyhow::ensure!(
         config.exists() || !run.join("manifest.json").exists(),
         "{} is one checkpoint of a run; give the run's folder (the one holding \
@@ -289,7 +290,7 @@ pub fn load_run(run: &Path) -> anyhow::Result<(Config, Model)> {
 /// whose cost network never did.
 pub fn load_init(run: &Path) -> anyhow::Result<(Config, Model)> {
     let what = || format!("train.init = {}", run.display());
-    let config = run.join("config.toml");
+    let config = run.join(RunDir::CONFIG);
     anyhow::ensure!(
         config.exists(),
         "{}: not a training run's folder (it holds no config.toml)",
@@ -330,7 +331,7 @@ pub fn load_latest_model(cfg: &Config, run: &Path) -> anyhow::Result<Option<Load
             format!(
                 "checkpoint {} is intact but does not load with {}",
                 dir.display(),
-                run.join("config.toml").display()
+                run.join(RunDir::CONFIG).display()
             )
         });
     }

@@ -28,12 +28,10 @@ pub fn generate(cfg: &Config, dir: &Path) -> Result<Generated> {
     let seed = cfg.data.seed;
     let tables = match &cfg.data.pool {
         Some(path) => pool::read(path)?,
-        None => {
-            generate_pool(&cfg.generate, seed).map_err(|message| common::Error::Infeasible {
-                context: "generating the pool".into(),
-                message,
-            })?
-        }
+        None => generate_pool(&cfg.generate, seed).map_err(|e| common::Error::Infeasible {
+            context: "generating the pool".into(),
+            message: e.to_string(),
+        })?,
     };
     let (train, test) = split(&tables, seed.wrapping_add(1));
     // With the user's pool, a suite that cannot be drawn says where its
@@ -55,9 +53,9 @@ pub fn generate(cfg: &Config, dir: &Path) -> Result<Generated> {
     // be drawn leaves the folder as it was.
     let mut files = Vec::new();
     for (i, s) in cfg.data.suites.iter().enumerate() {
-        let memory = s.memory(i).map_err(|message| common::Error::Infeasible {
+        let memory = s.memory(i).map_err(|e| common::Error::Infeasible {
             context: "the configuration".into(),
-            message,
+            message: e.to_string(),
         })?;
         for (half, tables, n) in [
             ("train", &train, cfg.data.train_tasks),

@@ -10,6 +10,7 @@
 //! - [`data`]: generation of the default pool, its split and the suites.
 //! - [`train`]: the trainer's pieces of Algorithm 1.
 //! - [`runtime`]: asynchronous training with actors and benchworkers over ZeroMQ.
+//! - [`run`]: a run folder's files and whether to start, resume or refuse.
 //! - [`checkpoint`], [`costlog`]: the run's durable state; [`runlock`]: one
 //!   learner per run directory.
 //! - [`cli`]: the `learner` command line.
@@ -20,6 +21,7 @@ pub mod costlog;
 pub mod data;
 pub mod eval;
 pub mod pretrain;
+pub mod run;
 pub mod runlock;
 pub mod runtime;
 pub mod train;

@@ -25,7 +25,7 @@ impl RunLock {
     /// fails at once, naming the folder and the pid of the learner that
     /// holds it.
     pub fn take(run: &Path) -> anyhow::Result<RunLock> {
-        let path = run.join("lock");
+        let path = run.join(crate::run::RunDir::LOCK);
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use common::link::{Hub, Incoming};
 use common::protocol::{DropCounts, Message, Role, Weights};
 use model::mdp::Unroll;
-use model::wire::{export, unroll_from_data};
+use model::wire::{export, unroll_from_data, UnrollError};
 
 use crate::train::{Hooks, Pick, Trainer};
 use model::loss::{CostSample, PickId};
@@ -609,7 +609,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 let task = data.task as usize;
                 let checked = match self.trainer.rollout_tasks().get(task) {
                     Some(t) => unroll_from_data(&data, t.tables.len(), t.devices),
-                    None => Err(format!("unknown task {task}")),
+                    None => Err(UnrollError::Task(task)),
                 };
                 match checked {
                     Ok(unroll) => self.queue.push_back(Queued {

@@ -12,7 +12,7 @@ use common::config::Config;
 use common::{Plan, Task};
 use model::adam::Adam;
 use model::loss::{cost_loss, policy_loss, CostSample, PickId, PolicyStats};
-use model::mdp::{rollout, try_rollout, MdpTask, Mode, PlainEpisodes, Unroll};
+use model::mdp::{try_rollout, MdpTask, Mode, PlainEpisodes, Unroll};
 use model::Model;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -529,7 +529,7 @@ pub(crate) mod tests {
     use super::*;
     use common::Suite;
     use model::loss::{penalized, scaled_rewards};
-    use model::mdp::numbered_by_first_use;
+    use model::mdp::{numbered_by_first_use, rollout};
     use std::path::Path;
     use tch::{Kind, Tensor};
 
@@ -610,7 +610,9 @@ pub(crate) mod tests {
                 let _ = v.fill_(f64::NAN);
             }
         });
-        let e = trainer.rollout().err().expect("NaN logits are an error");
+        let Err(e) = trainer.rollout() else {
+            panic!("NaN logits are an error")
+        };
         assert!(e.to_string().starts_with("rolling out task `"), "{e}");
         let mut sim = benchworker::sim::SimOracle::new(cfg.sim.clone(), cfg.memory);
         assert!(trainer.iteration(&mut sim, &mut Hooks::none()).is_err());

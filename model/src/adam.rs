@@ -9,6 +9,15 @@
 
 use tch::{Kind, Tensor};
 
+/// Why a saved optimizer state does not fit the parameters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    #[error("optimizer state lacks `{0}`")]
+    Missing(String),
+    #[error("optimizer state for `{0}` has the wrong shape")]
+    Shape(String),
+}
+
 /// Adam over a fixed list of parameters.
 #[derive(Debug)]
 pub struct Adam {
@@ -153,19 +162,19 @@ impl Adam {
     }
 
     /// Restores a state written by [`Adam::state`] for the same parameters.
-    pub fn load_state(&mut self, named: &[(String, Tensor)]) -> Result<(), String> {
+    pub fn load_state(&mut self, named: &[(String, Tensor)]) -> Result<(), StateError> {
         let get = |key: &str| {
             named
                 .iter()
                 .find(|(n, _)| n == key)
                 .map(|(_, t)| t.shallow_clone())
-                .ok_or_else(|| format!("optimizer state lacks `{key}`"))
+                .ok_or_else(|| StateError::Missing(key.to_string()))
         };
         self.t = get("t")?.int64_value(&[0]);
         for (i, (name, p)) in self.params.iter().enumerate() {
             let (m, v) = (get(&format!("m.{name}"))?, get(&format!("v.{name}"))?);
             if m.size() != p.size() || v.size() != p.size() {
-                return Err(format!("optimizer state for `{name}` has the wrong shape"));
+                return Err(StateError::Shape(name.clone()));
             }
             self.m[i] = m;
             self.v[i] = v;
@@ -270,7 +279,7 @@ mod tests {
             .iter()
             .any(|(n, t)| (t - &vs_b.variables()[n]).abs().max().double_value(&[]) > 1e-6);
         assert!(differs);
-        assert!(b.load_state(&[]).is_err());
+        assert_eq!(b.load_state(&[]), Err(StateError::Missing("t".into())));
     }
 
     #[test]

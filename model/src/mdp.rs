@@ -346,6 +346,26 @@ fn gumbel_argmax(
     (logp + noise.to_kind(logp.kind())).argmax(1, false)
 }
 
+/// Why a rollout could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RolloutError {
+    #[error("nothing to roll out: {tables} tables on {devices} devices, {episodes} episodes")]
+    Empty {
+        tables: usize,
+        devices: usize,
+        episodes: usize,
+    },
+    #[error("features of shape {shape:?} for {tables} tables")]
+    FeatureShape { shape: Vec<i64>, tables: usize },
+    /// The policy's logits overflowed (weights too large).
+    #[error("sampling step {step}: the policy's probabilities are not numbers")]
+    NotNumbers { step: usize },
+    /// A libtorch call failed.
+    #[error("{what}: {message}")]
+    Torch { what: String, message: String },
+}
+
 /// [`rollout`], with an error instead of a panic for an empty task (no
 /// table, no device, no episode) and, when sampling, for probabilities that
 /// are not numbers (weights so large that the policy's logits overflow).
@@ -355,20 +375,19 @@ pub fn try_rollout(
     task: &MdpTask,
     episodes: usize,
     mode: Mode,
-) -> Result<Unroll, String> {
+) -> Result<Unroll, RolloutError> {
     if task.tables() == 0 || task.devices == 0 || episodes == 0 {
-        return Err(format!(
-            "nothing to roll out: {} tables on {} devices, {episodes} episodes",
-            task.tables(),
-            task.devices
-        ));
+        return Err(RolloutError::Empty {
+            tables: task.tables(),
+            devices: task.devices,
+            episodes,
+        });
     }
     if task.features.size() != [task.tables() as i64, NUM_FEATURES as i64] {
-        return Err(format!(
-            "features of shape {:?} for {} tables",
-            task.features.size(),
-            task.tables()
-        ));
+        return Err(RolloutError::FeatureShape {
+            shape: task.features.size(),
+            tables: task.tables(),
+        });
     }
     let _guard = tch::no_grad_guard();
     let (m, e, d) = (task.tables(), episodes as i64, task.devices as i64);
@@ -420,7 +439,10 @@ pub fn try_rollout(
             cost.device_costs(&(&dev_cost + table_cost.view([1, 1, cw])).view([e * d, cw]))
                 .view([-1]),
         )
-        .map_err(|err| format!("step {step}: the cost network's device costs: {err}"))?;
+        .map_err(|err: tch::TchError| RolloutError::Torch {
+            what: format!("step {step}: the cost network's device costs"),
+            message: err.to_string(),
+        })?;
         let with: Vec<[f32; 3]> = with.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect();
         let mut features = Vec::with_capacity(episodes * task.devices * DEVICE_FEATURES as usize);
         for (k, u) in used.iter().enumerate() {
@@ -442,9 +464,7 @@ pub fn try_rollout(
         // Training samples need numbers; `plan`'s candidates keep going
         // (their plans are checked against memory and costed afterwards).
         if sampling && logp.isnan().any().int64_value(&[]) != 0 {
-            return Err(format!(
-                "sampling step {step}: the policy's probabilities are not numbers"
-            ));
+            return Err(RolloutError::NotNumbers { step });
         }
         let action = match gumbel.as_mut() {
             None => logp.argmax(1, false),
@@ -470,7 +490,10 @@ pub fn try_rollout(
     let plan_of_device = rows.repeat_interleave_self_int(d, 0, None);
     let predicted = cost.overall_cost(&dev_cost.view([e * d, cw]), &plan_of_device, e);
     let stack = |what: &str, parts: &[Tensor]| {
-        Tensor::f_stack(parts, 0).map_err(|e| format!("stacking the unroll's {what}: {e}"))
+        Tensor::f_stack(parts, 0).map_err(|e| RolloutError::Torch {
+            what: format!("stacking the unroll's {what}"),
+            message: e.to_string(),
+        })
     };
     Ok(Unroll {
         order,
@@ -1175,13 +1198,13 @@ mod tests {
         let t = tables(6);
         let no_table = MdpTask::new(&[], 3, u64::MAX, &mem);
         let e = try_rollout(&policy, &cost, &no_table, 4, Mode::Sample { seed: 1 }).unwrap_err();
-        assert!(e.contains("0 tables"), "{e}");
+        assert!(e.to_string().contains("0 tables"), "{e}");
         let no_device = MdpTask::new(&t, 0, u64::MAX, &mem);
         let e = try_rollout(&policy, &cost, &no_device, 4, Mode::Sample { seed: 1 }).unwrap_err();
-        assert!(e.contains("0 devices"), "{e}");
+        assert!(e.to_string().contains("0 devices"), "{e}");
         let task = MdpTask::new(&t, 3, u64::MAX, &mem);
         let e = try_rollout(&policy, &cost, &task, 0, Mode::Sample { seed: 1 }).unwrap_err();
-        assert!(e.contains("0 episodes"), "{e}");
+        assert!(matches!(e, RolloutError::Empty { episodes: 0, .. }), "{e}");
         assert!(try_rollout(&policy, &cost, &task, 4, Mode::Sample { seed: 1 }).is_ok());
         // Finite weights (an import accepts them) whose logits overflow:
         // the probabilities are NaN, and nothing can be sampled from them.
@@ -1191,6 +1214,6 @@ mod tests {
             }
         });
         let e = try_rollout(&policy, &cost, &task, 4, Mode::Sample { seed: 1 }).unwrap_err();
-        assert!(e.contains("not numbers"), "{e}");
+        assert!(matches!(e, RolloutError::NotNumbers { step: 0 }), "{e}");
     }
 }

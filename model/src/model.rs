@@ -67,7 +67,7 @@ impl Model {
             Tensor::load_multi(&path)
                 .map_err(anyhow::Error::from)
                 .and_then(|named| {
-                    crate::wire::import_tensors(vs, &named).map_err(anyhow::Error::msg)
+                    crate::wire::import_tensors(vs, &named).map_err(anyhow::Error::from)
                 })
                 .with_context(|| {
                     format!(

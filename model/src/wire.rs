@@ -38,19 +38,86 @@ pub fn unroll_to_data(task: u32, u: &Unroll) -> UnrollData {
     }
 }
 
+/// Why an unroll from the wire is refused: what in it is wrong.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UnrollError {
+    #[error("unknown task {0}")]
+    Task(usize),
+    #[error("{0} episodes (1..={MAX_EPISODES})")]
+    Episodes(usize),
+    #[error("{what}: {got} values, expected {want}")]
+    Length {
+        what: &'static str,
+        got: usize,
+        want: usize,
+    },
+    #[error("order: table {0} out of range or repeated")]
+    Order(u32),
+    #[error("actions[{index}]: device {device} is not a legal action")]
+    IllegalAction { index: usize, device: u32 },
+    #[error("{what}[{index}] is not a finite number")]
+    NotFinite { what: &'static str, index: usize },
+    #[error("predicted_cost_ms[{index}] = {value} is beyond ±{MAX_COST_MS:e} ms")]
+    Cost { index: usize, value: f32 },
+    #[error("behaviour_logp: a log-probability above 0")]
+    PositiveLogProbability,
+    #[error(
+        "reward_scale {value} is not in [{lo:e}, {hi:e}] ms",
+        lo = REWARD_SCALE_RANGE.start(),
+        hi = REWARD_SCALE_RANGE.end()
+    )]
+    RewardScale { value: f64 },
+}
+
+/// Why weights are refused: nothing of them was copied.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ImportError {
+    #[error("unknown parameter `{0}`")]
+    Unknown(String),
+    #[error("parameter `{0}` given twice")]
+    Twice(String),
+    #[error("parameter `{name}`: shape {shape:?} with {values} values, expected {expected:?}")]
+    Shape {
+        name: String,
+        shape: Vec<i64>,
+        values: usize,
+        expected: Vec<i64>,
+    },
+    #[error("parameter `{0}` holds a non-finite value")]
+    NotFinite(String),
+    #[error("{given} parameters given, the network has {has}; missing: {}", missing.join(", "))]
+    Missing {
+        given: usize,
+        has: usize,
+        missing: Vec<String>,
+    },
+    /// Another error, in the store named (`policy`, `cost`).
+    #[error("{store}: {error}")]
+    In {
+        store: String,
+        error: Box<ImportError>,
+    },
+}
+
 /// Rebuilds an unroll of a task with `tables` tables on `devices` devices,
 /// checking every size, index and number.
-pub fn unroll_from_data(d: &UnrollData, tables: usize, devices: usize) -> Result<Unroll, String> {
+pub fn unroll_from_data(
+    d: &UnrollData,
+    tables: usize,
+    devices: usize,
+) -> Result<Unroll, UnrollError> {
     let (m, e) = (tables, d.episodes as usize);
     if e == 0 || e > MAX_EPISODES {
-        return Err(format!("{e} episodes"));
+        return Err(UnrollError::Episodes(e));
     }
     let steps = m * e;
-    let check = |what: &str, got: usize, want: usize| {
+    let check = |what: &'static str, got: usize, want: usize| {
         if got == want {
             Ok(())
         } else {
-            Err(format!("{what}: {got} values, expected {want}"))
+            Err(UnrollError::Length { what, got, want })
         }
     };
     check("order", d.order.len(), m)?;
@@ -68,16 +135,19 @@ pub fn unroll_from_data(d: &UnrollData, tables: usize, devices: usize) -> Result
     for &t in &d.order {
         match seen.get_mut(t as usize) {
             Some(s) if !*s => *s = true,
-            _ => return Err(format!("order: table {t} out of range or repeated")),
+            _ => return Err(UnrollError::Order(t)),
         }
     }
     for (i, &a) in d.actions.iter().enumerate() {
         if a as usize >= devices || !d.masks[i * devices + a as usize] {
-            return Err(format!("actions[{i}]: device {a} is not a legal action"));
+            return Err(UnrollError::IllegalAction {
+                index: i,
+                device: a,
+            });
         }
     }
-    let finite = |what: &str, v: &[f32]| match v.iter().position(|x| !x.is_finite()) {
-        Some(i) => Err(format!("{what}[{i}] is not a finite number")),
+    let finite = |what: &'static str, v: &[f32]| match v.iter().position(|x| !x.is_finite()) {
+        Some(index) => Err(UnrollError::NotFinite { what, index }),
         None => Ok(()),
     };
     finite("behaviour_logp", &d.behaviour_logp)?;
@@ -88,21 +158,18 @@ pub fn unroll_from_data(d: &UnrollData, tables: usize, devices: usize) -> Result
         .iter()
         .position(|c| c.abs() > MAX_COST_MS)
     {
-        return Err(format!(
-            "predicted_cost_ms[{i}] = {} is beyond ±{MAX_COST_MS:e} ms",
-            d.predicted_cost_ms[i]
-        ));
+        return Err(UnrollError::Cost {
+            index: i,
+            value: d.predicted_cost_ms[i],
+        });
     }
     if d.behaviour_logp.iter().any(|&l| l > 1e-4) {
-        return Err("behaviour_logp: a log-probability above 0".into());
+        return Err(UnrollError::PositiveLogProbability);
     }
     if !(REWARD_SCALE_RANGE.contains(&d.reward_scale)) {
-        return Err(format!(
-            "reward_scale {} is not in [{:e}, {:e}] ms",
-            d.reward_scale,
-            REWARD_SCALE_RANGE.start(),
-            REWARD_SCALE_RANGE.end()
-        ));
+        return Err(UnrollError::RewardScale {
+            value: d.reward_scale,
+        });
     }
     let (mi, ei, di) = (m as i64, e as i64, devices as i64);
     let actions: Vec<i64> = d.actions.iter().map(|&a| a as i64).collect();
@@ -139,7 +206,7 @@ pub fn export(vs: &nn::VarStore) -> Vec<NamedArray> {
 }
 
 /// [`import`] of named tensors (a checkpoint file's).
-pub fn import_tensors(vs: &nn::VarStore, named: &[(String, Tensor)]) -> Result<(), String> {
+pub fn import_tensors(vs: &nn::VarStore, named: &[(String, Tensor)]) -> Result<(), ImportError> {
     let arrays: Vec<NamedArray> = named
         .iter()
         .map(|(name, t)| NamedArray {
@@ -154,7 +221,7 @@ pub fn import_tensors(vs: &nn::VarStore, named: &[(String, Tensor)]) -> Result<(
 /// Copies `arrays` into the store's variables: every variable must be
 /// given exactly once with its exact shape and finite values, and nothing
 /// else given. A refused import changes nothing.
-pub fn import(vs: &nn::VarStore, arrays: &[NamedArray]) -> Result<(), String> {
+pub fn import(vs: &nn::VarStore, arrays: &[NamedArray]) -> Result<(), ImportError> {
     check_import(vs, arrays)?;
     copy_in(vs, arrays);
     Ok(())
@@ -163,9 +230,12 @@ pub fn import(vs: &nn::VarStore, arrays: &[NamedArray]) -> Result<(), String> {
 /// [`import`] into several stores (say the policy's and the cost
 /// network's), all or nothing: every store's arrays are checked before any
 /// store changes. An error names the store (`what`).
-pub fn import_all(stores: &[(&str, &nn::VarStore, &[NamedArray])]) -> Result<(), String> {
+pub fn import_all(stores: &[(&str, &nn::VarStore, &[NamedArray])]) -> Result<(), ImportError> {
     for (what, vs, arrays) in stores {
-        check_import(vs, arrays).map_err(|e| format!("{what}: {e}"))?;
+        check_import(vs, arrays).map_err(|e| ImportError::In {
+            store: what.to_string(),
+            error: Box::new(e),
+        })?;
     }
     for (_, vs, arrays) in stores {
         copy_in(vs, arrays);
@@ -175,27 +245,26 @@ pub fn import_all(stores: &[(&str, &nn::VarStore, &[NamedArray])]) -> Result<(),
 
 /// What [`import`] checks: each variable of the store named exactly once,
 /// with its shape and finite values, and no other name.
-fn check_import(vs: &nn::VarStore, arrays: &[NamedArray]) -> Result<(), String> {
+fn check_import(vs: &nn::VarStore, arrays: &[NamedArray]) -> Result<(), ImportError> {
     let vars = vs.variables();
     let mut seen = std::collections::HashSet::with_capacity(arrays.len());
     for a in arrays {
         let Some(v) = vars.get(&a.name) else {
-            return Err(format!("unknown parameter `{}`", a.name));
+            return Err(ImportError::Unknown(a.name.clone()));
         };
         if !seen.insert(a.name.as_str()) {
-            return Err(format!("parameter `{}` given twice", a.name));
+            return Err(ImportError::Twice(a.name.clone()));
         }
         if v.size() != a.shape || a.shape.iter().product::<i64>() != a.values.len() as i64 {
-            return Err(format!(
-                "parameter `{}`: shape {:?} with {} values, expected {:?}",
-                a.name,
-                a.shape,
-                a.values.len(),
-                v.size()
-            ));
+            return Err(ImportError::Shape {
+                name: a.name.clone(),
+                shape: a.shape.clone(),
+                values: a.values.len(),
+                expected: v.size(),
+            });
         }
         if a.values.iter().any(|x| !x.is_finite()) {
-            return Err(format!("parameter `{}` holds a non-finite value", a.name));
+            return Err(ImportError::NotFinite(a.name.clone()));
         }
     }
     if seen.len() != vars.len() {
@@ -205,12 +274,11 @@ fn check_import(vs: &nn::VarStore, arrays: &[NamedArray]) -> Result<(), String> 
             .filter(|n| !seen.contains(n))
             .collect();
         missing.sort_unstable();
-        return Err(format!(
-            "{} parameters given, the network has {}; missing: {}",
-            arrays.len(),
-            vars.len(),
-            missing.join(", ")
-        ));
+        return Err(ImportError::Missing {
+            given: arrays.len(),
+            has: vars.len(),
+            missing: missing.into_iter().map(String::from).collect(),
+        });
     }
     Ok(())
 }
@@ -285,39 +353,56 @@ mod tests {
         let (_vs, policy, cost) = nets(1);
         let u = rollout(&policy, &cost, &task(), 2, Mode::Sample { seed: 1 });
         let good = unroll_to_data(0, &u);
+        let fault = |d: &UnrollData| unroll_from_data(d, 9, 3).unwrap_err();
         let wrong_size = unroll_from_data(&good, 10, 3).unwrap_err();
-        assert!(wrong_size.contains("order"), "{wrong_size}");
+        assert!(
+            matches!(wrong_size, UnrollError::Length { what: "order", .. }),
+            "{wrong_size}"
+        );
         let mut bad = good.clone();
         bad.actions[3] = 7;
-        assert!(unroll_from_data(&bad, 9, 3)
-            .unwrap_err()
-            .contains("actions[3]"));
+        let e = fault(&bad);
+        assert!(
+            matches!(
+                e,
+                UnrollError::IllegalAction {
+                    index: 3,
+                    device: 7
+                }
+            ),
+            "{e}"
+        );
         let mut bad = good.clone();
         bad.order[1] = bad.order[0];
-        assert!(unroll_from_data(&bad, 9, 3)
-            .unwrap_err()
-            .contains("repeated"));
+        assert_eq!(fault(&bad), UnrollError::Order(bad.order[0]));
         let mut bad = good.clone();
         bad.device_features[5] = f32::NAN;
-        assert!(unroll_from_data(&bad, 9, 3)
-            .unwrap_err()
-            .contains("device_features[5]"));
+        let e = fault(&bad);
+        assert!(
+            e == UnrollError::NotFinite {
+                what: "device_features",
+                index: 5
+            } && e.to_string().contains("device_features[5]"),
+            "{e}"
+        );
         // Finite, but where the learner's sums would overflow.
         let mut bad = good.clone();
         bad.predicted_cost_ms[1] = -3e38;
-        assert!(unroll_from_data(&bad, 9, 3)
-            .unwrap_err()
-            .contains("predicted_cost_ms[1]"));
+        let e = fault(&bad);
+        assert!(matches!(e, UnrollError::Cost { index: 1, .. }), "{e}");
         for scale in [1e-300, 0.0, 1e12, f64::NAN] {
             let mut bad = good.clone();
             bad.reward_scale = scale;
-            assert!(unroll_from_data(&bad, 9, 3)
-                .unwrap_err()
-                .contains("reward_scale"));
+            let e = fault(&bad);
+            assert!(matches!(e, UnrollError::RewardScale { .. }), "{e}");
         }
         let mut bad = good;
         bad.masks.pop();
-        assert!(unroll_from_data(&bad, 9, 3).unwrap_err().contains("masks"));
+        let e = fault(&bad);
+        assert!(
+            matches!(e, UnrollError::Length { what: "masks", .. }),
+            "{e}"
+        );
     }
 
     #[test]
@@ -331,10 +416,10 @@ mod tests {
         assert_ne!(orig, sent);
         let mut bad = sent.clone();
         bad[0].values[0] = f32::INFINITY;
-        assert!(import(&b, &bad).unwrap_err().contains("non-finite"));
+        assert!(matches!(import(&b, &bad), Err(ImportError::NotFinite(_))));
         let mut bad = sent.clone();
         bad[1].shape = vec![1];
-        assert!(import(&b, &bad).unwrap_err().contains("shape"));
+        assert!(matches!(import(&b, &bad), Err(ImportError::Shape { .. })));
         assert!(import(&b, &sent[1..]).is_err());
         assert_eq!(export(&b), orig, "a refused import changes nothing");
         import(&b, &sent).unwrap();
@@ -351,10 +436,13 @@ mod tests {
         // Parameter 0 twice, parameter 1 missing: as many as the network has.
         bad[1] = bad[0].clone();
         let e = import(&b, &bad).unwrap_err();
-        assert!(e.contains("twice"), "{e}");
+        assert_eq!(e, ImportError::Twice(orig[0].name.clone()));
         assert_eq!(export(&b), orig, "a refused import changes nothing");
         let missing = import(&b, &export(&a)[1..]).unwrap_err();
-        assert!(missing.contains(&orig[0].name), "{missing}");
+        assert!(
+            matches!(&missing, ImportError::Missing { missing: names, .. } if names == &[orig[0].name.clone()]),
+            "{missing}"
+        );
     }
 
     /// A policy and a cost network in stores of their own, as the actor
@@ -379,7 +467,11 @@ mod tests {
         let (new_p, mut bad_c) = (export(&sp), export(&sc));
         bad_c[0].values[0] = f32::NAN;
         let e = import_all(&[("policy", &p, &new_p), ("cost", &c, &bad_c)]).unwrap_err();
-        assert!(e.starts_with("cost: "), "{e}");
+        assert!(
+            matches!(&e, ImportError::In { store, .. } if store == "cost"),
+            "{e}"
+        );
+        assert!(e.to_string().starts_with("cost: parameter "), "{e}");
         assert_eq!(export(&p), orig_p, "the policy is unchanged too");
         assert_eq!(export(&c), orig_c);
         import_all(&[("policy", &p, &new_p), ("cost", &c, &export(&sc))]).unwrap();

@@ -1,0 +1,159 @@
+//! `learner generate` and `learner eval`.
+
+use std::io::Write;
+
+use anyhow::Context;
+use common::config::Config;
+use common::Suite;
+
+use super::{default_model, progress, EvalArgs, GenerateArgs};
+use crate::eval::{evaluate, Report};
+use model::baselines::Method;
+use model::shapes::TrainedShapes;
+
+pub(super) fn generate(args: GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let cfg = Config::load(args.config.as_deref())?;
+    let dir = args.out.unwrap_or_else(|| cfg.data.dir.clone());
+    let g = crate::data::generate(&cfg, &dir).with_context(|| match &cfg.data.pool {
+        Some(pool) => format!(
+            "generating data in {} from the tables of data.pool = {}",
+            dir.display(),
+            pool.display()
+        ),
+        None => format!("generating data in {}", dir.display()),
+    })?;
+    write!(out, "{}", g.stats)?;
+    for s in &g.suites {
+        writeln!(out, "wrote {}", s.display())?;
+    }
+    Ok(())
+}
+
+pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let mut cfg = Config::load(args.config.as_deref())?;
+    if let Some(b) = args.search_budget {
+        cfg.eval.search_budget = b;
+    }
+    let mut methods =
+        Method::parse_list(&args.methods).map_err(|e| anyhow::anyhow!("--methods: {e}"))?;
+    // Without --checkpoint, `policy` is the shipped pre-trained model's.
+    let checkpoint = match &args.checkpoint {
+        Some(run) => Some(run.clone()),
+        None if methods.contains(&Method::Policy) => Some(default_model().map_err(|e| {
+            anyhow::anyhow!("--methods: `policy` needs --checkpoint RUN_DIR ({e})")
+        })?),
+        None if args.methods.trim() == "all" => default_model().ok(),
+        None => None,
+    };
+    let model = match &checkpoint {
+        Some(run) => {
+            let (_, model) = crate::checkpoint::load_run(run)?;
+            if args.methods.trim() == "all" {
+                methods.push(Method::Policy);
+            }
+            tracing::info!("`policy` places with the model in {}", run.display());
+            Some(model)
+        }
+        None => None,
+    };
+    let suites = args
+        .suite
+        .iter()
+        .map(|p| Suite::load(p, &cfg.memory))
+        .collect::<Result<Vec<_>, _>>()?;
+    // `search` measures its budget of plans per task: cheap on `sim`, a
+    // real measurement each on the others (said when it comes to more than
+    // a thousand).
+    let tasks: usize = suites.iter().map(|s| s.tasks.len()).sum();
+    if args.backend != benchworker::Backend::Sim
+        && methods.contains(&Method::Search)
+        && cfg.eval.search_budget * tasks > 1000
+    {
+        tracing::warn!(
+            "`search` measures eval.search_budget = {} plans per task on the {} backend: \
+             about {} measurements for {tasks} tasks (a cpu measurement of 50 tables on 4 \
+             devices takes about 0.65 s); lower it with --search-budget (scripts/launch.sh \
+             --backend cpu uses 20)",
+            cfg.eval.search_budget,
+            args.backend.name(),
+            cfg.eval.search_budget * tasks
+        );
+    }
+    let mut oracle = benchworker::build(args.backend, &cfg)?;
+    let batch = match args.backend {
+        benchworker::Backend::Sim => cfg.sim.batch,
+        benchworker::Backend::Cpu => cfg.cpu.batch,
+        benchworker::Backend::Cuda => cfg.cuda.batch,
+    };
+    // The shapes the model was trained on, to warn about suites far from
+    // them when the policy is evaluated.
+    let shapes = checkpoint
+        .as_deref()
+        .filter(|_| methods.contains(&Method::Policy))
+        .and_then(TrainedShapes::read);
+    let mut nothing_measured = Vec::new();
+    for suite in &suites {
+        if let Some(shapes) = &shapes {
+            let far: Vec<String> = suite
+                .tasks
+                .iter()
+                .filter_map(|t| shapes.outside(t.tables.len(), t.devices))
+                .collect();
+            if let Some(first) = far.first() {
+                tracing::warn!(
+                    "{}: {} of its {} tasks lie far outside what the model was trained on \
+                     (the first: {first}), where the policy can lose to the heuristics; {}",
+                    suite.path.display(),
+                    far.len(),
+                    suite.tasks.len(),
+                    TrainedShapes::ADVICE
+                );
+            }
+        }
+        let bar = progress(suite.tasks.len() as u64, &suite.path.display().to_string());
+        let report: Result<Report, _> = evaluate(
+            suite,
+            &methods,
+            oracle.as_mut(),
+            &crate::eval::Setting {
+                mem: &cfg.memory,
+                cfg: &cfg.eval,
+                batch,
+                model: model.as_ref(),
+                shapes: shapes.as_ref(),
+            },
+            || bar.inc(1),
+        );
+        bar.finish_and_clear();
+        // The oracle failed every measurement of this suite: said, and the
+        // other suites still evaluated.
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("evaluating {}: {e}", suite.path.display());
+                nothing_measured.push(format!("{} (the oracle: {e})", suite.path.display()));
+                continue;
+            }
+        };
+        if args.json {
+            serde_json::to_writer(&mut *out, &report)?;
+            writeln!(out)?;
+        } else {
+            writeln!(out, "{report}")?;
+        }
+        let measured = |m: &crate::eval::MethodResult| m.per_task_ms.iter().any(Option::is_some);
+        if !report.methods.values().any(measured) {
+            nothing_measured.push(suite.path.display().to_string());
+        }
+    }
+    // A table of failures only is no result: a script must not take it
+    // for one.
+    if !nothing_measured.is_empty() {
+        anyhow::bail!(
+            "nothing was measured on {}: no method asked for found a plan that fits memory \
+             on any of its tasks, or the oracle failed every measurement",
+            nothing_measured.join(", ")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,328 @@
+//! The `learner` command line: its arguments here, each command in its
+//! own module.
+
+mod eval;
+mod plan;
+mod pretrain;
+mod setup;
+mod train;
+
+pub use plan::default_model;
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// The embshard learner: learns to place embedding tables on GPUs.
+///
+/// `generate` writes the default DLRM-like pool and task suites; `train`
+/// learns a placement policy with actors and benchworkers; `eval` compares
+/// placement methods (a trained policy included) on a suite with a
+/// measuring oracle (`sim`, `cpu` or `cuda`); `plan` places your tables with a
+/// trained model.
+#[derive(Debug, Parser)]
+#[command(name = "learner", version, about, long_about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate the DLRM-like pool, its train/test split and the task suites.
+    ///
+    /// Writes DIR/pool.csv, pool.train.csv, pool.test.csv, pool.stats.txt and
+    /// one DIR/SUITE.{train,test}.json per configured suite, and prints the
+    /// pool's statistics next to the published trace's. Deterministic: the
+    /// same config gives the same files.
+    ///
+    /// Suites are `[data] suites` in the config: `{ tables, devices,
+    /// memory_gb }` gives every task the same memory per device (suite
+    /// `dlrm-<tables>x<devices>`); `{ tables, devices, memory_share }` gives
+    /// each task that multiple of an even share of its own tables' memory
+    /// (suite `dlrm-<tables>x<devices>-share<memory_share>`: 1.1 is tight).
+    ///
+    /// With `[data] pool = "FILE.csv"` the pool is your own tables (a pool
+    /// CSV, see scripts/pool-from-trace.py) instead of a generated one: it
+    /// is split and the suites are drawn from it the same way.
+    ///
+    /// Example:
+    ///   learner generate --config configs/default.toml --out data/generated
+    Generate(GenerateArgs),
+    /// Compare placement methods on a suite.
+    ///
+    /// For every task of the suite, every method places the tables and the
+    /// oracle measures the plan. Prints per method the mean cost (ms) over
+    /// the tasks it solved, the tasks it failed (no memory-feasible plan, or
+    /// a plan the oracle failed to measure: a warning says why, and the
+    /// other tasks stand) and its cost relative to the best heuristic.
+    ///
+    /// Example:
+    ///   learner eval --suite data/generated/dlrm-50x4.test.json --methods all --backend sim
+    ///
+    /// On the `cpu` backend a measurement takes about a second: give `search`
+    /// a small budget (--search-budget 20).
+    Eval(EvalArgs),
+    /// Train the cost and policy networks (DreamShard's Algorithm 1, asynchronous).
+    ///
+    /// Measures plans drawn from the current policy on the oracle, fits the
+    /// cost network to them, and improves the policy on the estimated MDP
+    /// with V-trace. Actors roll out episodes and benchworkers measure
+    /// plans: as threads of this process (--actors, --benchworkers), and as
+    /// processes on any host that connect to --bind (`actor run`,
+    /// `benchworker serve`; scripts/launch.sh starts them). With
+    /// --actors 0 --benchworkers 0 and no --bind, everything runs in one
+    /// thread, reproducibly. Ctrl-C writes a checkpoint and stops every peer;
+    /// so does an error that stops training (no progress for the cluster's
+    /// stall_timeout_s, say).
+    /// Writes DIR/config.toml (the resolved configuration),
+    /// DIR/metrics.jsonl (one line per policy update), DIR/cost_buffer.jsonl
+    /// (every measurement, fsynced) and DIR/checkpoints/step-N/; --resume
+    /// continues a run after a crash. One learner at a time trains in a
+    /// DIR (it holds DIR/lock): a second one is refused.
+    ///
+    /// Example, with actor and benchworker threads in this process:
+    ///   learner train --config configs/default.toml --run-dir runs/first
+    ///
+    /// Example, a learner that processes join (scripts/launch.sh starts them):
+    ///   learner train --config configs/default.toml --run-dir runs/big --bind tcp://10.0.0.5:5555 --actors 0 --benchworkers 0
+    Train(TrainArgs),
+    /// Pre-train a model across the whole table space, on `sim`.
+    ///
+    /// Draws pretrain.tasks tasks from the table space (2-64 devices, 1-64
+    /// tables per device, dims 4-1024, rows 1e2-1e9, pooling 0.1-300, every
+    /// reuse shape; DIR/data), then: stage 1 (DIR/stage1) measures
+    /// pretrain.plans_per_task plans of each on `sim` (heuristics', random
+    /// and skewed ones, and the plans a local search visits) and fits the
+    /// cost network to them for pretrain.cost_steps steps, reporting its
+    /// error on held-out tasks; stage 2 is `learner train` on the same
+    /// tasks from stage 1's networks (the same options: threads, --bind,
+    /// --resume). The result is a run folder that `plan`, `eval` and `train
+    /// --init` take; the shipped one is models/pretrained (README).
+    ///
+    /// Example:
+    ///   learner pretrain --config configs/pretrain.toml --run-dir models/pretrained
+    // Pre-training starts from fresh networks: --init (refused) is not shown.
+    #[command(mut_arg("init", |a| a.hide(true)))]
+    Pretrain(TrainArgs),
+    /// Place your tables with a trained model, in milliseconds, without a GPU.
+    ///
+    /// Reads a pool CSV, places every table on one of --devices devices of
+    /// --memory-gb each with a trained model (the shipped pre-trained one,
+    /// models/pretrained, unless --checkpoint names another), and writes the
+    /// placement JSON with the cost network's estimate of each device's
+    /// times. With --format torchrec it writes `{"world_size": D, "ranks":
+    /// {table: rank}}` for TorchRec's table-wise sharding (see README).
+    ///
+    /// The heuristics' plans always compete with the learned one. Where the
+    /// model cannot be trusted (a table feature outside what it was trained
+    /// on, or cost-network members that disagree) plan returns the
+    /// heuristic plan the network ranks best and a warning says why.
+    /// --verify BACKEND measures every candidate and returns the measured
+    /// best.
+    ///
+    /// Examples:
+    ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16
+    ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16 --checkpoint runs/first --verify sim
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanFormat {
+    /// {"devices", "assignment": [{"table", "device"}], "estimate": {…}}
+    Placement,
+    /// {"world_size", "ranks": {table: rank}}
+    Torchrec,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    /// Pool CSV of the tables to place.
+    #[arg(long)]
+    pub tables: PathBuf,
+    /// Devices (GPUs) to place the tables on.
+    #[arg(long)]
+    pub devices: usize,
+    /// Memory per device, GB (GiB).
+    #[arg(long)]
+    pub memory_gb: f64,
+    /// Run directory of a trained model (default: the shipped pre-trained
+    /// model, models/pretrained).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// Measure the final candidates (the learned plan and the heuristics'
+    /// plans) on this oracle and return the measured best, printing its
+    /// measured gain over the best heuristic: `sim` and `cpu` run in this
+    /// process (`cuda` on a GPU host built with the cuda feature).
+    #[arg(long, value_enum, value_name = "BACKEND")]
+    pub verify: Option<benchworker::Backend>,
+    /// What to write: the placement with the cost network's estimates, or
+    /// TorchRec's rank per table.
+    #[arg(long, value_enum, default_value = "placement")]
+    pub format: PlanFormat,
+    /// Write here instead of stdout.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Accepted for symmetry with the other commands: plan always writes
+    /// JSON (and logs go to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TrainArgs {
+    /// Configuration TOML (its train, model, … sections); defaults when omitted.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Run directory: configuration, metrics and checkpoint go there.
+    #[arg(long)]
+    pub run_dir: PathBuf,
+    /// The oracle that measures plans (default: the config's
+    /// cluster.backend, else sim; a resumed run, the one it measured with,
+    /// recorded in its config.toml).
+    #[arg(long, value_enum)]
+    pub backend: Option<benchworker::Backend>,
+    /// Continue the run in --run-dir from its newest intact checkpoint, with
+    /// its own config.toml and every measurement of its cost-buffer log (a
+    /// run stopped before its first checkpoint: fresh networks, trained on
+    /// those measurements).
+    #[arg(long)]
+    pub resume: bool,
+    /// Also accept actors and benchworkers at this ZeroMQ endpoint, e.g.
+    /// tcp://127.0.0.1:5555 (port 0: any free port). Each connection must
+    /// give the cluster token at its handshake (ZeroMQ PLAIN), where the
+    /// token travels in clear: bind a non-loopback address only on a
+    /// network you trust. The endpoint bound is written to DIR/endpoint.
+    #[arg(long)]
+    pub bind: Option<String>,
+    /// Actor threads beside the learner (default: the config's cluster.actors).
+    /// A new run keeps them in its config.toml, so --resume runs as many;
+    /// given with --resume, they hold for that session.
+    #[arg(long)]
+    pub actors: Option<usize>,
+    /// Benchworker threads beside the learner (default: cluster.benchworkers;
+    /// kept like --actors).
+    #[arg(long)]
+    pub benchworkers: Option<usize>,
+    /// File holding the cluster token that peers must present (or set
+    /// EMBSHARD_TOKEN). With --bind and neither, a random token is written
+    /// to DIR/token (readable by its owner only) for the peers to use; a
+    /// token given is recorded as its fingerprint in DIR/token.fingerprint.
+    /// A resume with --bind must use the run's token: the peers hold it.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Start from the networks of a trained run instead of fresh ones, e.g.
+    /// the shipped pre-trained model `models/pretrained`: Algorithm 1 then
+    /// fine-tunes it on this run's tasks and measurement budget. Its
+    /// `[model]` section (the layer sizes) replaces the config's. Kept in the
+    /// run's config.toml as train.init.
+    #[arg(long, value_name = "RUN")]
+    pub init: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GenerateArgs {
+    /// Configuration TOML (its generate, data and memory sections); defaults when omitted.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Output folder (default: the config's data.dir).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EvalArgs {
+    /// Suite JSON; repeat the flag to evaluate several suites.
+    #[arg(long, required = true)]
+    pub suite: Vec<PathBuf>,
+    /// Comma-separated methods, or `all`: random, round_robin, size, dim,
+    /// lookup, size_lookup, torchrec, search, and policy (a trained
+    /// model's `plan`: --checkpoint's, or the shipped one).
+    #[arg(long, default_value = "all")]
+    pub methods: String,
+    /// The oracle that measures plans.
+    #[arg(long, value_enum, default_value = "sim")]
+    pub backend: benchworker::Backend,
+    /// Configuration TOML; defaults when omitted.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Oracle measurements the `search` reference may spend per task
+    /// (default: the config's eval.search_budget).
+    #[arg(long)]
+    pub search_budget: Option<usize>,
+    /// Print JSON instead of a table: one object per suite, one per line.
+    #[arg(long)]
+    pub json: bool,
+    /// Run directory of a trained model: adds the method `policy`, which
+    /// is what `learner plan` returns (its network sizes come from the
+    /// run's config.toml). Without it, `policy` (and `all`) use the shipped
+    /// pre-trained model, models/pretrained.
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// Runs a parsed command, writing results to `out`.
+pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Generate(args) => eval::generate(args, out),
+        Command::Eval(args) => eval::eval(args, out),
+        Command::Train(args) => train::train(args, out),
+        Command::Pretrain(args) => pretrain::pretrain(args, out),
+        Command::Plan(args) => plan::plan(args, out),
+    }
+}
+
+/// Training's progress bar (policy updates), with the key figures as its
+/// message; hidden when stderr is not a terminal.
+fn train_progress(len: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "training [{bar:30}] {pos}/{len} updates, {elapsed} (eta {eta}) {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+/// A progress bar on stderr when it is a terminal, hidden otherwise.
+fn progress(len: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tasks, {elapsed} (eta {eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pretrains_help_does_not_offer_the_init_it_refuses() {
+        use clap::CommandFactory;
+        let help = |name: &str| {
+            let mut cmd = Cli::command();
+            let sub = cmd.find_subcommand_mut(name).unwrap();
+            sub.render_long_help().to_string()
+        };
+        assert!(help("train").contains("--init <RUN>"));
+        assert!(!help("pretrain").contains("--init <RUN>"));
+        // Still parsed, so that pretrain can say why it refuses it.
+        assert!(
+            Cli::try_parse_from(["learner", "pretrain", "--init", "x", "--run-dir", "r"]).is_ok()
+        );
+    }
+}

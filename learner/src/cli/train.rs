@@ -1,0 +1,419 @@
+//! `learner train`: a run set up ([`super::setup`]), its trainer fresh or
+//! resumed, rounds until done or stopped, and what it did.
+
+use std::cell::Cell;
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::Context;
+use common::config::Config;
+
+use super::setup::TrainSetup;
+use super::{train_progress, TrainArgs};
+use crate::checkpoint;
+use crate::costlog::CostLog;
+use crate::run::{RunDir, Start};
+use crate::train::{Hooks, Metrics, Trainer};
+use model::loss::CostSample;
+use model::shapes::TrainedShapes;
+
+pub(super) fn train(args: TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    train_with(args, None, Vec::new(), out)
+}
+
+/// When a session's first and latest policy updates came, with the env
+/// steps then.
+type Updates = Cell<Option<((Instant, u64), (Instant, u64))>>;
+
+/// `learner train`, with the configuration already resolved for a new run
+/// (`given`, else `--config`'s) and measurements the cost network learns
+/// from beside the run's own (`prior`: see [`crate::train::Trainer::prior`]).
+pub(super) fn train_with(
+    args: TrainArgs,
+    given: Option<Config>,
+    prior: Vec<CostSample>,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let mut setup = TrainSetup::resolve(&args, given)?;
+    // The networks are small: one libtorch thread each for the learner and
+    // every actor beats threads that spin against each other for the cores.
+    tch::set_num_threads(1);
+    // What measures plans and acts, set up before the run's state is
+    // touched: a backend that cannot start stops the run here, before
+    // training (and its checkpoint on error).
+    let mut workers = if setup.alone {
+        Workers::Alone(benchworker::build(setup.backend, &setup.cfg)?)
+    } else {
+        Workers::Cluster(crate::runtime::ClusterRun {
+            bind: args.bind.iter().cloned().collect(),
+            token: std::mem::take(&mut setup.token),
+            actors: setup.cfg.cluster.actors,
+            benchworkers: setup.cfg.cluster.benchworkers,
+            backend: setup.backend,
+        })
+    };
+    // A fine-tuned model is judged by its own training tasks alone:
+    // fine-tuning moves the networks toward them and away from what they
+    // learned before (docs/results.md, "Fine-tuning").
+    if let Some(shapes) = TrainedShapes::of(&setup.tasks) {
+        shapes.write(setup.run.path())?;
+    }
+    let init = setup.init.take();
+    let (cfg, run) = (&setup.cfg, &setup.run);
+    let mut trainer = match setup.start {
+        Start::Resume => resumed_trainer(cfg, &setup.tasks, run, init)?,
+        Start::Fresh => {
+            run.write_new(cfg)?;
+            fresh_trainer(cfg, &setup.tasks, init)?
+        }
+    };
+    trainer.prior = prior;
+    let t = &cfg.train;
+    // Ctrl-C (or SIGTERM): finish the update in progress, checkpoint, exit.
+    let stop = common::link::stop_on_signal();
+    let start = (Instant::now(), trainer.counters.env_steps);
+    let learned_at_start = (trainer.counters.policy_updates, trainer.counters.cost_steps);
+    // The rate between this session's first and latest policy updates
+    // leaves out the start (peers loading libtorch, the first
+    // measurements) and the stop (a cluster's grace for its peers), which
+    // weigh on a short run.
+    let updates: Updates = Cell::new(None);
+    let bar = train_progress((t.iterations * t.policy_steps) as u64);
+    bar.set_position(trainer.counters.policy_updates as u64);
+    let mut began = false;
+    let rounds = {
+        let mut log = CostLog::open(&run.cost_log())?;
+        let mut on_line = metrics_writer(run, cfg, &updates, &bar)?;
+        let mut hooks = Hooks {
+            measured: Box::new(|s| log.append(s)),
+            metrics: Box::new(|m| on_line(m)),
+            round_done: Box::new(|trainer| {
+                if trainer.done() || trainer.counters.iteration % t.checkpoint_every == 0 {
+                    save(run, trainer)?;
+                }
+                Ok(())
+            }),
+        };
+        run_rounds(
+            &mut trainer,
+            &mut workers,
+            &mut hooks,
+            &stop,
+            run,
+            &mut began,
+        )
+    };
+    bar.finish_and_clear();
+    let lags = match rounds {
+        Ok(lags) => lags,
+        // As on Ctrl-C, what was learned is kept (the run's curves and
+        // measurements are on disk already); a setup that failed before
+        // training began (a port in use) has nothing to add.
+        Err(e) if began => return Err(stopped_by(e, &args, run, &trainer, learned_at_start)),
+        Err(e) => return Err(e),
+    };
+    if stop.load(std::sync::atomic::Ordering::Relaxed) && !trainer.done() {
+        let at = save(run, &trainer)?;
+        tracing::info!(
+            "stopped; checkpoint {} written: --resume continues",
+            at.display()
+        );
+    }
+    let secs = start.0.elapsed().as_secs_f64();
+    let steps = trainer.counters.env_steps - start.1;
+    report(out, &trainer, run, steps, secs, updates.get(), lags)
+}
+
+/// A checkpoint of `trainer` in `run`, with the metrics written so far
+/// made durable first.
+fn save(run: &RunDir, trainer: &Trainer) -> anyhow::Result<std::path::PathBuf> {
+    sync_file(&run.metrics())?;
+    checkpoint::save(run.path(), trainer, trainer.config().train.keep_checkpoints)
+}
+
+/// The trainer of a resumed run: its newest intact checkpoint and every
+/// logged measurement; a run stopped before its first checkpoint starts
+/// over from fresh (or `init`'s) networks on its measurements.
+fn resumed_trainer<'a>(
+    cfg: &'a Config,
+    tasks: &'a [common::Task],
+    run: &RunDir,
+    init: Option<model::Model>,
+) -> anyhow::Result<Trainer<'a>> {
+    let read = CostLog::read(&run.cost_log())?;
+    if read.skipped > 0 {
+        tracing::warn!("{} damaged cost-buffer entries skipped", read.skipped);
+    }
+    // Before loading: a damaged checkpoint is set aside as it is found.
+    let had_checkpoint = run.has_checkpoint();
+    let Some(loaded) = checkpoint::load_latest(cfg, run.path())? else {
+        anyhow::ensure!(
+            !had_checkpoint,
+            "every checkpoint in {} is damaged (each set aside as step-….damaged); \
+             --resume once more trains fresh networks on the {} logged measurements",
+            run.path().display(),
+            read.samples.len()
+        );
+        // Stopped before its first checkpoint: the measurements are what
+        // cost the most, so fresh networks start over on them.
+        tracing::warn!(
+            "no intact checkpoint in {}: training starts over from fresh networks, \
+             keeping the {} logged measurements",
+            run.path().display(),
+            read.samples.len()
+        );
+        run.keep_metrics_until(0)?;
+        let mut t = fresh_trainer(cfg, tasks, init)?;
+        t.buffer = read.samples;
+        return Ok(t);
+    };
+    tracing::info!(
+        "resuming from {} (iteration {}, {} measurements)",
+        loaded.path.display(),
+        loaded.counters.iteration,
+        read.samples.len()
+    );
+    let (cost_state, policy_state) = checkpoint::split_optimizer(loaded.optimizer);
+    let mut counters = loaded.counters;
+    let clock = run.keep_metrics_until(counters.policy_updates)?;
+    // A checkpoint from before the clock was kept reads 0: its run's curve
+    // goes on from its last line.
+    counters.training_s = counters.training_s.max(clock);
+    let mut t = Trainer::with(cfg, tasks, loaded.model, read.samples, counters);
+    t.cost_opt.load_state(&cost_state)?;
+    t.policy_opt.load_state(&policy_state)?;
+    Ok(t)
+}
+
+/// What each metrics line does: appended to `metrics.jsonl` (made durable
+/// with each checkpoint: a resume drops later lines), shown on the
+/// progress bar, and its time kept in `updates`.
+fn metrics_writer<'a>(
+    run: &'a RunDir,
+    cfg: &'a Config,
+    updates: &'a Updates,
+    bar: &'a indicatif::ProgressBar,
+) -> anyhow::Result<impl FnMut(&Metrics) -> anyhow::Result<()> + 'a> {
+    let path = run.metrics();
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let t = &cfg.train;
+    Ok(move |m: &Metrics| {
+        let now = (Instant::now(), m.env_steps as u64);
+        updates.set(Some(
+            updates.get().map_or((now, now), |(first, _)| (first, now)),
+        ));
+        writeln!(file, "{}", serde_json::to_string(m)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        bar.set_position(m.step as u64);
+        let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2}"));
+        bar.set_message(format!(
+            "v{} · {}/{} measured · plans {} ms (predicted {}) · reward {:.3} · lag {}",
+            m.policy_version,
+            m.measurements,
+            t.iterations * t.measure_per_iteration,
+            ms(m.mean_measured_ms),
+            ms(m.mean_predicted_ms),
+            m.policy.mean_reward,
+            m.policy_lag,
+        ));
+        Ok(())
+    })
+}
+
+/// The error of a run that stopped on `e` after training began, with what
+/// was kept: a checkpoint when it learned anything since `learned_at_start`
+/// (its policy updates and cost steps then), and the command that resumes.
+fn stopped_by(
+    e: anyhow::Error,
+    args: &TrainArgs,
+    run: &RunDir,
+    trainer: &Trainer,
+    learned_at_start: (usize, usize),
+) -> anyhow::Error {
+    let resume = resume_command(args, run);
+    // Nothing learned since the start (say, peers that never came): no
+    // checkpoint of untouched networks; the measurements are in the cost
+    // log, which a resume reads.
+    let c = &trainer.counters;
+    if (c.policy_updates, c.cost_steps) == learned_at_start {
+        return e.context(format!(
+            "training stopped before learning anything; `{resume}` goes on with the \
+             measurements logged"
+        ));
+    }
+    match save(run, trainer) {
+        Ok(at) => e.context(format!(
+            "training stopped; what it learned is in checkpoint {}, which `{resume}` \
+             continues from once the cause is dealt with (peer processes keep saying \
+             hello to the endpoint; a run of scripts/launch.sh goes on with \
+             `scripts/launch.sh --resume {}`)",
+            at.display(),
+            run.path().display()
+        )),
+        Err(not) => e.context(format!(
+            "training stopped, and no checkpoint of it could be written ({not:#}); \
+             `{resume}` continues from the run's last one"
+        )),
+    }
+}
+
+/// The closing line: what the session did and how fast it learned.
+fn report(
+    out: &mut dyn Write,
+    trainer: &Trainer,
+    run: &RunDir,
+    steps: usize,
+    secs: f64,
+    updates: Option<((Instant, u64), (Instant, u64))>,
+    lags: Option<Lags>,
+) -> anyhow::Result<()> {
+    let c = &trainer.counters;
+    write!(
+        out,
+        "trained {} iterations: {} measurements, {} policy updates, {steps} env steps in {secs:.1} s \
+         ({:.0} env steps/s learned from",
+        c.iteration,
+        trainer.buffer.len(),
+        c.policy_updates,
+        steps as f64 / secs.max(1e-9),
+    )?;
+    if let Some((first, last)) = updates {
+        let between = last.0.duration_since(first.0).as_secs_f64();
+        if last.1 > first.1 && between > 0.0 {
+            write!(
+                out,
+                "; {:.0} from the first update to the last",
+                (last.1 - first.1) as f64 / between
+            )?;
+        }
+    }
+    write!(out, "), {} unrolls dropped", c.dropped_unrolls)?;
+    if let Some((p50, p99, weights, stale)) = lags {
+        write!(
+            out,
+            " ({stale} too old), policy lag median {p50}, p99 {p99}, {weights} weight messages sent"
+        )?;
+    }
+    writeln!(out, "; run in {}", run.path().display())?;
+    Ok(())
+}
+
+/// A trainer at its first round: fresh networks, or `init`'s (a trained
+/// run's newest checkpoint) to fine-tune.
+fn fresh_trainer<'a>(
+    cfg: &'a Config,
+    tasks: &'a [common::Task],
+    init: Option<model::Model>,
+) -> anyhow::Result<crate::train::Trainer<'a>> {
+    let model = match (init, &cfg.train.init) {
+        (Some(model), _) => model,
+        // A resumed run that stopped before its first checkpoint.
+        (None, Some(path)) => crate::checkpoint::load_init(path)?.1,
+        (None, None) => return Ok(crate::train::Trainer::new(cfg, tasks)),
+    };
+    if let Some(path) = &cfg.train.init {
+        tracing::info!("starting from the networks of {}", path.display());
+    }
+    Ok(crate::train::Trainer::from_model(cfg, tasks, model))
+}
+
+/// Where training's measurements and unrolls come from.
+enum Workers {
+    /// Algorithm 1 in this thread, measuring on this oracle.
+    Alone(Box<dyn benchworker::Oracle>),
+    /// Actor and benchworker threads, and processes that connect to `--bind`.
+    Cluster(crate::runtime::ClusterRun),
+}
+
+/// Policy lag median and 99th percentile, weight messages sent and unrolls
+/// dropped as too old, of a cluster run.
+type Lags = (u64, u64, u64, u64);
+
+/// Trains until every round is done or `stop` is set; `began` is set once
+/// training has begun (a cluster's endpoints bound).
+fn run_rounds(
+    trainer: &mut crate::train::Trainer,
+    workers: &mut Workers,
+    hooks: &mut crate::train::Hooks,
+    stop: &std::sync::atomic::AtomicBool,
+    run_dir: &RunDir,
+    began: &mut bool,
+) -> anyhow::Result<Option<Lags>> {
+    let run = match workers {
+        Workers::Alone(oracle) => {
+            *began = true;
+            while !trainer.done() && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                trainer.iteration(oracle.as_mut(), hooks)?;
+            }
+            return Ok(None);
+        }
+        Workers::Cluster(run) => run,
+    };
+    let (report, _) = crate::runtime::train_cluster(trainer, run, hooks, stop, |bound| {
+        *began = true;
+        if let Some(e) = bound.first() {
+            tracing::info!("learner listening at {e}");
+            common::fs::write_atomic(&run_dir.endpoint(), format!("{e}\n").as_bytes())?;
+        }
+        Ok(())
+    })?;
+    let refused = [
+        report.bad_unrolls,
+        report.uncredited_unrolls,
+        report.drops.total(),
+        report.refused_peers,
+        report.refused_handshakes,
+        report.bad_envelopes,
+    ];
+    if refused.iter().sum::<u64>() > 0 {
+        tracing::warn!(
+            "{} malformed unrolls, {} unrolls sent without a credit, {} undecodable frames, \
+             {} refused peers, {} connections refused at their handshake (no cluster token, or \
+             another), {} messages with a mismatched envelope",
+            refused[0],
+            refused[1],
+            refused[2],
+            refused[3],
+            refused[4],
+            refused[5]
+        );
+    }
+    if report.resyncs > 0 {
+        tracing::warn!(
+            "{} times a peer was silent where a message may have been lost on the way (a \
+             late job's benchworker given work again, an actor's credits granted anew)",
+            report.resyncs
+        );
+    }
+    Ok(Some((
+        report.lag_quantile(0.5),
+        report.lag_quantile(0.99),
+        report.weights_sent,
+        report.stale_unrolls,
+    )))
+}
+
+/// The command that resumes the run `args` trained: with the endpoint its
+/// peers know and the token file it was given.
+fn resume_command(args: &TrainArgs, run: &RunDir) -> String {
+    let mut c = format!("learner train --run-dir {} --resume", run.path().display());
+    if let Some(bind) = &args.bind {
+        let bound = std::fs::read_to_string(run.endpoint()).unwrap_or_default();
+        let endpoint = Some(bound.trim()).filter(|b| !b.is_empty()).unwrap_or(bind);
+        c.push_str(&format!(" --bind {endpoint}"));
+    }
+    if let Some(file) = &args.token_file {
+        c.push_str(&format!(" --token-file {}", file.display()));
+    }
+    c
+}
+
+/// Flushes a file's written data to disk.
+fn sync_file(path: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_data())
+        .with_context(|| format!("syncing {}", path.display()))
+}

@@ -33,3 +33,59 @@ pub fn wait_for(what: &str, within: Duration, cond: impl Fn() -> bool) -> Durati
     }
     start.elapsed()
 }
+
+/// Adds lines at the end of a configuration file.
+pub fn append(cfg: &std::path::Path, lines: &str) {
+    let mut text = std::fs::read_to_string(cfg).unwrap();
+    text.push_str(lines);
+    std::fs::write(cfg, text).unwrap();
+}
+
+/// Writes a configuration for small, quick runs of `iterations` and
+/// generates its data; returns the config path and the data folder.
+pub fn small_run_config(
+    dir: &std::path::Path,
+    iterations: usize,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let data = dir.join("data");
+    let cfg = dir.join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[generate]\ntables = 120\n[data]\ndir = {data:?}\ntrain_tasks = 4\ntest_tasks = 2\nsuites = [{{ tables = 12, devices = 3, memory_gb = 50.0 }}]\n[train]\nsuite = {:?}\niterations = {iterations}\nmeasure_per_iteration = 3\ncost_steps = 5\npolicy_steps = 3\nepisodes = 4\n",
+            data.join("dlrm-12x3.train.json")
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = learner(&["generate", "--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    (cfg, data)
+}
+
+/// `learner train --config CFG --run-dir RUN`'s arguments.
+pub fn train_args<'a>(cfg: &'a std::path::Path, run: &'a std::path::Path) -> [&'a str; 5] {
+    [
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--run-dir",
+        run.to_str().unwrap(),
+    ]
+}
+
+/// `learner eval` of `methods` on `suite` with the model of `run`.
+pub fn eval_methods(
+    suite: &std::path::Path,
+    run: &std::path::Path,
+    methods: &str,
+) -> (bool, String, String) {
+    learner(&[
+        "eval",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--methods",
+        methods,
+        "--checkpoint",
+        run.to_str().unwrap(),
+    ])
+}

@@ -34,7 +34,6 @@
 //! and all-gathers their phases.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +52,10 @@ use crate::indices::{self, Lookups};
 use crate::layout::{PlanLayout, Ranks, Transfer};
 use crate::oracle::{check_plan, Oracle, OracleError, Spread};
 use crate::timing::{self, Phases};
+
+mod comms;
+
+use comms::{exchange, nccl_err, Comms, NcclGroup};
 
 const BACKEND: &str = "cuda";
 /// Value of the output gradients (it does not matter; a normal float).
@@ -75,99 +78,8 @@ fn tch_err(e: tch::TchError) -> OracleError {
     err(e.to_string())
 }
 
-fn nccl_err(what: &str) -> impl Fn(nccl::NcclError) -> OracleError + '_ {
-    move |e| err(format!("NCCL {what}: {:?}", e.0))
-}
-
-/// An open NCCL group (`ncclGroupStart`); closed on drop, so an error
-/// between start and end never leaves the thread's group open.
-struct NcclGroup {
-    open: bool,
-}
-
-impl NcclGroup {
-    fn start() -> Result<Self, OracleError> {
-        nccl::group_start().map_err(nccl_err("group start"))?;
-        Ok(NcclGroup { open: true })
-    }
-
-    /// `ncclGroupEnd`: issues the operations queued since the start.
-    fn end(mut self) -> Result<(), OracleError> {
-        self.open = false;
-        nccl::group_end().map_err(nccl_err("group end")).map(drop)
-    }
-}
-
-impl Drop for NcclGroup {
-    fn drop(&mut self) {
-        if self.open {
-            let _ = nccl::group_end();
-        }
-    }
-}
-
 fn driver_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> OracleError + '_ {
     move |e| err(format!("CUDA {what}: {e:?}"))
-}
-
-/// NCCL communicators, one per local GPU; destroyed with the value.
-struct Comms(Vec<nccl_sys::ncclComm_t>);
-
-// SAFETY: a communicator may be used from any thread as long as it is used
-// from one at a time, which `&mut CudaOracle` guarantees.
-unsafe impl Send for Comms {}
-
-impl Drop for Comms {
-    /// Communicators of one process finalise together (in one group), then
-    /// are destroyed: finalising them one by one can wait on each other.
-    fn drop(&mut self) {
-        if self.0.is_empty() {
-            return;
-        }
-        if let Ok(group) = NcclGroup::start() {
-            for &c in &self.0 {
-                // SAFETY: each communicator is live and finalised once, here.
-                let _ = unsafe { nccl::comm_finalize(c) };
-            }
-            let _ = group.end();
-        }
-        for &c in &self.0 {
-            // SAFETY: each communicator was initialised once and is
-            // destroyed once, here.
-            let _ = unsafe { nccl::comm_destroy(c) };
-        }
-    }
-}
-
-impl Comms {
-    /// Aborts every communicator (pending operations fail); none is used again.
-    fn abort(&mut self) {
-        for &c in &self.0 {
-            // SAFETY: aborting a live communicator, once.
-            let _ = unsafe { nccl::comm_abort(c) };
-        }
-        self.0.clear();
-    }
-
-    /// Fails if NCCL reported an asynchronous error on any communicator (a
-    /// peer that died, a network failure); the communicators are aborted.
-    fn check(&mut self) -> Result<(), OracleError> {
-        for &c in &self.0 {
-            let mut state = nccl_sys::ncclResult_t::ncclSuccess;
-            // SAFETY: `c` is a live communicator and `state` a valid out-pointer.
-            let r = unsafe { nccl_sys::ncclCommGetAsyncError(c, &mut state) };
-            if r != nccl_sys::ncclResult_t::ncclSuccess
-                || !matches!(
-                    state,
-                    nccl_sys::ncclResult_t::ncclSuccess | nccl_sys::ncclResult_t::ncclInProgress
-                )
-            {
-                self.abort();
-                return Err(err(format!("NCCL failed: {state:?} (a peer is gone?)")));
-            }
-        }
-        Ok(())
-    }
 }
 
 /// How the GPUs of a measurement are connected.
@@ -289,12 +201,6 @@ fn group_fits(devices: usize, total: usize) -> Result<(), OracleError> {
 /// The stream as NCCL's type.
 fn raw(stream: &CudaStream) -> nccl_sys::cudaStream_t {
     stream.cu_stream() as nccl_sys::cudaStream_t
-}
-
-/// `tensor`'s storage from element `offset` (fp32).
-fn at(tensor: &Tensor, offset: u64) -> *mut c_void {
-    // SAFETY of the caller: the offset lies within the tensor.
-    (tensor.data_ptr() as *mut u8).wrapping_add(offset as usize * 4) as *mut c_void
 }
 
 impl CudaOracle {
@@ -751,66 +657,6 @@ impl CudaOracle {
         }
         Ok(())
     }
-}
-
-/// One grouped NCCL exchange: every transfer with a local end, as
-/// send/recv on the local device's communicator. On failure the
-/// communicators are aborted: the peers no longer agree on what comes next.
-fn exchange<'t>(
-    comms: &mut Comms,
-    streams: &[nccl_sys::cudaStream_t],
-    transfers: &[Transfer],
-    slot: &dyn Fn(usize) -> Option<usize>,
-    send_buf: impl Fn(usize) -> Option<&'t Tensor>,
-    recv_buf: impl Fn(usize) -> Option<&'t Tensor>,
-) -> Result<(), OracleError> {
-    let sent = issue(comms, streams, transfers, slot, send_buf, recv_buf);
-    if sent.is_err() {
-        comms.abort();
-    }
-    sent
-}
-
-fn issue<'t>(
-    comms: &mut Comms,
-    streams: &[nccl_sys::cudaStream_t],
-    transfers: &[Transfer],
-    slot: &dyn Fn(usize) -> Option<usize>,
-    send_buf: impl Fn(usize) -> Option<&'t Tensor>,
-    recv_buf: impl Fn(usize) -> Option<&'t Tensor>,
-) -> Result<(), OracleError> {
-    let group = NcclGroup::start()?;
-    for t in transfers {
-        // The sending end, then the receiving end, each where it is local.
-        for sending in [true, false] {
-            let (here, peer, offset) = match sending {
-                true => (t.from, t.to, t.send_offset),
-                false => (t.to, t.from, t.recv_offset),
-            };
-            let Some(i) = slot(here) else { continue };
-            let (buf, what) = match sending {
-                true => (send_buf(i), "send"),
-                false => (recv_buf(i), "recv"),
-            };
-            let buf = buf.ok_or_else(|| err(format!("a {what} with no buffer on its device")))?;
-            let (ptr, count, kind) = (
-                at(buf, offset),
-                t.count as usize,
-                nccl_sys::ncclDataType_t::ncclFloat32,
-            );
-            let (peer, comm, stream) = (peer as i32, comms.0[i], streams[i]);
-            // SAFETY: the transfer lies within the buffer of its end (its
-            // arithmetic is tested in `layout`), which outlives the round.
-            unsafe {
-                match sending {
-                    true => nccl::send(ptr, count, kind, peer, comm, stream),
-                    false => nccl::recv(ptr, count, kind, peer, comm, stream),
-                }
-            }
-            .map_err(nccl_err(what))?;
-        }
-    }
-    group.end()
 }
 
 /// A local device's buffers for one plan.

@@ -1,0 +1,200 @@
+//! The networks' sizes and how `plan` chooses: `[model]`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::InvalidSetting;
+
+/// Layer sizes of the cost and policy networks (DESIGN §5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Cost network: table MLP 21 → `cost_table_hidden` → `cost_table_out`.
+    pub cost_table_hidden: i64,
+    pub cost_table_out: i64,
+    /// Hidden width of each cost head (per-device fwd, bwd, comm; overall).
+    pub cost_head_hidden: i64,
+    /// Cost networks trained side by side from different initial weights
+    /// (an ensemble, each member on its own loss); the cost network's
+    /// prediction is their mean per device. 1: a single network.
+    pub cost_members: i64,
+    /// Policy network: its own table MLP.
+    pub policy_table_hidden: i64,
+    pub policy_table_out: i64,
+    /// Policy network: the device features' MLP (8 → hidden → out; see
+    /// the actor's `mdp::device_features`).
+    pub cost_feature_hidden: i64,
+    pub cost_feature_out: i64,
+    /// Hidden width of the per-device score MLP and of the value head.
+    pub score_hidden: i64,
+    pub value_hidden: i64,
+    /// How the cost network gives a plan's iteration cost (the reward).
+    pub overall_cost: OverallCost,
+    /// Whether and how the cost network uses each table's work on a linear
+    /// scale (see [`CostWork`]).
+    pub cost_work: CostWork,
+    /// Episodes the policy places when it places for a user (`plan`,
+    /// eval's `policy`): its greedy episode and `plan_samples − 1` samples
+    /// (each seeded by its number, spread over the cores); the plan with the
+    /// lowest predicted cost wins. 1: greedy only.
+    pub plan_samples: usize,
+    /// Whether `plan` also lets the cheap heuristics' plans (`lookup`,
+    /// `size_lookup`, `torchrec`) compete on predicted cost.
+    pub plan_heuristics: bool,
+    /// Temperature of `plan`'s sampled episodes (1: the policy's own).
+    pub plan_temperature: f64,
+    /// Before each search, `plan` makes up to this many single-table
+    /// moves, each the one that lowers the predicted cost most (hill
+    /// climbing through libtorch). 0, the default: none; the search finds
+    /// about as good plans without them, in less time.
+    pub plan_moves: usize,
+    /// Then `plan` runs the `search` reference's iterated local search
+    /// (moves and swaps off the slowest device, perturbations when stuck)
+    /// with the cost network in place of the oracle, for this many predicted
+    /// plans (0 or 1: none), whose plan is kept only when it predicts a
+    /// lower cost than the one it started from. A seeded search: the same
+    /// task gets the same plan. Like the moves, only for a feasible plan and
+    /// a composed overall cost (`overall_cost = "composed"`).
+    pub plan_search: usize,
+    /// Whether, when `plan` searches (`plan_search` > 1, a composed overall
+    /// cost, more than one device), the moves and the search run from every
+    /// distinct candidate that fits (the policy's episodes and the
+    /// heuristics' plans, `plan_search` predicted plans each), the lowest
+    /// predicted result winning, rather than only from the candidate
+    /// predicted cheapest. The search then does not depend on one starting
+    /// point.
+    pub plan_search_every_candidate: bool,
+    /// The learned plan replaces the best heuristic plan only when every
+    /// cost-network member predicts it at least this share cheaper (0.02:
+    /// 2 %). The search picks the plans the network underrates, so their
+    /// predictions run low; the margin was chosen on validation draws of
+    /// the table space (docs/results.md, "The guard's margin").
+    pub plan_margin: f64,
+}
+
+/// How the cost network's table MLP sees a table's work: its lookups
+/// (`pooling / 16`, 16 being about the mean pooling) and lookup width
+/// (`pooling / 16 × dim / 128`), on a linear scale. A table's bytes read grow
+/// linearly with them, while the 21 scaled features hold pooling as a
+/// logarithm, from which a ReLU network extrapolates far too low on a table
+/// busier than any it was trained on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostWork {
+    /// The 21 scaled features only (DreamShard).
+    #[default]
+    None,
+    /// The two work figures appended to the table MLP's input.
+    Inputs,
+    /// Appended to the input, and the table representation's channels
+    /// multiplied by them: a third by the lookup width, a third by the
+    /// lookups, the rest left alone, so that a device's summed
+    /// representation holds work-weighted sums (Σ width × g(table)).
+    Gated,
+}
+
+/// The cost network's loss over per-device forward, backward and
+/// communication times and the iteration cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostLoss {
+    /// Squared error in ms (DreamShard): large costs dominate.
+    #[default]
+    Mse,
+    /// Squared error relative to the target, `((pred − y) / y)²` (targets
+    /// below 0.1 ms count as 0.1 ms): every plan's error counts by its share.
+    Relative,
+}
+
+/// How the cost network turns device representations into a plan's
+/// iteration cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverallCost {
+    /// DreamShard's overall head on the element-wise maximum of the device
+    /// representations.
+    #[default]
+    Head,
+    /// Composed from the per-device heads the way one iteration runs: the
+    /// forward all-to-all waits for the slowest forward, then each device
+    /// runs its two exchanges and its backward, so the cost is
+    /// `max_d fwd_d + max_d (bwd_d + 2·comm_d)` (the forward exchange moves
+    /// the same bytes as the backward one).
+    Composed,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            cost_table_hidden: 128,
+            cost_table_out: 32,
+            cost_head_hidden: 64,
+            cost_members: 1,
+            policy_table_hidden: 128,
+            policy_table_out: 32,
+            cost_feature_hidden: 64,
+            cost_feature_out: 32,
+            score_hidden: 64,
+            value_hidden: 64,
+            overall_cost: OverallCost::Composed,
+            cost_work: CostWork::Inputs,
+            plan_samples: 1,
+            plan_heuristics: true,
+            plan_temperature: 1.0,
+            plan_moves: 0,
+            plan_search: 2000,
+            plan_search_every_candidate: true,
+            plan_margin: 0.02,
+        }
+    }
+}
+
+impl ModelConfig {
+    pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
+        for (field, v) in [
+            ("model.cost_table_hidden", self.cost_table_hidden),
+            ("model.cost_table_out", self.cost_table_out),
+            ("model.cost_head_hidden", self.cost_head_hidden),
+            ("model.policy_table_hidden", self.policy_table_hidden),
+            ("model.policy_table_out", self.policy_table_out),
+            ("model.cost_feature_hidden", self.cost_feature_hidden),
+            ("model.cost_feature_out", self.cost_feature_out),
+            ("model.score_hidden", self.score_hidden),
+            ("model.value_hidden", self.value_hidden),
+        ] {
+            if !(1..=65536).contains(&v) {
+                return Err(InvalidSetting::new(
+                    field,
+                    format!("{field} = {v} must lie in 1..=65536"),
+                ));
+            }
+        }
+        if !(self.plan_temperature.is_finite() && (0.0..=1e3).contains(&self.plan_temperature)) {
+            return Err(InvalidSetting::new(
+                "model.plan_temperature",
+                format!(
+                    "model.plan_temperature = {} must lie in [0, 1000]",
+                    self.plan_temperature
+                ),
+            ));
+        }
+        if !(self.plan_margin.is_finite() && (0.0..=0.5).contains(&self.plan_margin)) {
+            return Err(InvalidSetting::new(
+                "model.plan_margin",
+                format!(
+                    "model.plan_margin = {} must lie in [0, 0.5] (a share: 0.02 is 2 %)",
+                    self.plan_margin
+                ),
+            ));
+        }
+        if !(1..=16).contains(&self.cost_members) {
+            return Err(InvalidSetting::new(
+                "model.cost_members",
+                format!(
+                    "model.cost_members = {} must lie in 1..=16",
+                    self.cost_members
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

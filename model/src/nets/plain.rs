@@ -1,0 +1,375 @@
+//! The networks' plain-array copies for fast inference: each cost-network
+//! member's device heads ([`DeviceHeads`]) and the policy's per-device
+//! score ([`PolicyScorer`]), and the hot loops they share, compiled for
+//! AVX2 too and chosen at run time.
+
+use multiversion::multiversion;
+use tch::nn;
+use tch::{Kind, Tensor};
+
+use super::{Member, DEVICE_FEATURES};
+
+/// The cost network's per-device heads (fwd, bwd, comm) as plain arrays,
+/// for a search that costs thousands of devices in milliseconds without a
+/// libtorch call. The heads' first layer is linear in the device
+/// representation, which is a sum of table representations: so a table's
+/// [`DeviceHeads::project`]ion can be computed once, and a device's hidden
+/// layer is the sum of its tables' projections (a few hundred additions per
+/// table and member) before [`DeviceHeads::finish`]. Equal to
+/// [`super::CostNet::device_costs`] up to float rounding, ensembles included.
+#[derive(Debug, Clone)]
+pub struct DeviceHeads {
+    pub(super) members: Vec<MemberHeads>,
+}
+
+/// One member's three heads.
+#[derive(Debug, Clone)]
+pub(super) struct MemberHeads {
+    width: usize,
+    hidden: usize,
+    /// The three heads' layers, concatenated: `[3·hidden, width]`
+    /// row-major, `[3·hidden]`, `[3·hidden]`, `[3]`.
+    w1: Vec<f32>,
+    b1: Vec<f32>,
+    w2: Vec<f32>,
+    b2: Vec<f32>,
+}
+
+impl MemberHeads {
+    pub(super) fn of(m: &Member) -> MemberHeads {
+        let (l1, l2): (Vec<_>, Vec<_>) = [&m.fwd, &m.bwd, &m.comm]
+            .iter()
+            .map(|h| (dense(&h.l1), dense(&h.l2)))
+            .unzip();
+        // The three heads' weights (or biases) one after the other.
+        let cat = |layers: &[(Vec<f32>, Vec<f32>)], bias: bool| -> Vec<f32> {
+            layers
+                .iter()
+                .flat_map(|(w, b)| if bias { b } else { w }.iter().copied())
+                .collect()
+        };
+        MemberHeads {
+            width: m.fwd.l1.ws.size()[1] as usize,
+            hidden: m.fwd.l1.ws.size()[0] as usize,
+            w1: cat(&l1, false),
+            b1: cat(&l1, true),
+            w2: cat(&l2, false),
+            b2: cat(&l2, true),
+        }
+    }
+
+    fn project_into(&self, repr: &[f32], out: &mut Vec<f32>) {
+        out.extend(self.w1.chunks_exact(self.width).map(|row| dot(row, repr)));
+    }
+
+    fn finish(&self, projected: &[f32]) -> [f32; 3] {
+        let mut out = [0.0f32; 3];
+        for (k, o) in out.iter_mut().enumerate() {
+            let span = k * self.hidden..(k + 1) * self.hidden;
+            let (p, b, w) = (
+                &projected[span.clone()],
+                &self.b1[span.clone()],
+                &self.w2[span],
+            );
+            *o = self.b2[k] + relu_dot(p, b, w);
+        }
+        out
+    }
+}
+
+impl DeviceHeads {
+    /// Width of the device representation the heads read (all members').
+    pub fn width(&self) -> usize {
+        self.members.iter().map(|m| m.width).sum()
+    }
+
+    /// Length of a projection: the three heads' hidden units, per member.
+    pub fn projected_width(&self) -> usize {
+        self.members.iter().map(|m| 3 * m.hidden).sum()
+    }
+
+    /// The heads' first layer without its bias: `W1 · repr`, member by
+    /// member.
+    pub fn project(&self, repr: &[f32]) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.projected_width());
+        let mut at = 0;
+        for m in &self.members {
+            m.project_into(&repr[at..at + m.width], &mut out);
+            at += m.width;
+        }
+        out
+    }
+
+    /// [`DeviceHeads::project`] of every row of `reps` (`[rows, width]`,
+    /// row-major) by one matrix product per member: `[rows,
+    /// projected_width]`, row-major. Equal to `project` row by row up to
+    /// float rounding.
+    pub fn project_rows(&self, reps: &[f32]) -> Vec<f32> {
+        let (width, rows) = (self.width(), reps.len() / self.width().max(1));
+        if rows == 0 || width == 0 {
+            return Vec::new();
+        }
+        let reps = Tensor::from_slice(&reps[..rows * width]).view([rows as i64, width as i64]);
+        let mut at = 0;
+        let parts: Vec<Tensor> = self
+            .members
+            .iter()
+            .map(|m| {
+                let w1 = Tensor::from_slice(&m.w1).view([3 * m.hidden as i64, m.width as i64]);
+                let part = reps.narrow(1, at, m.width as i64).matmul(&w1.tr());
+                at += m.width as i64;
+                part
+            })
+            .collect();
+        crate::tensor_vec(&Tensor::cat(&parts, 1))
+    }
+
+    /// The ensemble's members.
+    pub fn members(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Each member's (fwd, bwd, comm) from a device's summed projections
+    /// (what [`DeviceHeads::finish`] averages).
+    pub fn finish_each(&self, projected: &[f32]) -> Vec<[f32; 3]> {
+        self.each(projected).collect()
+    }
+
+    /// (fwd, bwd, comm) from a device's summed projections: the members'
+    /// mean.
+    pub fn finish(&self, projected: &[f32]) -> [f32; 3] {
+        let mut sum = [0.0f32; 3];
+        for c in self.each(projected) {
+            for k in 0..3 {
+                sum[k] += c[k];
+            }
+        }
+        let n = self.members.len().max(1) as f32;
+        sum.map(|x| x / n)
+    }
+
+    /// Each member's heads on its own part of `projected`, in order.
+    fn each<'a>(&'a self, projected: &'a [f32]) -> impl Iterator<Item = [f32; 3]> + 'a {
+        let mut at = 0;
+        self.members.iter().map(move |m| {
+            at += 3 * m.hidden;
+            m.finish(&projected[at - 3 * m.hidden..at])
+        })
+    }
+
+    /// (fwd, bwd, comm) of a device whose summed table representation is
+    /// `repr` (`width` values).
+    pub fn costs(&self, repr: &[f32]) -> [f32; 3] {
+        self.finish(&self.project(repr))
+    }
+}
+
+/// `Σ a·b` in eight independent lanes, which the compiler turns into
+/// vector instructions (a plain sum of products must keep its order).
+/// Compiled also for AVX2 and chosen at run time where the processor has it,
+/// like the other plain-array kernels here: the same lanes, so the same
+/// result bit for bit (Rust never fuses a multiply and an add on its own).
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for k in 0..8 {
+            lanes[k] += x[k] * y[k];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// `Σ w·max(p + b, 0)` in eight independent lanes, as [`dot`].
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn relu_dot(p: &[f32], b: &[f32], w: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (cp, cb, cw) = (p.chunks_exact(8), b.chunks_exact(8), w.chunks_exact(8));
+    let (rp, rb, rw) = (cp.remainder(), cb.remainder(), cw.remainder());
+    for ((p, b), w) in cp.zip(cb).zip(cw) {
+        for k in 0..8 {
+            lanes[k] += w[k] * (p[k] + b[k]).max(0.0);
+        }
+    }
+    // Element `j` in lane `j % 8`, the leftovers included.
+    for (k, ((p, b), w)) in rp.iter().zip(rb).zip(rw).enumerate() {
+        lanes[k] += w * (p + b).max(0.0);
+    }
+    lanes.iter().sum::<f32>()
+}
+
+/// A linear layer's weight (`[out, in]`, row-major) and bias as plain
+/// arrays.
+pub(super) fn dense(l: &nn::Linear) -> (Vec<f32>, Vec<f32>) {
+    let flat = |t: &Tensor| crate::tensor_vec::<f32>(&t.to_kind(Kind::Float));
+    let w = flat(&l.ws);
+    let b = match &l.bs {
+        Some(b) => flat(b),
+        None => vec![0.0; l.ws.size()[0] as usize],
+    };
+    (w, b)
+}
+
+/// A linear layer stored input-major (`[in, out]`): `W·x + b` as the bias
+/// plus each input times its row, which vectorizes over the outputs and
+/// skips the inputs a ReLU before it zeroed (about half of them).
+#[derive(Debug, Clone)]
+pub(super) struct InputMajor {
+    w: Vec<f32>,
+    b: Vec<f32>,
+}
+
+impl InputMajor {
+    /// From a [`dense`] copy (`[out, in]`).
+    pub(super) fn of((w, b): &(Vec<f32>, Vec<f32>)) -> InputMajor {
+        let (out, inputs) = (b.len(), w.len() / b.len().max(1));
+        let mut t = vec![0.0f32; w.len()];
+        for (o, row) in w.chunks_exact(inputs.max(1)).enumerate() {
+            for (i, &x) in row.iter().enumerate() {
+                t[i * out + o] = x;
+            }
+        }
+        InputMajor { w: t, b: b.clone() }
+    }
+
+    /// `y = W·x + b`, with a ReLU after it if `relu`.
+    fn apply(&self, x: &[f32], y: &mut Vec<f32>, relu: bool) {
+        y.clear();
+        y.extend_from_slice(&self.b);
+        for (&xi, row) in x.iter().zip(self.w.chunks_exact(self.b.len().max(1))) {
+            if xi != 0.0 {
+                add_scaled(y, xi, row);
+            }
+        }
+        if relu {
+            for v in y.iter_mut() {
+                *v = v.max(0.0);
+            }
+        }
+    }
+}
+
+/// `y += a·x`, element by element (see [`dot`]).
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// `minus -= x` and `plus += x`, element by element: a table's projection
+/// moved from one device's sum to another's (compiled for AVX2 too, like `dot`).
+#[multiversion(targets("x86_64+avx2+fma"))]
+pub fn move_between(minus: &mut [f32], plus: &mut [f32], x: &[f32]) {
+    for ((m, p), &x) in minus.iter_mut().zip(plus.iter_mut()).zip(x) {
+        *m -= x;
+        *p += x;
+    }
+}
+
+/// `sum += x`, element by element (compiled for AVX2 too, like `dot`).
+#[multiversion(targets("x86_64+avx2+fma"))]
+pub fn add_into(sum: &mut [f32], x: &[f32]) {
+    for (s, x) in sum.iter_mut().zip(x) {
+        *s += x;
+    }
+}
+
+/// The policy's device scores as plain arrays, for one greedy episode
+/// without a libtorch call per step (`plan`). The score MLP's first layer is
+/// linear in its three inputs (the device's summed table representations,
+/// its state features through their MLP, the table being placed), so each
+/// part is projected on its own: a table's projection once per episode, a
+/// device's as the sum of its tables', the state part again at every step
+/// (it depends on the table being placed). Equal to [`super::PolicyNet::forward`]'s logits up to float
+/// rounding.
+#[derive(Debug, Clone)]
+pub struct PolicyScorer {
+    pub(super) hidden: usize,
+    pub(super) table_width: usize,
+    /// The state features' MLP and the score's state part, input-major
+    /// (computed for every device at every step).
+    pub(super) cost1: InputMajor,
+    pub(super) cost2: InputMajor,
+    pub(super) cost: InputMajor,
+    /// The score's first layer's table parts: `[hidden, table_width]`
+    /// twice (as a device's table, as the table being placed), and its
+    /// bias.
+    pub(super) tables: Vec<f32>,
+    pub(super) current: Vec<f32>,
+    pub(super) b1: Vec<f32>,
+    pub(super) w2: Vec<f32>,
+    pub(super) b2: f32,
+}
+
+impl PolicyScorer {
+    /// Length of every projection: the score's hidden units.
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    fn project(w: &[f32], x: &[f32]) -> Vec<f32> {
+        w.chunks_exact(x.len().max(1))
+            .map(|row| dot(row, x))
+            .collect()
+    }
+
+    /// A table's part as one of a device's tables (a policy table
+    /// representation, `table_width` values); a device's part is its
+    /// tables' sum.
+    pub fn project_table(&self, repr: &[f32]) -> Vec<f32> {
+        debug_assert_eq!(repr.len(), self.table_width);
+        Self::project(&self.tables, repr)
+    }
+
+    /// A table's part as the table being placed.
+    pub fn project_current(&self, repr: &[f32]) -> Vec<f32> {
+        debug_assert_eq!(repr.len(), self.table_width);
+        Self::project(&self.current, repr)
+    }
+
+    /// A device's part from its state features (`DEVICE_FEATURES` values).
+    pub fn project_state(&self, features: &[f32]) -> Vec<f32> {
+        let mut out = Vec::new();
+        self.project_state_into(features, &mut [Vec::new(), Vec::new()], &mut out);
+        out
+    }
+
+    /// [`PolicyScorer::project_state`] into `out`, with `scratch` for the
+    /// hidden layers: no allocation once the buffers have grown.
+    pub fn project_state_into(
+        &self,
+        features: &[f32],
+        scratch: &mut [Vec<f32>; 2],
+        out: &mut Vec<f32>,
+    ) {
+        debug_assert_eq!(features.len(), DEVICE_FEATURES as usize);
+        let [h1, h2] = scratch;
+        self.cost1.apply(features, h1, true);
+        self.cost2.apply(h1, h2, true);
+        self.cost.apply(h2, out, false);
+    }
+
+    /// A device's logit from its three parts.
+    pub fn logit(&self, tables: &[f32], cost: &[f32], current: &[f32]) -> f32 {
+        let mut lanes = [0.0f32; 8];
+        for (j, ((((a, b), c), bias), w)) in tables
+            .iter()
+            .zip(cost)
+            .zip(current)
+            .zip(&self.b1)
+            .zip(&self.w2)
+            .enumerate()
+        {
+            lanes[j % 8] += w * (a + b + c + bias).max(0.0);
+        }
+        self.b2 + lanes.iter().sum::<f32>()
+    }
+}

@@ -102,8 +102,9 @@ fn setup(welcome: &Welcome) -> anyhow::Result<Setup> {
         .iter()
         .enumerate()
         .map(|(k, task)| {
-            let bad =
-                |e: String| anyhow::anyhow!("the learner's rollout task {k} (`{}`) {e}", task.name);
+            let bad = |e: BadTask| {
+                anyhow::anyhow!("the learner's rollout task {k} (`{}`) {e}", task.name)
+            };
             check_task(task).map_err(bad)?;
             check_unroll_size(k, task, episodes).map_err(bad)?;
             Ok(MdpTask::new(
@@ -121,37 +122,65 @@ fn setup(welcome: &Welcome) -> anyhow::Result<Setup> {
     })
 }
 
+/// Why a task of the learner's cannot be rolled out here (each message
+/// follows the task's name).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+enum BadTask {
+    #[error("has no device")]
+    NoDevice,
+    #[error("has no table")]
+    NoTable,
+    #[error("has memory_gb = {0}, not a positive memory cap")]
+    Memory(f64),
+    #[error("has table `{table}` whose feature {feature} is not a finite number")]
+    Feature {
+        table: String,
+        feature: &'static str,
+    },
+    #[error("has table `{table}` of {rows} rows × {dim}, too large to count its bytes")]
+    TooLarge { table: String, rows: u64, dim: u32 },
+    #[error(
+        "({tables} tables on {devices} devices): an unroll of train.episodes = {episodes} \
+         episodes takes {bytes} bytes on the wire, more than the {MAX_FRAME_BYTES} a frame \
+         may have; lower train.episodes or use smaller tasks"
+    )]
+    UnrollTooBig {
+        tables: usize,
+        devices: usize,
+        episodes: usize,
+        bytes: String,
+    },
+}
+
 /// What a task needs for a rollout: a device, a table, a memory cap, and
 /// features that are numbers.
-fn check_task(task: &Task) -> Result<(), String> {
+fn check_task(task: &Task) -> Result<(), BadTask> {
     if task.devices == 0 {
-        return Err("has no device".into());
+        return Err(BadTask::NoDevice);
     }
     if task.tables.is_empty() {
-        return Err("has no table".into());
+        return Err(BadTask::NoTable);
     }
     if !(task.memory_gb.is_finite() && task.memory_gb > 0.0 && task.cap_bytes() > 0) {
-        return Err(format!(
-            "has memory_gb = {}, not a positive memory cap",
-            task.memory_gb
-        ));
+        return Err(BadTask::Memory(task.memory_gb));
     }
     for t in &task.tables {
         let f = common::features::scaled(t);
         if let Some(i) = f.iter().position(|x| !x.is_finite()) {
-            return Err(format!(
-                "has table `{}` whose feature {} is not a finite number",
-                t.name, FEATURE_NAMES[i]
-            ));
+            return Err(BadTask::Feature {
+                table: t.name.clone(),
+                feature: FEATURE_NAMES[i],
+            });
         }
         // MemoryModel::table_bytes counts in u64: at most 4 bytes a weight
         // and 8 of optimizer state, 4 more a row.
         let widest = t.rows as u128 * (12 * t.dim as u128 + 4);
         if widest > u64::MAX as u128 {
-            return Err(format!(
-                "has table `{}` of {} rows × {}, too large to count its bytes",
-                t.name, t.rows, t.dim
-            ));
+            return Err(BadTask::TooLarge {
+                table: t.name.clone(),
+                rows: t.rows,
+                dim: t.dim,
+            });
         }
     }
     Ok(())
@@ -163,14 +192,13 @@ fn check_task(task: &Task) -> Result<(), String> {
 /// action the last device, every table index the last). `Err` with the
 /// reason when that exceeds [`MAX_FRAME_BYTES`] (libzmq drops a bigger
 /// frame without a word, and the actor would roll out for ever).
-fn check_unroll_size(k: usize, task: &Task, episodes: usize) -> Result<usize, String> {
+fn check_unroll_size(k: usize, task: &Task, episodes: usize) -> Result<usize, BadTask> {
     let (m, d, e) = (task.tables.len(), task.devices, episodes);
-    let too_big = |bytes: String| {
-        format!(
-            "({m} tables on {d} devices): an unroll of train.episodes = {e} episodes takes \
-             {bytes} bytes on the wire, more than the {MAX_FRAME_BYTES} a frame may have; \
-             lower train.episodes or use smaller tasks"
-        )
+    let too_big = |bytes: String| BadTask::UnrollTooBig {
+        tables: m,
+        devices: d,
+        episodes: e,
+        bytes,
     };
     // The floats alone, without building anything (a task can be huge).
     let floats = m
@@ -414,7 +442,7 @@ mod tests {
         let floats = 100 * 2570 * (1 + 8 * DEVICE_FEATURES as usize) * 4;
         assert!(floats < MAX_FRAME_BYTES);
         let e = check_unroll_size(0, &big, 2570).unwrap_err();
-        assert!(!e.contains("at least"), "{e}");
+        assert!(!e.to_string().contains("at least"), "{e}");
         assert!(check_unroll_size(0, &big, 2400).is_ok());
     }
 

@@ -28,16 +28,25 @@ pub fn header(len: usize) -> [u8; HEADER_BYTES] {
     (len as u64).to_le_bytes()
 }
 
+/// A job header that announces no payload this process can take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadHeader {
+    #[error("a job header of {0} bytes")]
+    Length(usize),
+    #[error("a job of {0} bytes")]
+    TooLarge(u64),
+}
+
 /// The payload length a header announces; `None` for "stop".
-pub fn payload_len(header: &[u8]) -> Result<Option<usize>, String> {
+pub fn payload_len(header: &[u8]) -> Result<Option<usize>, BadHeader> {
     let bytes: [u8; HEADER_BYTES] = header
         .try_into()
-        .map_err(|_| format!("a job header of {} bytes", header.len()))?;
+        .map_err(|_| BadHeader::Length(header.len()))?;
     match u64::from_le_bytes(bytes) {
         0 => Ok(None),
         n => usize::try_from(n)
             .map(Some)
-            .map_err(|_| format!("a job of {n} bytes")),
+            .map_err(|_| BadHeader::TooLarge(n)),
     }
 }
 
@@ -49,8 +58,21 @@ pub fn encode_job(tables: &[Table], plan: &Plan) -> Vec<u8> {
     .expect("tables and plans serialise")
 }
 
-pub fn decode_job(bytes: &[u8]) -> Result<GroupJob, String> {
-    serde_json::from_slice(bytes).map_err(|e| format!("a job the leader broadcast: {e}"))
+/// Why the phases gathered from a group do not make a measurement.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GatherError {
+    #[error("{got} gathered values for {world} devices × {repeats} repeats × 4 phases")]
+    Count {
+        got: usize,
+        world: usize,
+        repeats: usize,
+    },
+    #[error("a plan on {devices} devices in a group of {world}")]
+    Devices { devices: usize, world: usize },
+}
+
+pub fn decode_job(bytes: &[u8]) -> Result<GroupJob, serde_json::Error> {
+    serde_json::from_slice(bytes)
 }
 
 /// One device's contribution to the all-gather: its phases, repeat after
@@ -69,15 +91,16 @@ pub fn gathered_rounds(
     world: usize,
     repeats: usize,
     devices: usize,
-) -> Result<Vec<Vec<Phases>>, String> {
+) -> Result<Vec<Vec<Phases>>, GatherError> {
     if gathered.len() != world * repeats * 4 {
-        return Err(format!(
-            "{} gathered values for {world} devices × {repeats} repeats × 4 phases",
-            gathered.len()
-        ));
+        return Err(GatherError::Count {
+            got: gathered.len(),
+            world,
+            repeats,
+        });
     }
     if devices > world {
-        return Err(format!("a plan on {devices} devices in a group of {world}"));
+        return Err(GatherError::Devices { devices, world });
     }
     Ok((0..repeats)
         .map(|r| {
@@ -105,7 +128,7 @@ mod tests {
     fn headers_announce_lengths_and_zero_stops() {
         assert_eq!(payload_len(&header(1234)), Ok(Some(1234)));
         assert_eq!(payload_len(&header(0)), Ok(None));
-        assert!(payload_len(&[1, 2, 3]).is_err());
+        assert_eq!(payload_len(&[1, 2, 3]), Err(BadHeader::Length(3)));
     }
 
     #[test]
@@ -141,7 +164,16 @@ mod tests {
                 assert_eq!(*p, phases(d, r));
             }
         }
-        assert!(gathered_rounds(&gathered[1..], world, repeats, 2).is_err());
-        assert!(gathered_rounds(&gathered, world, repeats, 4).is_err());
+        assert!(matches!(
+            gathered_rounds(&gathered[1..], world, repeats, 2),
+            Err(GatherError::Count { .. })
+        ));
+        assert_eq!(
+            gathered_rounds(&gathered, world, repeats, 4),
+            Err(GatherError::Devices {
+                devices: 4,
+                world: 3
+            })
+        );
     }
 }

@@ -547,25 +547,42 @@ fn probe_tables() -> Vec<Table> {
     ]
 }
 
+/// A device whose lookups are not the CPU's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotTheSame {
+    #[error("lookups of `{table}` on {device}: {message}")]
+    Failed {
+        table: String,
+        device: String,
+        message: String,
+    },
+    #[error("the lookups of `{table}` generated on {device} differ from the CPU's")]
+    Differ { table: String, device: String },
+}
+
 /// Checks that each of `devices` generates the same lookups as the CPU
 /// (integer ops that differ between devices would make two backends
 /// measure different traffic). Names the first device and table that differ.
-pub fn same_on(devices: &[Device]) -> Result<(), String> {
+pub fn same_on(devices: &[Device]) -> Result<(), NotTheSame> {
     const SEED: u64 = 7;
     const BATCH: u64 = 4096;
     for t in probe_tables() {
         let host = |d| {
             for_table(SEED, &t, BATCH, u64::MAX, d)
                 .and_then(|l| l.to_host())
-                .map_err(|e| format!("lookups of `{}` on {d:?}: {e}", t.name))
+                .map_err(|e| NotTheSame::Failed {
+                    table: t.name.clone(),
+                    device: format!("{d:?}"),
+                    message: e.to_string(),
+                })
         };
         let cpu = host(Device::Cpu)?;
         for &d in devices {
             if host(d)? != cpu {
-                return Err(format!(
-                    "the lookups of `{}` generated on {d:?} differ from the CPU's",
-                    t.name
-                ));
+                return Err(NotTheSame::Differ {
+                    table: t.name.clone(),
+                    device: format!("{d:?}"),
+                });
             }
         }
     }

@@ -37,23 +37,30 @@ pub struct GroupSpec {
     pub gpus: Vec<usize>,
 }
 
+/// Why a `--group` cannot be formed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadGroup {
+    #[error("the group needs a name")]
+    NoName,
+    #[error("GPUs per rank {0:?}: every rank needs at least one")]
+    NoGpu(Vec<usize>),
+    #[error("rank {rank} of a group of {ranks} ranks")]
+    Rank { rank: usize, ranks: usize },
+}
+
 impl GroupSpec {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), BadGroup> {
         if self.name.is_empty() {
-            return Err("the group needs a name".into());
+            return Err(BadGroup::NoName);
         }
         if self.gpus.is_empty() || self.gpus.contains(&0) {
-            return Err(format!(
-                "GPUs per rank {:?}: every rank needs at least one",
-                self.gpus
-            ));
+            return Err(BadGroup::NoGpu(self.gpus.clone()));
         }
         if self.rank >= self.gpus.len() {
-            return Err(format!(
-                "rank {} of a group of {} ranks",
-                self.rank,
-                self.gpus.len()
-            ));
+            return Err(BadGroup::Rank {
+                rank: self.rank,
+                ranks: self.gpus.len(),
+            });
         }
         Ok(())
     }
@@ -98,15 +105,24 @@ fn send_answer(
     }
 }
 
+/// A job for a task the welcome did not have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("task {task} does not exist ({tasks} tasks)")]
+struct UnknownTask {
+    task: u32,
+    tasks: usize,
+}
+
 /// Checks a job against the welcome's tasks and builds its plan.
 fn job_plan<'t>(
     tasks: &'t [Task],
     task: u32,
     assignment: &[u32],
-) -> Result<(&'t Task, Plan), String> {
-    let t = tasks
-        .get(task as usize)
-        .ok_or_else(|| format!("task {task} does not exist ({} tasks)", tasks.len()))?;
+) -> Result<(&'t Task, Plan), UnknownTask> {
+    let t = tasks.get(task as usize).ok_or(UnknownTask {
+        task,
+        tasks: tasks.len(),
+    })?;
     let plan = Plan {
         devices: t.devices,
         assignment: assignment.iter().map(|&d| d as usize).collect(),
@@ -283,7 +299,7 @@ fn session(
                 assignment,
             } => {
                 let result = match job_plan(&welcome.tasks, task, &assignment) {
-                    Err(e) => Err(e),
+                    Err(e) => Err(e.to_string()),
                     Ok((t, plan)) => {
                         let o = &mut *oracle;
                         let (result, heard) =

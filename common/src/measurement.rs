@@ -2,6 +2,25 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Why a measurement from elsewhere is refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadMeasurement {
+    #[error("{got} device entries for a plan on {devices} devices")]
+    Devices { got: usize, devices: usize },
+    #[error("device {device}: a phase time is negative or not finite")]
+    Phase { device: usize },
+    #[error(
+        "device {device}: a phase of {ms:e} ms, beyond {:e}",
+        Measurement::MAX_PHASE_MS
+    )]
+    TooLong { device: usize, ms: f64 },
+    #[error("device {device}: total_ms is not the sum of its phases")]
+    Total { device: usize },
+    #[error("cost_ms {cost_ms} is not the slowest device's total {slowest}")]
+    Cost { cost_ms: f64, slowest: f64 },
+}
+
 /// One device's share of an iteration, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct DeviceCost {
@@ -54,37 +73,32 @@ impl Measurement {
     /// Checks a measurement that arrived from elsewhere: one entry per
     /// device, finite non-negative phases up to [`Self::MAX_PHASE_MS`],
     /// totals that are their sums, and the cost the slowest total.
-    pub fn validate(&self, devices: usize) -> Result<(), String> {
+    pub fn validate(&self, devices: usize) -> Result<(), BadMeasurement> {
         if self.devices.len() != devices {
-            return Err(format!(
-                "{} device entries for a plan on {devices} devices",
-                self.devices.len()
-            ));
+            return Err(BadMeasurement::Devices {
+                got: self.devices.len(),
+                devices,
+            });
         }
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1.0);
         for (i, d) in self.devices.iter().enumerate() {
             let phases = [d.fwd_ms, d.bwd_ms, d.fwd_comm_ms, d.bwd_comm_ms];
             if phases.iter().any(|x| !x.is_finite() || *x < 0.0) {
-                return Err(format!(
-                    "device {i}: a phase time is negative or not finite"
-                ));
+                return Err(BadMeasurement::Phase { device: i });
             }
             if let Some(x) = phases.iter().find(|&&x| x > Self::MAX_PHASE_MS) {
-                return Err(format!(
-                    "device {i}: a phase of {x:e} ms, beyond {:e}",
-                    Self::MAX_PHASE_MS
-                ));
+                return Err(BadMeasurement::TooLong { device: i, ms: *x });
             }
             if !close(phases.iter().sum(), d.total_ms) {
-                return Err(format!("device {i}: total_ms is not the sum of its phases"));
+                return Err(BadMeasurement::Total { device: i });
             }
         }
         let slowest = self.devices.iter().map(|d| d.total_ms).fold(0.0, f64::max);
         if !close(slowest, self.cost_ms) {
-            return Err(format!(
-                "cost_ms {} is not the slowest device's total {slowest}",
-                self.cost_ms
-            ));
+            return Err(BadMeasurement::Cost {
+                cost_ms: self.cost_ms,
+                slowest,
+            });
         }
         Ok(())
     }
@@ -111,20 +125,26 @@ mod tests {
             DeviceCost::new(2.0, 3.0, 0.1, 0.1),
         ]);
         assert_eq!(good.validate(2), Ok(()));
-        assert!(good.validate(3).unwrap_err().contains("3 devices"));
+        let e = good.validate(3).unwrap_err();
+        assert_eq!(e, BadMeasurement::Devices { got: 2, devices: 3 });
+        assert!(e.to_string().contains("3 devices"), "{e}");
         let mut bad = good.clone();
         bad.devices[1].bwd_ms = f64::NAN;
-        assert!(bad.validate(2).unwrap_err().contains("device 1"));
+        assert_eq!(bad.validate(2), Err(BadMeasurement::Phase { device: 1 }));
         let mut bad = good.clone();
         bad.devices[1] = DeviceCost::new(1.0, 1e300, 0.0, 0.0);
         bad.cost_ms = bad.devices[1].total_ms;
         let e = bad.validate(2).unwrap_err();
-        assert!(e.contains("device 1") && e.contains("1e300"), "{e}");
+        assert!(
+            matches!(e, BadMeasurement::TooLong { device: 1, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("1e300"), "{e}");
         let mut bad = good.clone();
         bad.devices[0].total_ms = 9.0;
-        assert!(bad.validate(2).unwrap_err().contains("sum"));
+        assert!(matches!(bad.validate(2), Err(BadMeasurement::Total { .. })));
         let mut bad = good;
         bad.cost_ms = 1.0;
-        assert!(bad.validate(2).unwrap_err().contains("slowest"));
+        assert!(matches!(bad.validate(2), Err(BadMeasurement::Cost { .. })));
     }
 }

@@ -144,7 +144,7 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
                 if v > 0.0 && v <= MAX_POOLING {
                     Ok(v)
                 } else {
-                    Err(format!("must lie in (0, {MAX_POOLING}]"))
+                    Err(BadNumber::OutOfRange(format!("(0, {MAX_POOLING}]")))
                 }
             })
             .map_err(|m| csv_err(line, "pooling_factor", format!("`{}`: {m}", &rec[3])))?;
@@ -156,7 +156,7 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
                     if (0.0..=1.0).contains(&v) {
                         Ok(v)
                     } else {
-                        Err("must lie in [0, 1]".into())
+                        Err(BadNumber::OutOfRange("[0, 1]".into()))
                     }
                 })
                 .map_err(|m| csv_err(line, &format!("bin_{k}"), format!("`{field}`: {m}")))?;
@@ -190,22 +190,39 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
     Ok(tables)
 }
 
-fn parse_finite(s: &str) -> std::result::Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| "not a number".to_string())?;
+/// Why a CSV field is not the number it must be.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum BadNumber {
+    #[error("not a number")]
+    NotANumber,
+    #[error("must be finite")]
+    NotFinite,
+    #[error("not an integer")]
+    NotAnInteger,
+    #[error("must be a positive integer")]
+    NotPositive,
+    #[error("is larger than the maximum {0}")]
+    TooLarge(u64),
+    #[error("must lie in {0}")]
+    OutOfRange(String),
+}
+
+fn parse_finite(s: &str) -> std::result::Result<f64, BadNumber> {
+    let v: f64 = s.parse().map_err(|_| BadNumber::NotANumber)?;
     if v.is_finite() {
         Ok(v)
     } else {
-        Err("must be finite".into())
+        Err(BadNumber::NotFinite)
     }
 }
 
-fn parse_positive_int(s: &str, max: u64) -> std::result::Result<u64, String> {
-    let v: i128 = s.parse().map_err(|_| "not an integer".to_string())?;
+fn parse_positive_int(s: &str, max: u64) -> std::result::Result<u64, BadNumber> {
+    let v: i128 = s.parse().map_err(|_| BadNumber::NotAnInteger)?;
     if v <= 0 {
-        return Err("must be a positive integer".into());
+        return Err(BadNumber::NotPositive);
     }
     if v > max as i128 {
-        return Err(format!("is larger than the maximum {max}"));
+        return Err(BadNumber::TooLarge(max));
     }
     Ok(v as u64)
 }

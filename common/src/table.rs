@@ -141,15 +141,26 @@ impl Precision {
     }
 }
 
+/// A name that is none of a setting's choices.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} `{given}` (expected {choices})")]
+pub struct UnknownName {
+    pub what: &'static str,
+    pub given: String,
+    pub choices: &'static str,
+}
+
 impl std::str::FromStr for Precision {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
         match s {
             "fp16" => Ok(Precision::Fp16),
             "fp32" => Ok(Precision::Fp32),
-            other => Err(format!(
-                "unknown precision `{other}` (expected fp16 or fp32)"
-            )),
+            other => Err(UnknownName {
+                what: "precision",
+                given: other.to_string(),
+                choices: "fp16 or fp32",
+            }),
         }
     }
 }
@@ -182,16 +193,18 @@ impl Optimizer {
 }
 
 impl std::str::FromStr for Optimizer {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
         match s {
             "sgd" => Ok(Optimizer::Sgd),
             "rowwise_adagrad" => Ok(Optimizer::RowwiseAdagrad),
             "adagrad" => Ok(Optimizer::Adagrad),
             "adam" => Ok(Optimizer::Adam),
-            other => Err(format!(
-                "unknown optimizer `{other}` (expected sgd, rowwise_adagrad, adagrad or adam)"
-            )),
+            other => Err(UnknownName {
+                what: "optimizer",
+                given: other.to_string(),
+                choices: "sgd, rowwise_adagrad, adagrad or adam",
+            }),
         }
     }
 }

@@ -637,7 +637,7 @@ impl<'t, 'a> Learner<'t, 'a> {
                 let task = &self.trainer.tasks()[j.pick.task];
                 if let Err(e) = measurement.validate(task.devices) {
                     tracing::warn!("job {job}: malformed measurement: {e}");
-                    self.job_failed(j, e)?;
+                    self.job_failed(j, e.to_string())?;
                     return Ok(());
                 }
                 let pick = j.pick;

@@ -168,7 +168,7 @@ fn open_gpus(cfg: &CudaConfig) -> Result<Vec<Gpu>, OracleError> {
         )));
     }
     let on: Vec<Device> = ordinals.iter().map(|&g| Device::Cuda(g)).collect();
-    indices::same_on(&on).map_err(err)?;
+    indices::same_on(&on).map_err(|e| err(e.to_string()))?;
     ordinals
         .into_iter()
         .map(|ordinal| {
@@ -621,11 +621,12 @@ impl CudaOracle {
         while !stop.load(Ordering::Relaxed) {
             // Idle until rank 0 has a job: only here may a stop interrupt.
             let header = self.broadcast_len(None, group::HEADER_BYTES, Some(stop))?;
-            let Some(len) = group::payload_len(&header).map_err(err)? else {
+            let Some(len) = group::payload_len(&header).map_err(|e| err(e.to_string()))? else {
                 return Ok(jobs);
             };
             self.group_step(|o| {
-                let job = group::decode_job(&o.broadcast_len(None, len, None)?).map_err(err)?;
+                let job = group::decode_job(&o.broadcast_len(None, len, None)?)
+                    .map_err(|e| err(format!("a job the leader broadcast: {e}")))?;
                 let rounds = o.run(&job.tables, &job.plan)?;
                 o.gather(&rounds)
             })?;
@@ -699,7 +700,8 @@ impl Oracle for CudaOracle {
                     Topology::Local { .. } => plan.devices,
                 };
                 let gathered = o.gather(&mine)?;
-                group::gathered_rounds(&gathered, world, o.cfg.repeats, plan.devices).map_err(err)
+                group::gathered_rounds(&gathered, world, o.cfg.repeats, plan.devices)
+                    .map_err(|e| err(e.to_string()))
             })?
         } else {
             if matches!(self.topology, Topology::Group { .. }) {

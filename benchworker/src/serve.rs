@@ -361,79 +361,120 @@ fn group_session(
     report: &mut ServeReport,
     stop: &AtomicBool,
 ) -> anyhow::Result<End> {
-    use crate::cuda::CudaOracle;
+    if group.rank == 0 {
+        lead_group(link, welcome, group, report, stop)
+    } else {
+        follow_group(link, welcome, group, report, stop)
+    }
+}
 
+/// When joining a group gives up (`cuda.join_timeout_s` from now), and what
+/// it waits for.
+#[cfg(feature = "cuda")]
+fn joining(cfg: &common::config::Config) -> (Instant, &'static str) {
+    let limit = Duration::from_secs_f64(cfg.cuda.join_timeout_s);
+    (
+        Instant::now() + limit,
+        "joining the NCCL group (cuda.join_timeout_s)",
+    )
+}
+
+/// This rank's GPUs joined to the group of NCCL unique id `id`.
+#[cfg(feature = "cuda")]
+fn join(
+    cfg: &common::config::Config,
+    group: &GroupSpec,
+    id: &[u8],
+) -> Result<crate::cuda::CudaOracle, crate::OracleError> {
+    crate::cuda::CudaOracle::multi_host(
+        cfg.cuda.clone(),
+        cfg.memory,
+        group.rank,
+        group.gpus.clone(),
+        id,
+    )
+}
+
+/// What a stay ends as when the group could not form: asked to stop, or
+/// to greet the learner again.
+#[cfg(feature = "cuda")]
+fn unformed(shutdown: bool, heartbeat: Duration) -> End {
+    std::thread::sleep(heartbeat);
+    if shutdown {
+        End::Stop
+    } else {
+        End::LostLearner
+    }
+}
+
+/// Rank 0: makes the unique id, posts it, joins, serves jobs with the
+/// group, and releases the other ranks when its stay ends.
+#[cfg(feature = "cuda")]
+fn lead_group(
+    link: &mut Link,
+    welcome: &Welcome,
+    group: &GroupSpec,
+    report: &mut ServeReport,
+    stop: &AtomicBool,
+) -> anyhow::Result<End> {
     let cfg = &welcome.config;
     let heartbeat = Duration::from_secs_f64(cfg.cluster.heartbeat_s);
-    let timeout = Duration::from_secs_f64(cfg.cluster.peer_timeout_s);
-    let ranks: Vec<u32> = group.gpus.iter().map(|&g| g as u32).collect();
-    let joining = || {
-        let limit = Duration::from_secs_f64(cfg.cuda.join_timeout_s);
-        (
-            Instant::now() + limit,
-            "joining the NCCL group (cuda.join_timeout_s)",
-        )
-    };
-    let join = |id: &[u8]| {
-        CudaOracle::multi_host(
-            cfg.cuda.clone(),
-            cfg.memory,
-            group.rank,
-            group.gpus.clone(),
-            id,
-        )
-    };
-    if group.rank == 0 {
-        let unique_id = CudaOracle::unique_id()?;
-        link.send(
-            0,
-            &Message::NcclId {
-                group: group.name.clone(),
-                ranks,
-                unique_id: unique_id.clone(),
-            },
-        )?;
-        tracing::info!(
-            "group {}: waiting for {} ranks",
-            group.name,
-            group.gpus.len()
-        );
-        let (oracle, heard) = heartbeating(link, heartbeat, report, Some(joining()), || {
-            join(&unique_id)
-        })?;
-        let mut oracle = match oracle {
-            Ok(o) => o,
-            Err(e) => {
-                tracing::warn!("group {}: forming failed: {e}", group.name);
-                std::thread::sleep(heartbeat);
-                return Ok(if heard.shutdown {
-                    End::Stop
-                } else {
-                    End::LostLearner
-                });
-            }
-        };
-        if heard.shutdown {
-            oracle.release_group()?;
-            return Ok(End::Stop);
+    let unique_id = crate::cuda::CudaOracle::unique_id()?;
+    link.send(
+        0,
+        &Message::NcclId {
+            group: group.name.clone(),
+            ranks: group.gpus.iter().map(|&g| g as u32).collect(),
+            unique_id: unique_id.clone(),
+        },
+    )?;
+    tracing::info!(
+        "group {}: waiting for {} ranks",
+        group.name,
+        group.gpus.len()
+    );
+    let (oracle, heard) = heartbeating(link, heartbeat, report, Some(joining(cfg)), || {
+        join(cfg, group, &unique_id)
+    })?;
+    let mut oracle = match oracle {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!("group {}: forming failed: {e}", group.name);
+            return Ok(unformed(heard.shutdown, heartbeat));
         }
-        tracing::info!("group {}: formed", group.name);
-        // Jobs the learner sent while the group formed come first.
-        let end = session(link, welcome, &mut oracle, report, stop, heard.jobs);
-        if let Err(e) = oracle.release_group() {
-            tracing::warn!("group {}: releasing the other ranks: {e}", group.name);
-        }
-        return end;
+    };
+    if heard.shutdown {
+        oracle.release_group()?;
+        return Ok(End::Stop);
     }
+    tracing::info!("group {}: formed", group.name);
+    // Jobs the learner sent while the group formed come first.
+    let end = session(link, welcome, &mut oracle, report, stop, heard.jobs);
+    if let Err(e) = oracle.release_group() {
+        tracing::warn!("group {}: releasing the other ranks: {e}", group.name);
+    }
+    end
+}
+
+/// The unique id of rank 0's group, asked of the learner; or how the
+/// stay ended before it came.
+#[cfg(feature = "cuda")]
+fn await_unique_id(
+    link: &mut Link,
+    group: &GroupSpec,
+    stop: &AtomicBool,
+    (heartbeat, timeout): (Duration, Duration),
+) -> anyhow::Result<Result<Vec<u8>, End>> {
+    let ranks: Vec<u32> = group.gpus.iter().map(|&g| g as u32).collect();
     link.send(
         0,
         &Message::NcclJoin {
             group: group.name.clone(),
         },
     )?;
-    let unique_id = loop {
+    loop {
         if let Some(end) = link.tend(stop, heartbeat, timeout)? {
-            return Ok(end);
+            return Ok(Err(end));
         }
         match link.recv(100)? {
             Some((
@@ -448,18 +489,38 @@ fn group_session(
                     theirs == ranks,
                     "group {name}: rank 0 says GPUs per rank {theirs:?}, this rank {ranks:?}"
                 );
-                break unique_id;
+                return Ok(Ok(unique_id));
             }
-            Some((_, Message::Shutdown)) => return Ok(End::Stop),
+            Some((_, Message::Shutdown)) => return Ok(Err(End::Stop)),
             Some((_, Message::Refused { reason, retry })) => {
                 anyhow::ensure!(retry, "the learner dropped this group member: {reason}");
-                return Ok(End::LostLearner);
+                return Ok(Err(End::LostLearner));
             }
             _ => {}
         }
+    }
+}
+
+/// A rank > 0: asks for the id, joins, and follows rank 0's jobs until
+/// released; then it says hello again, so a group re-forms by itself
+/// after a learner or rank-0 restart.
+#[cfg(feature = "cuda")]
+fn follow_group(
+    link: &mut Link,
+    welcome: &Welcome,
+    group: &GroupSpec,
+    report: &mut ServeReport,
+    stop: &AtomicBool,
+) -> anyhow::Result<End> {
+    let cfg = &welcome.config;
+    let heartbeat = Duration::from_secs_f64(cfg.cluster.heartbeat_s);
+    let timeout = Duration::from_secs_f64(cfg.cluster.peer_timeout_s);
+    let unique_id = match await_unique_id(link, group, stop, (heartbeat, timeout))? {
+        Ok(id) => id,
+        Err(end) => return Ok(end),
     };
-    let (oracle, heard) = heartbeating(link, heartbeat, report, Some(joining()), || {
-        join(&unique_id)
+    let (oracle, heard) = heartbeating(link, heartbeat, report, Some(joining(cfg)), || {
+        join(cfg, group, &unique_id)
     })?;
     let shutdown = heard.shutdown;
     let mut oracle = match oracle {
@@ -467,17 +528,11 @@ fn group_session(
         Err(e) => {
             // A stale id (rank 0 restarted since): ask again.
             tracing::warn!("group {}: joining failed: {e}", group.name);
-            std::thread::sleep(heartbeat);
-            return Ok(if shutdown {
-                End::Stop
-            } else {
-                End::LostLearner
-            });
+            return Ok(unformed(shutdown, heartbeat));
         }
     };
     tracing::info!("group {}: rank {} joined", group.name, group.rank);
     let (followed, heard) = heartbeating(link, heartbeat, report, None, || oracle.follow(stop))?;
-    let shutdown_later = heard.shutdown;
     match followed {
         Ok(jobs) => {
             report.measured += jobs;
@@ -486,7 +541,7 @@ fn group_session(
         Err(e) => tracing::warn!("group {}: {e}", group.name),
     }
     Ok(
-        if shutdown || shutdown_later || stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if shutdown || heard.shutdown || stop.load(std::sync::atomic::Ordering::Relaxed) {
             End::Stop
         } else {
             End::LostLearner

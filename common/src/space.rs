@@ -188,39 +188,13 @@ impl SpaceConfig {
     /// Checks every range; the message names the field (`space.<name>`)
     /// and its value.
     pub fn validate(&self) -> Result<(), InvalidSetting> {
-        let dim = |name: &str, v: u32| {
-            if v % 4 == 0 && (DIM_RANGE.0..=DIM_RANGE.1).contains(&v) {
-                Ok(())
-            } else {
-                Err(InvalidSetting::new(
-                    format!("space.{name}"),
-                    format!(
-                        "space.{name} = {v} must be a multiple of 4 in {}..={}",
-                        DIM_RANGE.0, DIM_RANGE.1
-                    ),
-                ))
-            }
-        };
-        let within = |name: &str, v: f64, lo: f64, hi: f64| {
-            if v.is_finite() && (lo..=hi).contains(&v) {
-                Ok(())
-            } else {
-                Err(InvalidSetting::new(
-                    format!("space.{name}"),
-                    format!("space.{name} = {v} must lie in [{lo}, {hi}]"),
-                ))
-            }
-        };
-        let ordered = |name: &str, lo: f64, hi: f64| {
-            if lo <= hi {
-                Ok(())
-            } else {
-                Err(InvalidSetting::new(
-                    format!("space.{name}_min"),
-                    format!("space.{name}_min = {lo} must not exceed space.{name}_max = {hi}"),
-                ))
-            }
-        };
+        self.validate_tables()?;
+        self.validate_tasks()?;
+        self.validate_reach()
+    }
+
+    /// The tables' ranges: dims, rows, pooling.
+    fn validate_tables(&self) -> Result<(), InvalidSetting> {
         dim("dim_min", self.dim_min)?;
         dim("dim_max", self.dim_max)?;
         ordered("dim", self.dim_min as f64, self.dim_max as f64)?;
@@ -238,6 +212,11 @@ impl SpaceConfig {
         }
         within("pooling_max", self.pooling_max, 0.0, MAX_POOLING)?;
         ordered("pooling", self.pooling_min, self.pooling_max)?;
+        Ok(())
+    }
+
+    /// The tasks' ranges: devices, tables per device, memory, batch, styles.
+    fn validate_tasks(&self) -> Result<(), InvalidSetting> {
         let max_devices = crate::placement::MAX_DEVICES;
         if !(2..=max_devices).contains(&self.devices_min) {
             return Err(InvalidSetting::new(
@@ -322,11 +301,16 @@ impl SpaceConfig {
                 "space.styles = [] must name at least one style",
             ));
         }
+        Ok(())
+    }
+
+    /// That the ranges can be drawn from together.
+    fn validate_reach(&self) -> Result<(), InvalidSetting> {
         // The fewest rows must fit one device at the narrowest dim.
         let fewest = rows_floor(self);
         if fewest > rows_that_fit(self, self.dim_min) {
             return Err(InvalidSetting::new(
-                "space.log",
+                "space.log10_rows_min",
                 format!(
                     "space.log10_rows_min = {}: {fewest} rows of dim space.dim_min = {} \
                  need more than space.device_gb = {} GB",
@@ -349,6 +333,45 @@ impl SpaceConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// `space.<name> = v`: a multiple of 4 among the dims the space allows.
+fn dim(name: &str, v: u32) -> Result<(), InvalidSetting> {
+    if v % 4 == 0 && (DIM_RANGE.0..=DIM_RANGE.1).contains(&v) {
+        Ok(())
+    } else {
+        Err(InvalidSetting::new(
+            format!("space.{name}"),
+            format!(
+                "space.{name} = {v} must be a multiple of 4 in {}..={}",
+                DIM_RANGE.0, DIM_RANGE.1
+            ),
+        ))
+    }
+}
+
+/// `space.<name> = v`: a finite number in `[lo, hi]`.
+fn within(name: &str, v: f64, lo: f64, hi: f64) -> Result<(), InvalidSetting> {
+    if v.is_finite() && (lo..=hi).contains(&v) {
+        Ok(())
+    } else {
+        Err(InvalidSetting::new(
+            format!("space.{name}"),
+            format!("space.{name} = {v} must lie in [{lo}, {hi}]"),
+        ))
+    }
+}
+
+/// `space.<name>_min` no more than `space.<name>_max`.
+fn ordered(name: &str, lo: f64, hi: f64) -> Result<(), InvalidSetting> {
+    if lo <= hi {
+        Ok(())
+    } else {
+        Err(InvalidSetting::new(
+            format!("space.{name}_min"),
+            format!("space.{name}_min = {lo} must not exceed space.{name}_max = {hi}"),
+        ))
     }
 }
 

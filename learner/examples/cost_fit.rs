@@ -42,25 +42,7 @@ fn main() -> anyhow::Result<()> {
     let buffer = learner::costlog::CostLog::read(&run.join("cost_buffer.jsonl"))?.samples;
     anyhow::ensure!(!buffer.is_empty(), "{}: no measured plans", run.display());
 
-    tch::manual_seed(seed as i64);
-    let model = Model::new(&cfg);
-    let t = &cfg.train;
-    let mut opt = model::adam::Adam::new(&model.cost_vs, t.cost_lr).with_weight_decay(wd);
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let rounds = t.iterations.max(1);
-    for round in 1..=rounds {
-        let seen = (buffer.len() * round / rounds).max(1);
-        for _ in 0..t.cost_steps {
-            let batch: Vec<&CostSample> = (0..t.cost_batch.min(seen))
-                .map(|_| &buffer[rng.gen_range(0..seen)])
-                .collect();
-            let stepped = opt.backward_step(&cost_loss(&model.cost, &batch, t.cost_loss));
-            anyhow::ensure!(
-                stepped,
-                "round {round}: the cost loss's gradient is not finite"
-            );
-        }
-    }
+    let model = refit(&cfg, &buffer, seed)?;
 
     let mut sim = SimOracle::new(cfg.sim.clone(), cfg.memory);
     println!("{}: weight decay {wd}, seed {seed}", run.display());
@@ -92,16 +74,7 @@ fn main() -> anyhow::Result<()> {
             .plan;
             let mut judged = heuristics.clone();
             judged.push(reference.clone());
-            for k in 0..3 {
-                let mut p = reference.clone();
-                for _ in 0..2 + 2 * k {
-                    let t = r.gen_range(0..p.assignment.len());
-                    p.assignment[t] = r.gen_range(0..p.devices);
-                }
-                if p.fits(&task.tables, &cfg.memory, cap) {
-                    judged.push(p);
-                }
-            }
+            judged.extend(perturbed(&reference, task, &cfg.memory, &mut r));
             let (mut measured, mut predicted) = (Vec::new(), Vec::new());
             for p in &judged {
                 let m = sim.measure(&task.tables, p)?;
@@ -165,4 +138,53 @@ fn main() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A fresh cost network fitted to `buffer` with the training schedule:
+/// `train.iterations` rounds of `train.cost_steps` steps, the buffer
+/// growing round by round as it did in training.
+fn refit(cfg: &common::config::Config, buffer: &[CostSample], seed: u64) -> anyhow::Result<Model> {
+    tch::manual_seed(seed as i64);
+    let model = Model::new(cfg);
+    let t = &cfg.train;
+    let mut opt =
+        model::adam::Adam::new(&model.cost_vs, t.cost_lr).with_weight_decay(t.cost_weight_decay);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let rounds = t.iterations.max(1);
+    for round in 1..=rounds {
+        let seen = (buffer.len() * round / rounds).max(1);
+        for _ in 0..t.cost_steps {
+            let batch: Vec<&CostSample> = (0..t.cost_batch.min(seen))
+                .map(|_| &buffer[rng.gen_range(0..seen)])
+                .collect();
+            let stepped = opt.backward_step(&cost_loss(&model.cost, &batch, t.cost_loss));
+            anyhow::ensure!(
+                stepped,
+                "round {round}: the cost loss's gradient is not finite"
+            );
+        }
+    }
+    Ok(model)
+}
+
+/// Three random perturbations of `reference` (2, 4 and 6 tables moved),
+/// those that fit.
+fn perturbed(
+    reference: &Plan,
+    task: &common::Task,
+    mem: &common::MemoryModel,
+    r: &mut ChaCha8Rng,
+) -> Vec<Plan> {
+    let mut out = Vec::new();
+    for k in 0..3 {
+        let mut p = reference.clone();
+        for _ in 0..2 + 2 * k {
+            let t = r.gen_range(0..p.assignment.len());
+            p.assignment[t] = r.gen_range(0..p.devices);
+        }
+        if p.fits(&task.tables, mem, task.cap_bytes()) {
+            out.push(p);
+        }
+    }
+    out
 }

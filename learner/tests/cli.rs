@@ -258,27 +258,12 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     );
     let (ok, stdout, err) = plan_with("16", "64", &run, &[]);
     assert!(ok && !err.contains("per device"), "{err}");
-    // No time is negative, on a device left empty either.
-    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    for d in v["estimate"]["devices"].as_array().unwrap() {
-        for phase in ["fwd_ms", "bwd_ms", "bwd_comm_ms"] {
-            assert!(d[phase].as_f64().unwrap() >= 0.0, "{d}");
-        }
-    }
+    assert_no_negative_time(&stdout);
     let (ok, _, err) = eval_methods(&data.join("dlrm-12x3.test.json"), &run, "lookup,policy");
     assert!(ok && !err.contains("far outside"), "{err}");
     // A suite of 12 tables on one device, three times the density: said,
     // when the policy is among the methods.
-    let names: Vec<String> = tables.iter().take(12).map(|t| t.name.clone()).collect();
-    let dense = data.join("dense.json");
-    std::fs::write(
-        &dense,
-        serde_json::json!({"pool": "pool.test.csv", "tasks": [
-            {"name": "dense", "devices": 1, "memory_gb": 1000.0, "tables": names}
-        ]})
-        .to_string(),
-    )
-    .unwrap();
+    let dense = one_device_suite(&data, &tables[..12]);
     let (ok, _, err) = eval_methods(&dense, &run, "lookup,policy");
     assert!(
         ok && err.contains("1 of its 1 tasks lie far outside"),
@@ -317,21 +302,7 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     // A run whose config.toml no longer matches its networks: an error
     // saying why, not a damaged checkpoint.
     let edited = dir.path().join("edited");
-    std::fs::create_dir_all(edited.join("checkpoints")).unwrap();
-    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
-    let narrower = config.replace("policy_table_out = 32", "policy_table_out = 16");
-    assert_ne!(narrower, config);
-    std::fs::write(edited.join("config.toml"), narrower).unwrap();
-    let name = one.file_name().unwrap();
-    std::fs::create_dir_all(edited.join("checkpoints").join(name)).unwrap();
-    for f in std::fs::read_dir(&one).unwrap() {
-        let f = f.unwrap().path();
-        let to = edited
-            .join("checkpoints")
-            .join(name)
-            .join(f.file_name().unwrap());
-        std::fs::copy(&f, to).unwrap();
-    }
+    copy_with_narrower_policy(&run, &one, &edited);
     let (ok, _, err) = plan_with("8", "64", &edited, &[]);
     assert!(
         !ok && err.contains("intact but does not load")
@@ -339,6 +310,49 @@ fn train_then_plan_writes_a_placement_of_every_table() {
             && !err.contains("damaged"),
         "{err}"
     );
+}
+
+/// No time in a plan's estimate is negative, on a device left empty
+/// either.
+fn assert_no_negative_time(placement: &str) {
+    let v: serde_json::Value = serde_json::from_str(placement).unwrap();
+    for d in v["estimate"]["devices"].as_array().unwrap() {
+        for phase in ["fwd_ms", "bwd_ms", "bwd_comm_ms"] {
+            assert!(d[phase].as_f64().unwrap() >= 0.0, "{d}");
+        }
+    }
+}
+
+/// A suite in `data` of one task: `tables` (of `pool.test.csv`) on one
+/// device.
+fn one_device_suite(data: &std::path::Path, tables: &[common::Table]) -> std::path::PathBuf {
+    let names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
+    let path = data.join("dense.json");
+    std::fs::write(
+        &path,
+        serde_json::json!({"pool": "pool.test.csv", "tasks": [
+            {"name": "dense", "devices": 1, "memory_gb": 1000.0, "tables": names}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    path
+}
+
+/// A run folder `to` holding checkpoint `one` of `run` under a
+/// config.toml whose policy is narrower than its networks.
+fn copy_with_narrower_policy(run: &std::path::Path, one: &std::path::Path, to: &std::path::Path) {
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    let narrower = config.replace("policy_table_out = 32", "policy_table_out = 16");
+    assert_ne!(narrower, config);
+    let name = one.file_name().unwrap();
+    let into = to.join("checkpoints").join(name);
+    std::fs::create_dir_all(&into).unwrap();
+    std::fs::write(to.join("config.toml"), narrower).unwrap();
+    for f in std::fs::read_dir(one).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, into.join(f.file_name().unwrap())).unwrap();
+    }
 }
 
 #[test]

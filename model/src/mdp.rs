@@ -376,19 +376,7 @@ pub fn try_rollout(
     episodes: usize,
     mode: Mode,
 ) -> Result<Unroll, RolloutError> {
-    if task.tables() == 0 || task.devices == 0 || episodes == 0 {
-        return Err(RolloutError::Empty {
-            tables: task.tables(),
-            devices: task.devices,
-            episodes,
-        });
-    }
-    if task.features.size() != [task.tables() as i64, NUM_FEATURES as i64] {
-        return Err(RolloutError::FeatureShape {
-            shape: task.features.size(),
-            tables: task.tables(),
-        });
-    }
+    check_rollout(task, episodes)?;
     let _guard = tch::no_grad_guard();
     let (m, e, d) = (task.tables(), episodes as i64, task.devices as i64);
     let cost_repr = cost.tables(&task.features);
@@ -406,12 +394,7 @@ pub fn try_rollout(
     let mut infeasible = vec![false; episodes];
     let mut plans = vec![vec![0usize; m]; episodes];
     let rows = Tensor::arange(e, (Kind::Int64, Device::Cpu));
-    // Gumbel noise at a temperature, none for the first `greedy` episodes.
-    let (mut gumbel, temperature, greedy) = match mode {
-        Mode::Sample { seed } => (Some(seeded(seed)), 1.0, 0),
-        Mode::GreedyAndSamples { seed, temperature } => (Some(seeded(seed)), temperature, 1),
-        Mode::Greedy => (None, 0.0, 0),
-    };
+    let (mut gumbel, temperature, greedy) = noise(mode);
     let sampling = matches!(mode, Mode::Sample { .. });
     let (mut actions, mut logps, mut masks, mut feats) = (
         Vec::with_capacity(m),
@@ -435,15 +418,10 @@ pub fn try_rollout(
             .expand([e, pw], false);
         // Every device's costs with the table added, in one call.
         let table_cost = cost_repr.get(table as i64);
-        let with: Vec<f32> = Vec::try_from(
-            cost.device_costs(&(&dev_cost + table_cost.view([1, 1, cw])).view([e * d, cw]))
-                .view([-1]),
-        )
-        .map_err(|err: tch::TchError| RolloutError::Torch {
+        let with = costs_with(cost, &dev_cost, &table_cost).map_err(|err| RolloutError::Torch {
             what: format!("step {step}: the cost network's device costs"),
             message: err.to_string(),
         })?;
-        let with: Vec<[f32; 3]> = with.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect();
         let mut features = Vec::with_capacity(episodes * task.devices * DEVICE_FEATURES as usize);
         for (k, u) in used.iter().enumerate() {
             let span = k * task.devices..(k + 1) * task.devices;
@@ -506,6 +484,53 @@ pub fn try_rollout(
         infeasible,
         plans,
     })
+}
+
+/// A mode's Gumbel noise: its generator (none for greedy episodes), its
+/// temperature, and how many first episodes take none.
+fn noise(mode: Mode) -> (Option<rand_chacha::ChaCha8Rng>, f64, usize) {
+    match mode {
+        Mode::Sample { seed } => (Some(seeded(seed)), 1.0, 0),
+        Mode::GreedyAndSamples { seed, temperature } => (Some(seeded(seed)), temperature, 1),
+        Mode::Greedy => (None, 0.0, 0),
+    }
+}
+
+/// What a rollout needs: a table, a device, an episode, and one row of
+/// features per table.
+fn check_rollout(task: &MdpTask, episodes: usize) -> Result<(), RolloutError> {
+    if task.tables() == 0 || task.devices == 0 || episodes == 0 {
+        return Err(RolloutError::Empty {
+            tables: task.tables(),
+            devices: task.devices,
+            episodes,
+        });
+    }
+    if task.features.size() != [task.tables() as i64, NUM_FEATURES as i64] {
+        return Err(RolloutError::FeatureShape {
+            shape: task.features.size(),
+            tables: task.tables(),
+        });
+    }
+    Ok(())
+}
+
+/// Every device's predicted (fwd, bwd, comm) with the table whose cost
+/// representation is `table_cost` added, for each episode's devices
+/// (`dev_cost`: `[E, D, width]`), in one call: `[E·D]` in order.
+fn costs_with(
+    cost: &CostNet,
+    dev_cost: &Tensor,
+    table_cost: &Tensor,
+) -> Result<Vec<[f32; 3]>, tch::TchError> {
+    let [e, d, cw] = dev_cost.size()[..] else {
+        unreachable!("device representations are [E, D, width]")
+    };
+    let with: Vec<f32> = Vec::try_from(
+        cost.device_costs(&(dev_cost + table_cost.view([1, 1, cw])).view([e * d, cw]))
+            .view([-1]),
+    )?;
+    Ok(with.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect())
 }
 
 /// One greedy episode of `task` (what [`rollout`] with [`Mode::Greedy`]

@@ -57,14 +57,7 @@ impl Model {
     ) -> (Plan, bool) {
         let c = &self.plan_cfg;
         let k = c.plan_samples.max(1);
-        let heuristics: Vec<Vec<usize>> = if c.plan_heuristics {
-            use crate::baselines::Method::{Lookup, SizeLookup, Torchrec};
-            let found =
-                crate::baselines::plans_for(task, mem, self.batch, &[Lookup, SizeLookup, Torchrec]);
-            found.map(|p| p.assignment).collect()
-        } else {
-            Vec::new()
-        };
+        let heuristics = self.heuristic_plans(task, mem);
         // Moves and search need per-device costs composed into the overall.
         let (moves, searched) = if c.overall_cost == common::config::OverallCost::Composed {
             (c.plan_moves, c.plan_search)
@@ -147,26 +140,7 @@ impl Model {
                 );
             }
         }
-        let best =
-            if candidates.len() == 1 {
-                0
-            } else {
-                let (n, d) = (candidates.len() as i64, task.devices as i64);
-                let device_of: Vec<i64> = candidates
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(i, (a, _))| a.iter().map(move |&x| i as i64 * d + x as i64))
-                    .collect();
-                let dev = Tensor::zeros([n * d, reps.size()[1]], (Kind::Float, Device::Cpu))
-                    .index_add(0, &Tensor::from_slice(&device_of), &reps.repeat([n, 1]));
-                let plan_of_device = Tensor::arange(n, (Kind::Int64, Device::Cpu))
-                    .repeat_interleave_self_int(d, 0, None);
-                let costs: Vec<f32> = tensor_vec(&self.cost.overall_cost(&dev, &plan_of_device, n));
-                (0..candidates.len())
-                    .filter(|&i| !candidates[i].1)
-                    .min_by(|&a, &b| costs[a].total_cmp(&costs[b]).then(a.cmp(&b)))
-                    .unwrap_or(0)
-            };
+        let best = self.cheapest(&candidates, &reps, task.devices);
         let (assignment, infeasible) = candidates.swap_remove(best);
         let assignment = if infeasible {
             assignment
@@ -181,6 +155,45 @@ impl Model {
             },
             infeasible,
         )
+    }
+
+    /// The cheap heuristics' plans (`lookup`, `size_lookup`, `torchrec`)
+    /// where `model.plan_heuristics` has them compete, those that fit.
+    fn heuristic_plans(&self, task: &Task, mem: &common::MemoryModel) -> Vec<Vec<usize>> {
+        if !self.plan_cfg.plan_heuristics {
+            return Vec::new();
+        }
+        use crate::baselines::Method::{Lookup, SizeLookup, Torchrec};
+        let found =
+            crate::baselines::plans_for(task, mem, self.batch, &[Lookup, SizeLookup, Torchrec]);
+        found.map(|p| p.assignment).collect()
+    }
+
+    /// The candidate the cost network predicts cheapest among those that
+    /// fit (the first on a tie; the first of all when none fits), in one
+    /// batched forward from the tables' representations `reps`.
+    fn cheapest(&self, candidates: &[(Vec<usize>, bool)], reps: &Tensor, devices: usize) -> usize {
+        if candidates.len() == 1 {
+            return 0;
+        }
+        let (n, d) = (candidates.len() as i64, devices as i64);
+        let device_of: Vec<i64> = candidates
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (a, _))| a.iter().map(move |&x| i as i64 * d + x as i64))
+            .collect();
+        let dev = Tensor::zeros([n * d, reps.size()[1]], (Kind::Float, Device::Cpu)).index_add(
+            0,
+            &Tensor::from_slice(&device_of),
+            &reps.repeat([n, 1]),
+        );
+        let plan_of_device =
+            Tensor::arange(n, (Kind::Int64, Device::Cpu)).repeat_interleave_self_int(d, 0, None);
+        let costs: Vec<f32> = tensor_vec(&self.cost.overall_cost(&dev, &plan_of_device, n));
+        (0..candidates.len())
+            .filter(|&i| !candidates[i].1)
+            .min_by(|&a, &b| costs[a].total_cmp(&costs[b]).then(a.cmp(&b)))
+            .unwrap_or(0)
     }
 
     /// `plan` searching from every candidate, without moves: each episode

@@ -481,14 +481,16 @@ mod tests {
         }
     }
 
+    /// Asserts that `text` is refused naming `field`.
+    fn refused(text: &str, field: &str) {
+        let e = Config::from_toml(text, Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(field), "{text}: {e}");
+    }
+
     #[test]
-    fn values_that_pass_as_numbers_but_cannot_work_are_refused() {
-        let refused = |text: &str, field: &str| {
-            let e = Config::from_toml(text, Path::new("c.toml"))
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains(field), "{text}: {e}");
-        };
+    fn training_values_that_pass_as_numbers_but_cannot_work_are_refused() {
         // V-trace's λ, and step rewards only where they mean something.
         for v in ["0.0", "-0.5", "1.5", "nan"] {
             refused(&format!("[train]\nlambda = {v}\n"), "train.lambda");
@@ -531,6 +533,10 @@ mod tests {
         let ok =
             "[train]\nstep_rewards = true\nlambda = 0.9\n[model]\noverall_cost = \"composed\"\n";
         assert!(Config::from_toml(ok, Path::new("c.toml")).is_ok());
+    }
+
+    #[test]
+    fn durations_suites_and_ranges_that_cannot_work_are_refused() {
         // Durations libstd cannot hold, or that would never end.
         for v in ["nan", "inf", "1e20", "0.0", "-1.0", "1e-300"] {
             refused(

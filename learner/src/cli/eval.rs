@@ -1,6 +1,7 @@
 //! `learner generate` and `learner eval`.
 
 use std::io::Write;
+use std::path::PathBuf;
 
 use anyhow::Context;
 use common::config::Config;
@@ -36,49 +37,13 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let mut methods =
         Method::parse_list(&args.methods).map_err(|e| anyhow::anyhow!("--methods: {e}"))?;
-    // Without --checkpoint, `policy` is the shipped pre-trained model's.
-    let checkpoint = match &args.checkpoint {
-        Some(run) => Some(run.clone()),
-        None if methods.contains(&Method::Policy) => Some(default_model().map_err(|e| {
-            anyhow::anyhow!("--methods: `policy` needs --checkpoint RUN_DIR ({e})")
-        })?),
-        None if args.methods.trim() == "all" => default_model().ok(),
-        None => None,
-    };
-    let model = match &checkpoint {
-        Some(run) => {
-            let (_, model) = crate::checkpoint::load_run(run)?;
-            if args.methods.trim() == "all" {
-                methods.push(Method::Policy);
-            }
-            tracing::info!("`policy` places with the model in {}", run.display());
-            Some(model)
-        }
-        None => None,
-    };
+    let (checkpoint, model) = policy_model(&args, &mut methods)?;
     let suites = args
         .suite
         .iter()
         .map(|p| Suite::load(p, &cfg.memory))
         .collect::<Result<Vec<_>, _>>()?;
-    // `search` measures its budget of plans per task: cheap on `sim`, a
-    // real measurement each on the others (said when it comes to more than
-    // a thousand).
-    let tasks: usize = suites.iter().map(|s| s.tasks.len()).sum();
-    if args.backend != benchworker::Backend::Sim
-        && methods.contains(&Method::Search)
-        && cfg.eval.search_budget * tasks > 1000
-    {
-        tracing::warn!(
-            "`search` measures eval.search_budget = {} plans per task on the {} backend: \
-             about {} measurements for {tasks} tasks (a cpu measurement of 50 tables on 4 \
-             devices takes about 0.65 s); lower it with --search-budget (scripts/launch.sh \
-             --backend cpu uses 20)",
-            cfg.eval.search_budget,
-            args.backend.name(),
-            cfg.eval.search_budget * tasks
-        );
-    }
+    warn_of_search_cost(&args, &cfg, &methods, &suites);
     let mut oracle = benchworker::build(args.backend, &cfg)?;
     let batch = match args.backend {
         benchworker::Backend::Sim => cfg.sim.batch,
@@ -94,21 +59,7 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut nothing_measured = Vec::new();
     for suite in &suites {
         if let Some(shapes) = &shapes {
-            let far: Vec<String> = suite
-                .tasks
-                .iter()
-                .filter_map(|t| shapes.outside(t.tables.len(), t.devices))
-                .collect();
-            if let Some(first) = far.first() {
-                tracing::warn!(
-                    "{}: {} of its {} tasks lie far outside what the model was trained on \
-                     (the first: {first}), where the policy can lose to the heuristics; {}",
-                    suite.path.display(),
-                    far.len(),
-                    suite.tasks.len(),
-                    TrainedShapes::ADVICE
-                );
-            }
+            warn_far_outside(suite, shapes);
         }
         let bar = progress(suite.tasks.len() as u64, &suite.path.display().to_string());
         let report: Result<Report, _> = evaluate(
@@ -156,4 +107,71 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The run whose model places as `policy`, and that model: `--checkpoint`,
+/// else the shipped pre-trained model when `policy` is asked for (or
+/// `all`, which then takes it in when there is one).
+fn policy_model(
+    args: &EvalArgs,
+    methods: &mut Vec<Method>,
+) -> anyhow::Result<(Option<PathBuf>, Option<model::Model>)> {
+    let checkpoint = match &args.checkpoint {
+        Some(run) => Some(run.clone()),
+        None if methods.contains(&Method::Policy) => Some(default_model().map_err(|e| {
+            anyhow::anyhow!("--methods: `policy` needs --checkpoint RUN_DIR ({e})")
+        })?),
+        None if args.methods.trim() == "all" => default_model().ok(),
+        None => None,
+    };
+    let Some(run) = &checkpoint else {
+        return Ok((None, None));
+    };
+    let (_, model) = crate::checkpoint::load_run(run)?;
+    if args.methods.trim() == "all" {
+        methods.push(Method::Policy);
+    }
+    tracing::info!("`policy` places with the model in {}", run.display());
+    Ok((checkpoint, Some(model)))
+}
+
+/// `search` measures its budget of plans per task: cheap on `sim`, a real
+/// measurement each on the others (said when it comes to more than a
+/// thousand).
+fn warn_of_search_cost(args: &EvalArgs, cfg: &Config, methods: &[Method], suites: &[Suite]) {
+    let tasks: usize = suites.iter().map(|s| s.tasks.len()).sum();
+    if args.backend != benchworker::Backend::Sim
+        && methods.contains(&Method::Search)
+        && cfg.eval.search_budget * tasks > 1000
+    {
+        tracing::warn!(
+            "`search` measures eval.search_budget = {} plans per task on the {} backend: \
+             about {} measurements for {tasks} tasks (a cpu measurement of 50 tables on 4 \
+             devices takes about 0.65 s); lower it with --search-budget (scripts/launch.sh \
+             --backend cpu uses 20)",
+            cfg.eval.search_budget,
+            args.backend.name(),
+            cfg.eval.search_budget * tasks
+        );
+    }
+}
+
+/// Warns about a suite whose tasks lie far from the shapes the model was
+/// trained on.
+fn warn_far_outside(suite: &Suite, shapes: &TrainedShapes) {
+    let far: Vec<String> = suite
+        .tasks
+        .iter()
+        .filter_map(|t| shapes.outside(t.tables.len(), t.devices))
+        .collect();
+    if let Some(first) = far.first() {
+        tracing::warn!(
+            "{}: {} of its {} tasks lie far outside what the model was trained on (the \
+             first: {first}), where the policy can lose to the heuristics; {}",
+            suite.path.display(),
+            far.len(),
+            suite.tasks.len(),
+            TrainedShapes::ADVICE
+        );
+    }
 }

@@ -19,25 +19,7 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
     };
     let (run_cfg, model) = crate::checkpoint::load_run(&checkpoint)?;
-    let tables = common::pool::read(&args.tables)?;
-    let task = common::Task {
-        name: args.tables.display().to_string(),
-        devices: args.devices,
-        memory_gb: args.memory_gb,
-        tables,
-    };
-    anyhow::ensure!(
-        (1..=common::placement::MAX_DEVICES).contains(&args.devices),
-        "--devices must lie in 1..={}",
-        common::placement::MAX_DEVICES
-    );
-    anyhow::ensure!(
-        args.memory_gb.is_finite() && args.memory_gb > 0.0,
-        "--memory-gb must be a positive number"
-    );
-    if let Some(why) = task.infeasibility(&run_cfg.memory) {
-        anyhow::bail!("{}: cannot fit memory: {why}", args.tables.display());
-    }
+    let task = user_task(&args, &run_cfg.memory)?;
     let shapes = TrainedShapes::read(&checkpoint);
     // libtorch prepares each kind of operation on its first call; one tiny
     // placement first keeps that out of the placement's own time (both are
@@ -54,38 +36,11 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let start = std::time::Instant::now();
     let mut guarded = model::guard::plan(&model, shapes.as_ref(), &task, &run_cfg.memory)?;
     let elapsed = start.elapsed();
-    for note in &guarded.notes {
-        tracing::warn!(
-            "{note}: its plans can lose to the heuristics this far out; `--verify sim` \
-             measures the candidates, or {}",
-            TrainedShapes::ADVICE
-        );
-    }
-    if !guarded.doubts.is_empty() {
-        tracing::warn!(
-            "not following the learned plan: {}; placed with `{}`'s plan (`--verify BACKEND` \
-             measures every candidate)",
-            guarded.doubts.join("; "),
-            guarded.method()
-        );
-    }
+    warn_of_doubts(&guarded);
     if let Some(backend) = args.verify {
         let mut oracle = benchworker::build(backend, &run_cfg)?;
         model::guard::verify(&mut guarded, &task.tables, oracle.as_mut())?;
-        let chosen = &guarded.candidates[guarded.chosen];
-        if let Some(h) = guarded.best_heuristic() {
-            let h = &guarded.candidates[h];
-            if let (Some(c), Some(b)) = (chosen.measured, h.measured) {
-                tracing::info!(
-                    "--verify {}: `{}` measured {c:.3} ms, {:+.2} % against the best heuristic \
-                     (`{}`, {b:.3} ms)",
-                    backend.name(),
-                    chosen.method,
-                    (c / b - 1.0) * 100.0,
-                    h.method
-                );
-            }
-        }
+        log_verified(&guarded, backend);
     }
     let plan = guarded.plan().clone();
     let (per_device, cost) = model.estimate(&task.tables, &plan);
@@ -99,35 +54,7 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         warm.as_secs_f64() * 1e3
     );
     let doc = match args.format {
-        PlanFormat::Placement => {
-            let mut v = serde_json::to_value(common::Placement::from_plan(&plan, &task.tables))?;
-            v["estimate"] = serde_json::json!({
-                "cost_ms": cost,
-                "devices": per_device
-                    .iter()
-                    // A time is not negative: the network's prediction
-                    // below 0 (for an empty device, where it never
-                    // learned) is written as 0.
-                    .map(|d| d.map(|t| t.max(0.0)))
-                    .map(|d| serde_json::json!({"fwd_ms": d[0], "bwd_ms": d[1], "bwd_comm_ms": d[2]}))
-                    .collect::<Vec<_>>(),
-            });
-            v["method"] = serde_json::json!(guarded.method());
-            v["doubts"] = serde_json::json!(guarded.doubts);
-            v["candidates"] = guarded
-                .candidates
-                .iter()
-                .map(|c| {
-                    serde_json::json!({
-                        "method": c.method,
-                        "predicted_ms": c.mean(),
-                        "predicted_ms_members": c.predicted,
-                        "measured_ms": c.measured,
-                    })
-                })
-                .collect();
-            v
-        }
+        PlanFormat::Placement => placement_document(&task, &guarded, &per_device, cost)?,
         PlanFormat::Torchrec => serde_json::json!({
             "world_size": args.devices,
             "ranks": task
@@ -144,6 +71,108 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         None => write!(out, "{text}")?,
     }
     Ok(())
+}
+
+/// The user's task: the tables of `--tables` on `--devices` devices of
+/// `--memory-gb`, checked to fit.
+fn user_task(args: &PlanArgs, mem: &common::MemoryModel) -> anyhow::Result<common::Task> {
+    let tables = common::pool::read(&args.tables)?;
+    let task = common::Task {
+        name: args.tables.display().to_string(),
+        devices: args.devices,
+        memory_gb: args.memory_gb,
+        tables,
+    };
+    anyhow::ensure!(
+        (1..=common::placement::MAX_DEVICES).contains(&args.devices),
+        "--devices must lie in 1..={}",
+        common::placement::MAX_DEVICES
+    );
+    anyhow::ensure!(
+        args.memory_gb.is_finite() && args.memory_gb > 0.0,
+        "--memory-gb must be a positive number"
+    );
+    if let Some(why) = task.infeasibility(mem) {
+        anyhow::bail!("{}: cannot fit memory: {why}", args.tables.display());
+    }
+    Ok(task)
+}
+
+/// Says why the guard doubted the learned plan, and what lies outside
+/// the trained shapes.
+fn warn_of_doubts(guarded: &model::guard::Guarded) {
+    for note in &guarded.notes {
+        tracing::warn!(
+            "{note}: its plans can lose to the heuristics this far out; `--verify sim` \
+             measures the candidates, or {}",
+            TrainedShapes::ADVICE
+        );
+    }
+    if !guarded.doubts.is_empty() {
+        tracing::warn!(
+            "not following the learned plan: {}; placed with `{}`'s plan (`--verify BACKEND` \
+             measures every candidate)",
+            guarded.doubts.join("; "),
+            guarded.method()
+        );
+    }
+}
+
+/// Logs the measured gain of the plan chosen over the best heuristic.
+fn log_verified(guarded: &model::guard::Guarded, backend: benchworker::Backend) {
+    let chosen = &guarded.candidates[guarded.chosen];
+    let Some(h) = guarded.best_heuristic() else {
+        return;
+    };
+    let h = &guarded.candidates[h];
+    if let (Some(c), Some(b)) = (chosen.measured, h.measured) {
+        tracing::info!(
+            "--verify {}: `{}` measured {c:.3} ms, {:+.2} % against the best heuristic \
+             (`{}`, {b:.3} ms)",
+            backend.name(),
+            chosen.method,
+            (c / b - 1.0) * 100.0,
+            h.method
+        );
+    }
+}
+
+/// The placement JSON with the plan's estimate, the method that won, the
+/// guard's doubts and every candidate.
+fn placement_document(
+    task: &common::Task,
+    guarded: &model::guard::Guarded,
+    per_device: &[[f64; 3]],
+    cost: f64,
+) -> anyhow::Result<serde_json::Value> {
+    let plan = guarded.plan();
+    let mut v = serde_json::to_value(common::Placement::from_plan(plan, &task.tables))?;
+    v["estimate"] = serde_json::json!({
+        "cost_ms": cost,
+        "devices": per_device
+            .iter()
+            // A time is not negative: the network's prediction below 0
+            // (for an empty device, where it never learned) is written
+            // as 0.
+            .map(|d| d.map(|t| t.max(0.0)))
+            .map(|d| serde_json::json!({"fwd_ms": d[0], "bwd_ms": d[1], "bwd_comm_ms": d[2]}))
+            .collect::<Vec<_>>(),
+    });
+    v["method"] = serde_json::json!(guarded.method());
+    v["doubts"] = serde_json::json!(guarded.doubts);
+    v["candidates"] = guarded
+        .candidates
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "method": c.method,
+                "predicted_ms": c.mean(),
+                "predicted_ms_members": c.predicted,
+                "measured_ms": c.measured,
+            })
+        })
+        .collect();
+    Ok(v)
 }
 
 /// The shipped pre-trained model (`models/pretrained`), for `plan` and

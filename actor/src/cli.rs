@@ -95,16 +95,16 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             seed,
             wait_s,
         } => {
-            let wait = common::link::seconds("--wait-s", wait_s)?;
-            let token = common::link::read_token(token_file.as_deref())?.ok_or_else(|| {
+            let wait = net::link::seconds("--wait-s", wait_s)?;
+            let token = net::link::read_token(token_file.as_deref())?.ok_or_else(|| {
                 anyhow::anyhow!(
                     "no cluster token: give --token-file or set {}",
-                    common::link::TOKEN_ENV
+                    net::link::TOKEN_ENV
                 )
             })?;
             // One libtorch thread per actor: start more actors for more cores.
             tch::set_num_threads(1);
-            let stop = common::link::stop_on_signal();
+            let stop = net::link::stop_on_signal();
             let opts = crate::worker::ActorOptions {
                 endpoint: learner,
                 token,
@@ -157,14 +157,14 @@ fn bench(
     let secs = start.elapsed().as_secs_f64();
     let steps = (rounds * episodes * tables) as f64;
     let u = rollout(&policy, &cost, &task, episodes, Mode::Sample { seed: 0 });
-    let frame = common::protocol::encode(
-        &common::protocol::Header {
+    let frame = net::protocol::encode(
+        &net::protocol::Header {
             sender: 1,
             incarnation: 1,
             seq: 1,
             policy_version: 1,
         },
-        &common::protocol::Message::Unroll(model::wire::unroll_to_data(0, &u)),
+        &net::protocol::Message::Unroll(model::wire::unroll_to_data(0, &u)),
     );
     writeln!(
         out,

@@ -7,10 +7,10 @@
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use common::link::{seconds, sessions, End, Link, Welcome};
-use common::protocol::{encode, Header, Message, Role, UnrollData, MAX_FRAME_BYTES};
 use common::table::FEATURE_NAMES;
 use common::Task;
+use net::link::{seconds, sessions, End, Link, Welcome};
+use net::protocol::{encode, Header, Message, Role, UnrollData, MAX_FRAME_BYTES};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tch::{nn, Device};

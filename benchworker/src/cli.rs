@@ -180,14 +180,14 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let wait = common::link::seconds("--wait-s", args.wait_s)?;
-    let token = common::link::read_token(args.token_file.as_deref())?.with_context(|| {
+    let wait = net::link::seconds("--wait-s", args.wait_s)?;
+    let token = net::link::read_token(args.token_file.as_deref())?.with_context(|| {
         format!(
             "no cluster token: give --token-file or set {}",
-            common::link::TOKEN_ENV
+            net::link::TOKEN_ENV
         )
     })?;
-    let stop = common::link::stop_on_signal();
+    let stop = net::link::stop_on_signal();
     let opts = crate::serve::ServeOptions {
         endpoint: args.learner,
         token,

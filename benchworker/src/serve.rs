@@ -8,9 +8,9 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use common::link::{sessions, End, Link, Welcome};
-use common::protocol::{Header, Message, Role};
 use common::{Plan, Task};
+use net::link::{sessions, End, Link, Welcome};
+use net::protocol::{Header, Message, Role};
 
 use crate::oracle::{build, Backend, Oracle};
 
@@ -584,7 +584,7 @@ mod tests {
         assert!(!sent && start.elapsed() >= Duration::from_millis(300));
         // The learner is back (libzmq reconnects within its retry
         // interval): the answer waits for the connection and goes out.
-        let mut hub = common::link::Hub::bind(&ctx, &endpoint, Some("t")).unwrap();
+        let mut hub = net::link::Hub::bind(&ctx, &endpoint, Some("t")).unwrap();
         assert!(send_answer(&mut link, 0, &answer, Duration::from_secs(10)).unwrap());
         let got = hub.recv(5000).unwrap().map(|m| m.message);
         assert_eq!(got, Some(answer));
@@ -603,8 +603,8 @@ mod tests {
     /// holds tells the learner the job failed, and measures the next one.
     #[test]
     fn a_measurement_that_cannot_fit_memory_is_a_failed_job_not_a_crash() {
-        use common::link::Hub;
-        use common::protocol::Role;
+        use net::link::Hub;
+        use net::protocol::Role;
         let ctx = zmq::Context::new();
         let endpoint = "inproc://serve-too-large";
         let mut hub = Hub::bind(&ctx, endpoint, Some("t")).unwrap();

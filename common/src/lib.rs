@@ -1,5 +1,7 @@
 //! Shared ground of embshard: tables and their features, pools, task suites,
-//! placements, memory accounting and measurement results.
+//! placements, memory accounting, measurement results and the configuration:
+//! the data every process shares. The wire protocol and its sockets are the
+//! `net` crate's.
 //!
 //! # Layout
 //!
@@ -19,8 +21,6 @@
 //! - [`config`]: the TOML configuration, resolved once into validated types.
 //! - [`fs`]: atomic file writes and stable name hashes.
 //! - [`error`]: the typed errors of this crate.
-//! - [`protocol`]: the wire protocol between learner, actors and benchworkers.
-//! - [`link`]: ZeroMQ sockets that speak the protocol (learner hub, peer link).
 //! - [`logging`]: tracing set-up shared by the binaries.
 //! - [`malloc`]: keeps glibc from handing freed tensor memory back to the
 //!   kernel between a network's updates.
@@ -30,14 +30,12 @@ pub mod error;
 pub mod features;
 pub mod fs;
 pub mod generate;
-pub mod link;
 pub mod logging;
 pub mod malloc;
 pub mod measurement;
 pub mod oracle;
 pub mod placement;
 pub mod pool;
-pub mod protocol;
 pub mod published;
 pub mod space;
 pub mod suite;

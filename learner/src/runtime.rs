@@ -33,10 +33,10 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::link::{Hub, Incoming};
-use common::protocol::{DropCounts, Message, Role, Weights};
 use model::mdp::Unroll;
 use model::wire::{export, unroll_from_data, UnrollError};
+use net::link::{Hub, Incoming};
+use net::protocol::{DropCounts, Message, Role, Weights};
 
 use crate::train::{Hooks, Pick, Trainer};
 use model::loss::{CostSample, PickId};
@@ -275,18 +275,18 @@ impl<'t, 'a> Learner<'t, 'a> {
         // The two biggest messages must fit a frame, or no peer could ever
         // get them (a bigger frame is dropped on the way): said now, once.
         let fits = |what: &str, m: &Message| {
-            let header = common::protocol::Header {
+            let header = net::protocol::Header {
                 sender: 0,
                 incarnation: 0,
                 seq: 0,
                 policy_version: 0,
             };
-            let bytes = common::protocol::encode(&header, m).len();
+            let bytes = net::protocol::encode(&header, m).len();
             anyhow::ensure!(
-                bytes <= common::protocol::MAX_FRAME_BYTES,
+                bytes <= net::protocol::MAX_FRAME_BYTES,
                 "{what} take {:.1} MiB on the wire, more than the {} MiB a message may have",
                 bytes as f64 / (1 << 20) as f64,
-                common::protocol::MAX_FRAME_BYTES >> 20
+                net::protocol::MAX_FRAME_BYTES >> 20
             );
             Ok(())
         };
@@ -497,7 +497,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             message,
         } = incoming;
         if let Message::Hello { role, token } = message {
-            if !common::link::tokens_match(&token, &self.token) {
+            if !net::link::tokens_match(&token, &self.token) {
                 self.report.refused_peers += 1;
                 tracing::warn!("refused a {role:?}: wrong cluster token");
                 self.send(
@@ -1190,7 +1190,7 @@ impl ClusterRun {
     pub fn threads(actors: usize, benchworkers: usize, backend: benchworker::Backend) -> Self {
         ClusterRun {
             bind: Vec::new(),
-            token: common::link::random_token(),
+            token: net::link::random_token(),
             actors,
             benchworkers,
             backend,
@@ -1303,15 +1303,15 @@ pub fn train_cluster(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::link::Link;
-    use common::protocol::UnrollData;
+    use net::link::Link;
+    use net::protocol::UnrollData;
 
     /// Whatever the learner sent `socket` until it fell silent for 200 ms.
     fn received(socket: &zmq::Socket) -> Vec<Message> {
         let mut got = Vec::new();
         while socket.poll(zmq::POLLIN, 200).unwrap() > 0 {
             got.push(
-                common::protocol::decode(&socket.recv_bytes(0).unwrap())
+                net::protocol::decode(&socket.recv_bytes(0).unwrap())
                     .unwrap()
                     .1,
             );
@@ -1353,15 +1353,13 @@ mod tests {
     }
 
     fn send_as(socket: &zmq::Socket, sender: u64, incarnation: u64, seq: u64, m: &Message) {
-        let header = common::protocol::Header {
+        let header = net::protocol::Header {
             sender,
             incarnation,
             seq,
             policy_version: 0,
         };
-        socket
-            .send(common::protocol::encode(&header, m), 0)
-            .unwrap();
+        socket.send(net::protocol::encode(&header, m), 0).unwrap();
     }
 
     #[test]
@@ -1549,7 +1547,7 @@ mod tests {
     /// has not failed it.
     #[test]
     fn uncredited_unrolls_are_dropped_and_requeued_plans_avoid_who_failed_them() {
-        use common::protocol::{encode, Header};
+        use net::protocol::{encode, Header};
         let dir = tempfile::tempdir().unwrap();
         let (mut cfg, suite) = crate::train::tests::small_data(dir.path());
         cfg.cluster.job_timeout_s = 1.0;
@@ -1806,7 +1804,7 @@ mod tests {
     /// the fewest in flight: actors beyond the limit take turns.
     #[test]
     fn credits_are_shared_within_the_policy_lag() {
-        use common::protocol::{encode, Header};
+        use net::protocol::{encode, Header};
         let dir = tempfile::tempdir().unwrap();
         let (mut cfg, suite) = crate::train::tests::small_data(dir.path());
         cfg.cluster.max_policy_lag = 3;
@@ -1987,7 +1985,7 @@ mod tests {
             // envelope is wrong: each a Shutdown, which acted on would make
             // the learner forget it; then a right one.
             let misfit = s.spawn(|| {
-                use common::protocol::decode;
+                use net::protocol::decode;
                 let socket = ctx.socket(zmq::DEALER).unwrap();
                 socket.connect(endpoint).unwrap();
                 let incarnation = 77;

@@ -116,7 +116,7 @@ fn stage_one(
     let rounds = cfg.pretrain.search_rounds;
     let share = steps / (rounds + 1);
     let mut rounds_done = 0;
-    let stop = common::link::stop_on_signal();
+    let stop = net::link::stop_on_signal();
     let bar = train_progress(steps as u64);
     bar.set_position(trainer.counters.cost_steps as u64);
     let start = std::time::Instant::now();

@@ -156,11 +156,11 @@ fn alone(args: &TrainArgs, cfg: &Config, run: &RunDir) -> anyhow::Result<bool> {
 /// says the run listened for peers before (a run that did with neither
 /// file had its token given, before fingerprints were kept).
 fn cluster_token(args: &TrainArgs, run: &RunDir, bound_before: bool) -> anyhow::Result<String> {
-    use common::link::{read_token, token_fingerprint, TOKEN_ENV};
+    use net::link::{read_token, token_fingerprint, TOKEN_ENV};
     let given = read_token(args.token_file.as_deref())?;
     if args.bind.is_none() {
         // Threads alone: they start and stop with the learner.
-        return Ok(given.unwrap_or_else(common::link::random_token));
+        return Ok(given.unwrap_or_else(net::link::random_token));
     }
     let dir = run.path();
     let (made, printed) = (run.token(), run.token_fingerprint());
@@ -184,8 +184,8 @@ fn cluster_token(args: &TrainArgs, run: &RunDir, bound_before: bool) -> anyhow::
              which its peers hold: resume it with the same --token-file or {TOKEN_ENV}",
             dir.display()
         );
-        let token = common::link::random_token();
-        common::link::write_token(&made, &token)?;
+        let token = net::link::random_token();
+        net::link::write_token(&made, &token)?;
         remove_stale(&printed)?;
         tracing::info!("cluster token written to {}", made.display());
         return Ok(token);

@@ -70,7 +70,7 @@ pub(super) fn train_with(
     trainer.prior = prior;
     let t = &cfg.train;
     // Ctrl-C (or SIGTERM): finish the update in progress, checkpoint, exit.
-    let stop = common::link::stop_on_signal();
+    let stop = net::link::stop_on_signal();
     let start = (Instant::now(), trainer.counters.env_steps);
     let learned_at_start = (trainer.counters.policy_updates, trainer.counters.cost_steps);
     // The rate between this session's first and latest policy updates

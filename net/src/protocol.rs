@@ -15,7 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Measurement, Task};
+use common::{Measurement, Task};
 
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"EMBS";
@@ -300,7 +300,7 @@ pub fn new_incarnation() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DeviceCost, Table};
+    use common::{DeviceCost, Table};
     use proptest::prelude::*;
 
     fn header() -> Header {

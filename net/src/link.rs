@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
-use crate::config::Config;
 use crate::protocol::{decode, encode, DropCounts, Header, Message, Role, MAX_FRAME_BYTES};
-use crate::Task;
+use common::config::Config;
+use common::Task;
 
 /// A peer's routing id: its process's incarnation (random, never zero)
 /// behind a tag (ZeroMQ reserves ids that start with a zero byte).
@@ -439,7 +439,7 @@ pub fn random_token() -> String {
 
 /// Writes a token file readable by its owner only, whole or not at all.
 pub fn write_token(path: &std::path::Path, token: &str) -> anyhow::Result<()> {
-    crate::fs::write_private(path, format!("{token}\n").as_bytes())?;
+    common::fs::write_private(path, format!("{token}\n").as_bytes())?;
     Ok(())
 }
 

@@ -35,6 +35,8 @@ use std::time::{Duration, Instant};
 
 use model::mdp::Unroll;
 use model::wire::{export, unroll_from_data, UnrollError};
+mod credits;
+
 use net::link::{Hub, Incoming};
 use net::protocol::{DropCounts, Message, Role, Weights};
 
@@ -426,52 +428,50 @@ impl<'t, 'a> Learner<'t, 'a> {
         p.credits + queued as u64
     }
 
-    /// Hands out the credits that are free. Unrolls in flight never exceed
-    /// `cluster.max_policy_lag`: each update makes every unroll waiting
-    /// behind it a version older, so more would mostly be older than that
-    /// when learned from, and dropped (with many actors, most of their
-    /// work). Nor does an actor have more than `cluster.actor_credits` in
-    /// flight. Each credit goes to the actor with the fewest in flight;
-    /// among equals, one heard from lately before one that may be gone,
-    /// then the one whose last unroll came longest ago: actors beyond the
-    /// limit take turns rather than some of them waiting for ever.
+    /// Hands out the credits that are free, one at a time from the state as
+    /// it is (a grant that finds its actor gone frees that actor's credits
+    /// too): see [`credits::next`].
     fn share_credits(&mut self) {
-        let c = &self.trainer.config().cluster;
-        let (cap, per_actor) = (c.max_policy_lag.max(1) as u64, c.actor_credits as u64);
-        let quiet = Duration::from_secs_f64(2.0 * c.heartbeat_s);
-        // One credit at a time, from the state as it is: a grant that
-        // finds its actor gone frees that actor's credits too.
-        while self.in_flight() < cap {
-            let next = self
-                .peers
-                .iter()
-                .filter(|(_, p)| p.role == Role::Actor)
-                .map(|(k, p)| (self.actor_in_flight(k, p), p, k))
-                .filter(|(n, _, _)| *n < per_actor)
-                .min_by_key(|(n, p, _)| (*n, p.last_seen.elapsed() > quiet, p.last_unroll, p.id))
-                .map(|(_, _, k)| k.clone());
-            let Some(key) = next else { return };
-            self.grant(&key, 1);
+        let limits = credits::Limits::of(&self.trainer.config().cluster);
+        loop {
+            let (keys, actors) = self.actor_credits();
+            let now = Instant::now();
+            let Some(i) = credits::next(&limits, now, self.in_flight(), &actors) else {
+                break;
+            };
+            self.grant(&keys[i], 1);
         }
         if self.said_credit_cap {
             return;
         }
-        let waiting = self
-            .peers
-            .iter()
-            .any(|(k, p)| p.role == Role::Actor && self.actor_in_flight(k, p) < per_actor);
-        if waiting {
+        let (_, actors) = self.actor_credits();
+        if credits::any_waiting(&limits, &actors) {
             self.said_credit_cap = true;
             tracing::info!(
-                "an actor waits for a credit: at most cluster.max_policy_lag = {cap} unrolls are \
+                "an actor waits for a credit: at most cluster.max_policy_lag = {} unrolls are \
                  in flight at once (more would be too old when learned from), and {} actors \
                  share them",
-                self.peers
-                    .values()
-                    .filter(|p| p.role == Role::Actor)
-                    .count()
+                limits.cap,
+                actors.len()
             );
         }
+    }
+
+    /// Every actor's key and what [`credits::next`] reads of it.
+    fn actor_credits(&self) -> (Vec<Vec<u8>>, Vec<credits::Actor>) {
+        self.peers
+            .iter()
+            .filter(|(_, p)| p.role == Role::Actor)
+            .map(|(k, p)| {
+                let actor = credits::Actor {
+                    id: p.id,
+                    in_flight: self.actor_in_flight(k, p),
+                    last_seen: p.last_seen,
+                    last_unroll: p.last_unroll,
+                };
+                (k.clone(), actor)
+            })
+            .unzip()
     }
 
     /// Gives an actor `n` credits, with the newest weights first if it

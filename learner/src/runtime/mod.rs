@@ -36,9 +36,10 @@ use std::time::{Duration, Instant};
 use model::mdp::Unroll;
 use model::wire::{export, unroll_from_data, UnrollError};
 mod credits;
+mod sessions;
 
 use net::link::{Hub, Incoming};
-use net::protocol::{DropCounts, Message, Role, Weights};
+use net::protocol::{DropCounts, Header, Message, Role, UnrollData, Weights};
 
 use crate::train::{Hooks, Pick, Trainer};
 use model::loss::{CostSample, PickId};
@@ -497,161 +498,16 @@ impl<'t, 'a> Learner<'t, 'a> {
             message,
         } = incoming;
         if let Message::Hello { role, token } = message {
-            if !net::link::tokens_match(&token, &self.token) {
-                self.report.refused_peers += 1;
-                tracing::warn!("refused a {role:?}: wrong cluster token");
-                self.send(
-                    &from,
-                    &Message::Refused {
-                        reason: "wrong cluster token".into(),
-                        retry: false,
-                    },
-                );
-                return Ok(());
-            }
-            // A hello said again by the same process (the learner was slow
-            // to welcome it) keeps its id: the peer takes the first welcome
-            // it gets, whichever of them.
-            let id = match self.peers.get(&from) {
-                Some(p) if p.incarnation == header.incarnation => p.id,
-                _ => {
-                    let id = self.next_peer;
-                    self.next_peer += 1;
-                    id
-                }
-            };
-            tracing::info!("{role:?} {id} joined");
-            self.forget(&from);
-            self.peers.insert(
-                from.clone(),
-                Peer {
-                    role,
-                    id,
-                    incarnation: header.incarnation,
-                    last_seq: header.seq,
-                    job: None,
-                    last_seen: Instant::now(),
-                    credits: 0,
-                    version_sent: 0,
-                    awaits_group: None,
-                    joined: Instant::now(),
-                    ready: false,
-                    max_devices: None,
-                    failed_in_a_row: 0,
-                    sidelined_until: None,
-                    late_since: None,
-                    resynced: false,
-                    credits_renewed: false,
-                    last_unroll: Instant::now(),
-                    credited_at: Instant::now(),
-                },
-            );
-            let welcome = Message::Welcome {
-                peer: id,
-                config_toml: self.welcome_config.clone(),
-                tasks: self.trainer.rollout_tasks().to_vec(),
-            };
-            self.send(&from, &welcome);
-            if role == Role::Actor {
-                self.share_credits();
-            }
+            self.hello(from, &header, role, &token);
             return Ok(());
         }
-        let Some(peer) = self.peers.get_mut(&from) else {
-            self.report.unexpected += 1;
-            self.send(
-                &from,
-                &Message::Refused {
-                    reason: "unknown peer: say hello first".into(),
-                    retry: true,
-                },
-            );
+        let Some(role) = self.check_envelope(&from, &header, &message) else {
             return Ok(());
         };
-        if header.sender != peer.id
-            || header.incarnation != peer.incarnation
-            || header.seq <= peer.last_seq
-        {
-            self.report.bad_envelopes += 1;
-            tracing::warn!(
-                "{:?} {}: dropped {:?} whose envelope does not match (sender {}, incarnation {:#x}, \
-                 seq {}; expected sender {}, incarnation {:#x}, seq above {})",
-                peer.role,
-                peer.id,
-                message.kind(),
-                header.sender,
-                header.incarnation,
-                header.seq,
-                peer.id,
-                peer.incarnation,
-                peer.last_seq
-            );
-            return Ok(());
-        }
-        peer.last_seq = header.seq;
-        peer.last_seen = Instant::now();
-        let role = peer.role;
         match (role, message) {
-            (Role::Actor, Message::Unroll(data)) => {
-                self.report.unrolls_received += 1;
-                // The session whose credit it spends, if it had one.
-                let joined = self.peers.get_mut(&from).and_then(|p| {
-                    p.last_unroll = Instant::now();
-                    p.credits_renewed = false;
-                    p.credits = p.credits.checked_sub(1)?;
-                    Some(p.joined)
-                });
-                let Some(joined) = joined else {
-                    self.report.uncredited_unrolls += 1;
-                    tracing::warn!("an unroll sent without a credit dropped");
-                    return Ok(());
-                };
-                let task = data.task as usize;
-                let checked = match self.trainer.rollout_tasks().get(task) {
-                    Some(t) => unroll_from_data(&data, t.tables.len(), t.devices),
-                    None => Err(UnrollError::Task(task)),
-                };
-                match checked {
-                    Ok(unroll) => self.queue.push_back(Queued {
-                        joined,
-                        from,
-                        acted: header.policy_version,
-                        task,
-                        unroll,
-                    }),
-                    Err(e) => {
-                        self.report.bad_unrolls += 1;
-                        tracing::warn!("malformed unroll dropped: {e}");
-                        self.share_credits();
-                    }
-                }
-            }
+            (Role::Actor, Message::Unroll(data)) => self.on_unroll(from, &header, data),
             (Role::Benchworker, Message::Measurement { job, measurement }) => {
-                self.release_job(job);
-                // A job re-queued after its benchworker went quiet may come
-                // back twice: the second result is not counted.
-                let Some(j) = self.jobs.remove(&job) else {
-                    self.report.unexpected += 1;
-                    return Ok(());
-                };
-                let task = &self.trainer.tasks()[j.pick.task];
-                if let Err(e) = measurement.validate(task.devices) {
-                    tracing::warn!("job {job}: malformed measurement: {e}");
-                    self.job_failed(j, e.to_string())?;
-                    return Ok(());
-                }
-                let pick = j.pick;
-                let sample = CostSample::new(task, &pick.plan, measurement).of_pick(pick.id);
-                (hooks.measured)(&sample)?;
-                self.trainer.record(pick.predicted_ms, sample);
-                self.job_failures = 0;
-                if let Some(p) = self.peers.get_mut(&from) {
-                    p.failed_in_a_row = 0;
-                    p.sidelined_until = None;
-                    p.resynced = false;
-                }
-                // Durable now: the benchworker may forget it.
-                self.send(&from, &Message::Ack { job });
+                self.on_measurement(from, job, measurement, hooks)?
             }
             (Role::Benchworker, Message::JobFailed { job, error }) => {
                 self.release_job(job);
@@ -667,47 +523,9 @@ impl<'t, 'a> Learner<'t, 'a> {
                     ranks,
                     unique_id,
                 },
-            ) => {
-                if unique_id.len() != NCCL_ID_BYTES || ranks.is_empty() || ranks.contains(&0) {
-                    self.report.unexpected += 1;
-                    tracing::warn!(
-                        "group {group}: malformed NCCL id ({} bytes, ranks {ranks:?}) dropped",
-                        unique_id.len()
-                    );
-                    return Ok(());
-                }
-                tracing::info!(
-                    "group {group}: rank 0 posted its NCCL id (GPUs per rank {ranks:?})"
-                );
-                self.groups.insert(
-                    group.clone(),
-                    GroupId {
-                        leader: from,
-                        ranks,
-                        unique_id,
-                    },
-                );
-                let waiting: Vec<Vec<u8>> = self
-                    .peers
-                    .iter()
-                    .filter(|(_, p)| p.awaits_group.as_deref() == Some(group.as_str()))
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for member in waiting {
-                    self.hand_group_id(&member, &group);
-                }
-            }
+            ) => self.on_nccl_id(from, group, ranks, unique_id),
             (Role::Benchworker, Message::Ready { max_devices }) => {
-                let id = peer.id;
-                let max_devices = max_devices.map(|m| m as usize);
-                if !peer.ready || peer.max_devices != max_devices {
-                    peer.ready = true;
-                    peer.max_devices = max_devices;
-                    self.wide_since = None;
-                    if let Some(m) = max_devices {
-                        tracing::info!("Benchworker {id} measures plans of up to {m} devices");
-                    }
-                }
+                self.on_ready(&from, max_devices.map(|m| m as usize))
             }
             (Role::GroupMember, Message::NcclJoin { group }) => {
                 if self.groups.contains_key(&group) {
@@ -722,6 +540,128 @@ impl<'t, 'a> Learner<'t, 'a> {
             _ => self.report.unexpected += 1,
         }
         Ok(())
+    }
+
+    /// An actor's unroll: queued for an update if it spent a credit and
+    /// checks out, else dropped and counted.
+    fn on_unroll(&mut self, from: Vec<u8>, header: &Header, data: UnrollData) {
+        self.report.unrolls_received += 1;
+        // The session whose credit it spends, if it had one.
+        let joined = self.peers.get_mut(&from).and_then(|p| {
+            p.last_unroll = Instant::now();
+            p.credits_renewed = false;
+            p.credits = p.credits.checked_sub(1)?;
+            Some(p.joined)
+        });
+        let Some(joined) = joined else {
+            self.report.uncredited_unrolls += 1;
+            tracing::warn!("an unroll sent without a credit dropped");
+            return;
+        };
+        let task = data.task as usize;
+        let checked = match self.trainer.rollout_tasks().get(task) {
+            Some(t) => unroll_from_data(&data, t.tables.len(), t.devices),
+            None => Err(UnrollError::Task(task)),
+        };
+        match checked {
+            Ok(unroll) => self.queue.push_back(Queued {
+                joined,
+                from,
+                acted: header.policy_version,
+                task,
+                unroll,
+            }),
+            Err(e) => {
+                self.report.bad_unrolls += 1;
+                tracing::warn!("malformed unroll dropped: {e}");
+                self.share_credits();
+            }
+        }
+    }
+
+    /// A benchworker's measurement of `job`: checked, made durable, then
+    /// counted and acknowledged.
+    fn on_measurement(
+        &mut self,
+        from: Vec<u8>,
+        job: u64,
+        measurement: common::Measurement,
+        hooks: &mut Hooks,
+    ) -> anyhow::Result<()> {
+        self.release_job(job);
+        // A job re-queued after its benchworker went quiet may come back
+        // twice: the second result is not counted.
+        let Some(j) = self.jobs.remove(&job) else {
+            self.report.unexpected += 1;
+            return Ok(());
+        };
+        let task = &self.trainer.tasks()[j.pick.task];
+        if let Err(e) = measurement.validate(task.devices) {
+            tracing::warn!("job {job}: malformed measurement: {e}");
+            return self.job_failed(j, e.to_string());
+        }
+        let pick = j.pick;
+        let sample = CostSample::new(task, &pick.plan, measurement).of_pick(pick.id);
+        (hooks.measured)(&sample)?;
+        self.trainer.record(pick.predicted_ms, sample);
+        self.job_failures = 0;
+        if let Some(p) = self.peers.get_mut(&from) {
+            p.failed_in_a_row = 0;
+            p.sidelined_until = None;
+            p.resynced = false;
+        }
+        // Durable now: the benchworker may forget it.
+        self.send(&from, &Message::Ack { job });
+        Ok(())
+    }
+
+    /// A group's rank 0 posted its NCCL unique id: kept, and handed to the
+    /// ranks that wait for it.
+    fn on_nccl_id(&mut self, from: Vec<u8>, group: String, ranks: Vec<u32>, unique_id: Vec<u8>) {
+        if unique_id.len() != NCCL_ID_BYTES || ranks.is_empty() || ranks.contains(&0) {
+            self.report.unexpected += 1;
+            tracing::warn!(
+                "group {group}: malformed NCCL id ({} bytes, ranks {ranks:?}) dropped",
+                unique_id.len()
+            );
+            return;
+        }
+        tracing::info!("group {group}: rank 0 posted its NCCL id (GPUs per rank {ranks:?})");
+        self.groups.insert(
+            group.clone(),
+            GroupId {
+                leader: from,
+                ranks,
+                unique_id,
+            },
+        );
+        let waiting: Vec<Vec<u8>> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.awaits_group.as_deref() == Some(group.as_str()))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for member in waiting {
+            self.hand_group_id(&member, &group);
+        }
+    }
+
+    /// A benchworker is ready for jobs, of plans up to `max_devices` wide.
+    fn on_ready(&mut self, from: &[u8], max_devices: Option<usize>) {
+        let Some(peer) = self.peers.get_mut(from) else {
+            return;
+        };
+        if !peer.ready || peer.max_devices != max_devices {
+            peer.ready = true;
+            peer.max_devices = max_devices;
+            self.wide_since = None;
+            if let Some(m) = max_devices {
+                tracing::info!(
+                    "Benchworker {} measures plans of up to {m} devices",
+                    peer.id
+                );
+            }
+        }
     }
 
     /// The benchworker holding `job` is free again (a late answer to a job

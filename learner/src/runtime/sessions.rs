@@ -1,0 +1,126 @@
+//! Sessions: a peer's hello (its token checked, its id given, its welcome
+//! sent) and the envelope every later message must carry.
+
+use std::time::Instant;
+
+use net::link::tokens_match;
+use net::protocol::{Header, Message, Role};
+
+use super::{Learner, Peer};
+
+impl Peer {
+    /// A peer that just said hello with `header`.
+    fn new(role: Role, id: u64, header: &Header) -> Peer {
+        let now = Instant::now();
+        Peer {
+            role,
+            id,
+            incarnation: header.incarnation,
+            last_seq: header.seq,
+            job: None,
+            last_seen: now,
+            credits: 0,
+            version_sent: 0,
+            awaits_group: None,
+            joined: now,
+            ready: false,
+            max_devices: None,
+            failed_in_a_row: 0,
+            sidelined_until: None,
+            late_since: None,
+            resynced: false,
+            credits_renewed: false,
+            last_unroll: now,
+            credited_at: now,
+        }
+    }
+}
+
+impl Learner<'_, '_> {
+    /// A hello: refused without the cluster token; else the peer gets an
+    /// id (the same one for a hello said again by the same process) and
+    /// the welcome, and an actor its share of credits.
+    pub(super) fn hello(&mut self, from: Vec<u8>, header: &Header, role: Role, token: &str) {
+        if !tokens_match(token, &self.token) {
+            self.report.refused_peers += 1;
+            tracing::warn!("refused a {role:?}: wrong cluster token");
+            self.send(
+                &from,
+                &Message::Refused {
+                    reason: "wrong cluster token".into(),
+                    retry: false,
+                },
+            );
+            return;
+        }
+        // A hello said again by the same process (the learner was slow to
+        // welcome it) keeps its id: the peer takes the first welcome it
+        // gets, whichever of them.
+        let id = match self.peers.get(&from) {
+            Some(p) if p.incarnation == header.incarnation => p.id,
+            _ => {
+                let id = self.next_peer;
+                self.next_peer += 1;
+                id
+            }
+        };
+        tracing::info!("{role:?} {id} joined");
+        self.forget(&from);
+        self.peers.insert(from.clone(), Peer::new(role, id, header));
+        let welcome = Message::Welcome {
+            peer: id,
+            config_toml: self.welcome_config.clone(),
+            tasks: self.trainer.rollout_tasks().to_vec(),
+        };
+        self.send(&from, &welcome);
+        if role == Role::Actor {
+            self.share_credits();
+        }
+    }
+
+    /// The role of the peer `from`, when `message` comes in its session:
+    /// from a peer that said hello, with its id, its incarnation and a
+    /// sequence number above its last. Otherwise the message is dropped
+    /// and counted (a stranger is told to say hello first).
+    pub(super) fn check_envelope(
+        &mut self,
+        from: &[u8],
+        header: &Header,
+        message: &Message,
+    ) -> Option<Role> {
+        let Some(peer) = self.peers.get_mut(from) else {
+            self.report.unexpected += 1;
+            self.send(
+                from,
+                &Message::Refused {
+                    reason: "unknown peer: say hello first".into(),
+                    retry: true,
+                },
+            );
+            return None;
+        };
+        if header.sender != peer.id
+            || header.incarnation != peer.incarnation
+            || header.seq <= peer.last_seq
+        {
+            self.report.bad_envelopes += 1;
+            tracing::warn!(
+                "{:?} {}: dropped {:?} whose envelope does not match (sender {}, incarnation \
+                 {:#x}, seq {}; expected sender {}, incarnation {:#x}, seq above {})",
+                peer.role,
+                peer.id,
+                message.kind(),
+                header.sender,
+                header.incarnation,
+                header.seq,
+                peer.id,
+                peer.incarnation,
+                peer.last_seq
+            );
+            return None;
+        }
+        peer.last_seq = header.seq;
+        peer.last_seen = Instant::now();
+        Some(peer.role)
+    }
+}

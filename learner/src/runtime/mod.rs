@@ -27,6 +27,13 @@
 //!
 //! [`train_cluster`] runs actors and benchworkers as threads on
 //! `inproc://`; the same loop serves remote peers on `tcp://`.
+//!
+//! # Layout
+//!
+//! - `sessions`: a peer's hello and the envelope of its later messages.
+//! - `credits`: which actor may send the next unroll (no I/O).
+//! - `jobs`: plans to benchworkers, measurements and failures, groups.
+//! - `cluster`: the run with its threads ([`train_cluster`]).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
@@ -35,25 +42,18 @@ use std::time::{Duration, Instant};
 
 use model::mdp::Unroll;
 use model::wire::{export, unroll_from_data, UnrollError};
+mod cluster;
 mod credits;
+mod jobs;
 mod sessions;
+
+pub use cluster::{train_cluster, ClusterRun, ThreadsReport};
+use jobs::{GroupId, Job, Requeued};
 
 use net::link::{Hub, Incoming};
 use net::protocol::{DropCounts, Header, Message, Role, UnrollData, Weights};
 
-use crate::train::{Hooks, Pick, Trainer};
-use model::loss::{CostSample, PickId};
-
-/// Jobs that fail this many times in a row stop training.
-const MAX_JOB_FAILURES: usize = 10;
-/// Failures in a row after which a benchworker gets no job while another
-/// one has not failed so (a host whose GPU runs out of memory fails fast
-/// and would otherwise take every job, and stop the run).
-const FAILING_AFTER: usize = 3;
-/// How long such a benchworker sits out after each failure: then it is
-/// tried again (a transient fault passes; a wide plan that only it can
-/// measure waits no longer).
-const SIDELINED: Duration = Duration::from_secs(30);
+use crate::train::{Hooks, Trainer};
 
 /// A connected peer.
 #[derive(Debug)]
@@ -99,55 +99,6 @@ struct Peer {
     /// An actor granted credits anew after a silence and silent since: not
     /// granted more (it may just be slow, or waiting for newer weights).
     credits_renewed: bool,
-}
-
-/// What [`Learner::dispatch`] left waiting for a benchworker's width.
-enum Waiting {
-    /// Nothing, or nothing it could tell (no benchworker idle, or one
-    /// still setting up that may be wide enough).
-    No,
-    /// A plan of this many devices, wider than every benchworker (the
-    /// widest of them measures up to the second).
-    TooWide(usize, usize),
-}
-
-/// A multi-host benchworker group's unique id, as its rank 0 posted it.
-struct GroupId {
-    /// Rank 0's peer key: the id dies with it.
-    leader: Vec<u8>,
-    ranks: Vec<u32>,
-    unique_id: Vec<u8>,
-}
-
-/// Bytes of an NCCL unique id.
-const NCCL_ID_BYTES: usize = 128;
-
-/// A measurement job out on a benchworker.
-struct Job {
-    pick: Pick,
-    sent: Instant,
-    /// The benchworker measuring it, and those that failed it before.
-    worker: u64,
-    tried: Vec<u64>,
-}
-
-/// A plan to measure again, with the benchworkers that failed it.
-struct Requeued {
-    pick: Pick,
-    tried: Vec<u64>,
-}
-
-impl Job {
-    /// This job's plan to measure again, its benchworker among those that
-    /// failed it.
-    fn requeued(self) -> Requeued {
-        let mut tried = self.tried;
-        tried.push(self.worker);
-        Requeued {
-            pick: self.pick,
-            tried,
-        }
-    }
 }
 
 /// An unroll waiting for the learner: in flight until used or dropped.
@@ -579,277 +530,6 @@ impl<'t, 'a> Learner<'t, 'a> {
         }
     }
 
-    /// A benchworker's measurement of `job`: checked, made durable, then
-    /// counted and acknowledged.
-    fn on_measurement(
-        &mut self,
-        from: Vec<u8>,
-        job: u64,
-        measurement: common::Measurement,
-        hooks: &mut Hooks,
-    ) -> anyhow::Result<()> {
-        self.release_job(job);
-        // A job re-queued after its benchworker went quiet may come back
-        // twice: the second result is not counted.
-        let Some(j) = self.jobs.remove(&job) else {
-            self.report.unexpected += 1;
-            return Ok(());
-        };
-        let task = &self.trainer.tasks()[j.pick.task];
-        if let Err(e) = measurement.validate(task.devices) {
-            tracing::warn!("job {job}: malformed measurement: {e}");
-            return self.job_failed(j, e.to_string());
-        }
-        let pick = j.pick;
-        let sample = CostSample::new(task, &pick.plan, measurement).of_pick(pick.id);
-        (hooks.measured)(&sample)?;
-        self.trainer.record(pick.predicted_ms, sample);
-        self.job_failures = 0;
-        if let Some(p) = self.peers.get_mut(&from) {
-            p.failed_in_a_row = 0;
-            p.sidelined_until = None;
-            p.resynced = false;
-        }
-        // Durable now: the benchworker may forget it.
-        self.send(&from, &Message::Ack { job });
-        Ok(())
-    }
-
-    /// A group's rank 0 posted its NCCL unique id: kept, and handed to the
-    /// ranks that wait for it.
-    fn on_nccl_id(&mut self, from: Vec<u8>, group: String, ranks: Vec<u32>, unique_id: Vec<u8>) {
-        if unique_id.len() != NCCL_ID_BYTES || ranks.is_empty() || ranks.contains(&0) {
-            self.report.unexpected += 1;
-            tracing::warn!(
-                "group {group}: malformed NCCL id ({} bytes, ranks {ranks:?}) dropped",
-                unique_id.len()
-            );
-            return;
-        }
-        tracing::info!("group {group}: rank 0 posted its NCCL id (GPUs per rank {ranks:?})");
-        self.groups.insert(
-            group.clone(),
-            GroupId {
-                leader: from,
-                ranks,
-                unique_id,
-            },
-        );
-        let waiting: Vec<Vec<u8>> = self
-            .peers
-            .iter()
-            .filter(|(_, p)| p.awaits_group.as_deref() == Some(group.as_str()))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for member in waiting {
-            self.hand_group_id(&member, &group);
-        }
-    }
-
-    /// A benchworker is ready for jobs, of plans up to `max_devices` wide.
-    fn on_ready(&mut self, from: &[u8], max_devices: Option<usize>) {
-        let Some(peer) = self.peers.get_mut(from) else {
-            return;
-        };
-        if !peer.ready || peer.max_devices != max_devices {
-            peer.ready = true;
-            peer.max_devices = max_devices;
-            self.wide_since = None;
-            if let Some(m) = max_devices {
-                tracing::info!(
-                    "Benchworker {} measures plans of up to {m} devices",
-                    peer.id
-                );
-            }
-        }
-    }
-
-    /// The benchworker holding `job` is free again (a late answer to a job
-    /// that timed out does not free it from the job it holds now).
-    fn release_job(&mut self, job: u64) {
-        if let Some(p) = self.peers.values_mut().find(|p| p.job == Some(job)) {
-            p.job = None;
-            p.late_since = None;
-        }
-    }
-
-    /// Sends a group member its group's NCCL unique id.
-    fn hand_group_id(&mut self, to: &[u8], group: &str) {
-        let Some(g) = self.groups.get(group) else {
-            return;
-        };
-        let message = Message::NcclId {
-            group: group.to_string(),
-            ranks: g.ranks.clone(),
-            unique_id: g.unique_id.clone(),
-        };
-        if let Some(p) = self.peers.get_mut(to) {
-            p.awaits_group = None;
-        }
-        self.report.group_ids_sent += 1;
-        self.send(to, &message);
-    }
-
-    fn job_failed(&mut self, job: Job, error: String) -> anyhow::Result<()> {
-        self.report.failed_jobs += 1;
-        self.job_failures += 1;
-        if let Some(p) = self.peers.values_mut().find(|p| p.id == job.worker) {
-            p.failed_in_a_row += 1;
-            p.resynced = false;
-            if p.failed_in_a_row >= FAILING_AFTER {
-                p.sidelined_until = Some(Instant::now() + SIDELINED);
-                tracing::warn!(
-                    "benchworker {} failed {} jobs in a row (the last: {error}): it gets none \
-                     for {} s while another benchworker is sound",
-                    p.id,
-                    p.failed_in_a_row,
-                    SIDELINED.as_secs()
-                );
-            }
-        }
-        anyhow::ensure!(
-            self.job_failures < MAX_JOB_FAILURES,
-            "{MAX_JOB_FAILURES} measurement jobs failed in a row; the last: {error}"
-        );
-        self.requeue.push_back(job.requeued());
-        Ok(())
-    }
-
-    /// Hands plans of the current round to idle benchworkers, each to one
-    /// that can measure a plan of its width (the narrowest such, so that
-    /// wide ones stay free for wide plans): a plan to measure again first
-    /// (it waits for such a benchworker to be idle), then the round's first
-    /// free picks whose tasks an idle one can take. A plan wider than every
-    /// benchworker connected, none of them still setting up, waits
-    /// `cluster.peer_timeout_s` for a wide one to join, then goes to any:
-    /// it fails there with the reason, and failures enough in a row stop
-    /// the training with it.
-    fn dispatch(&mut self) -> bool {
-        let c = &self.trainer.config().cluster;
-        let patience = Duration::from_secs_f64(c.peer_timeout_s);
-        let waited = self.wide_since.is_some_and(|t| t.elapsed() >= patience);
-        let (sent, waiting) = self.dispatch_some(waited);
-        if let (Waiting::TooWide(devices, widest), None) = (waiting, self.wide_since) {
-            tracing::warn!(
-                "a plan of {devices} devices waits for a benchworker that wide (those \
-                 connected measure up to {widest}); in {:.0} s it goes to a narrower one \
-                 and fails there",
-                patience.as_secs_f64()
-            );
-            self.wide_since = Some(Instant::now());
-        }
-        sent
-    }
-
-    /// [`Learner::dispatch`]'s work: whether it sent a job, and what waits
-    /// for a benchworker's width. `waited`: plans wider than every
-    /// benchworker have waited long enough and go to any.
-    fn dispatch_some(&mut self, waited: bool) -> (bool, Waiting) {
-        let t = &self.trainer.config().train;
-        let round_end = (self.trainer.counters.iteration + 1) * t.measure_per_iteration;
-        // Which benchworkers are ready, and how wide, does not change while
-        // jobs go out; only which are idle.
-        let widest = self
-            .peers
-            .values()
-            .filter(|p| p.role == Role::Benchworker && p.ready)
-            .try_fold(0, |w, p| p.max_devices.map(|m| w.max(m)));
-        let fits = |most: Option<usize>, devices: usize| most.is_none_or(|m| devices <= m);
-        let takes = |max: Option<usize>, devices: usize| {
-            fits(max, devices) || (waited && !fits(widest, devices))
-        };
-        // A benchworker still setting up may be the wide one.
-        let setting_up = self
-            .peers
-            .values()
-            .any(|p| p.role == Role::Benchworker && !p.ready);
-        let too_wide = |devices: usize| match widest {
-            Some(w) if devices > w && !setting_up => Waiting::TooWide(devices, w),
-            _ => Waiting::No,
-        };
-        let mut sent = false;
-        loop {
-            let out = self.trainer.buffer.len() + self.jobs.len();
-            if out >= round_end {
-                return (sent, Waiting::No);
-            }
-            // Benchworkers failing job after job sit out while a sound one
-            // is connected.
-            let sound = |p: &Peer| p.sidelined_until.is_none_or(|t| Instant::now() >= t);
-            let any_sound = self
-                .peers
-                .values()
-                .any(|p| p.role == Role::Benchworker && p.ready && sound(p));
-            let idle: Vec<(Vec<u8>, u64, Option<usize>)> = self
-                .peers
-                .iter()
-                .filter(|(_, p)| p.role == Role::Benchworker && p.ready && p.job.is_none())
-                .filter(|(_, p)| !any_sound || sound(p))
-                .map(|(k, p)| (k.clone(), p.id, p.max_devices))
-                .collect();
-            if idle.is_empty() {
-                return (sent, Waiting::No);
-            }
-            let (pick, tried) = match self.requeue.front() {
-                Some(r) => {
-                    let devices = r.pick.plan.devices;
-                    if !idle.iter().any(|w| takes(w.2, devices)) {
-                        return (sent, too_wide(devices));
-                    }
-                    let r = self.requeue.pop_front().expect("a requeued plan");
-                    (r.pick, r.tried)
-                }
-                None => {
-                    let being_measured: Vec<PickId> =
-                        self.jobs.values().map(|j| j.pick.id).collect();
-                    let mut waiting = Waiting::No;
-                    let free = self.trainer.free_picks(&being_measured);
-                    let first = free.into_iter().find(|&j| {
-                        let devices = self.trainer.pick_devices(j);
-                        let taken = idle.iter().any(|w| takes(w.2, devices));
-                        if !taken && matches!(waiting, Waiting::No) {
-                            waiting = too_wide(devices);
-                        }
-                        taken
-                    });
-                    let Some(j) = first else {
-                        return (sent, waiting);
-                    };
-                    (self.trainer.pick_plan(j), Vec::new())
-                }
-            };
-            // Among those that can take it, one that has not failed it, the
-            // narrowest.
-            let (to, worker) = idle
-                .iter()
-                .filter(|w| takes(w.2, pick.plan.devices))
-                .min_by_key(|w| (tried.contains(&w.1), w.2.unwrap_or(usize::MAX)))
-                .map(|w| (&w.0, w.1))
-                .expect("an idle benchworker takes it");
-            let job = self.next_job;
-            self.next_job += 1;
-            let message = Message::MeasureJob {
-                job,
-                task: pick.task as u32,
-                assignment: pick.plan.assignment.iter().map(|&d| d as u32).collect(),
-            };
-            self.jobs.insert(
-                job,
-                Job {
-                    pick,
-                    sent: Instant::now(),
-                    worker,
-                    tried,
-                },
-            );
-            if let Some(p) = self.peers.get_mut(to) {
-                p.job = Some(job);
-            }
-            self.send(to, &message);
-            sent = true;
-        }
-    }
-
     /// Does the next piece of learning the round allows; false when there
     /// is nothing to do until a message arrives.
     fn learn(&mut self, hooks: &mut Hooks) -> anyhow::Result<bool> {
@@ -1111,140 +791,12 @@ impl<'t, 'a> Learner<'t, 'a> {
     }
 }
 
-/// How a training cluster is set up.
-#[derive(Debug, Clone)]
-pub struct ClusterRun {
-    /// Endpoints for remote peers (e.g. `tcp://127.0.0.1:5555`), beside
-    /// the `inproc://` one of the threads.
-    pub bind: Vec<String>,
-    /// The cluster token every hello must carry.
-    pub token: String,
-    /// Actor and benchworker threads to start beside the learner.
-    pub actors: usize,
-    pub benchworkers: usize,
-    pub backend: benchworker::Backend,
-}
-
-impl ClusterRun {
-    /// Threads only, with a token of their own.
-    pub fn threads(actors: usize, benchworkers: usize, backend: benchworker::Backend) -> Self {
-        ClusterRun {
-            bind: Vec::new(),
-            token: net::link::random_token(),
-            actors,
-            benchworkers,
-            backend,
-        }
-    }
-}
-
-/// What the in-process threads did.
-#[derive(Debug, Default, Clone)]
-pub struct ThreadsReport {
-    pub actors: Vec<actor::worker::ActorReport>,
-    pub benchworkers: Vec<benchworker::serve::ServeReport>,
-}
-
-/// Joins peer threads: the reports of those that stopped cleanly; the
-/// others are logged.
-fn join_all<R>(
-    handles: Vec<std::thread::ScopedJoinHandle<'_, anyhow::Result<R>>>,
-    what: &str,
-) -> Vec<R> {
-    handles
-        .into_iter()
-        .filter_map(|h| match h.join() {
-            Ok(Ok(r)) => Some(r),
-            Ok(Err(e)) => {
-                tracing::warn!("{what} stopped with an error: {e:#}");
-                None
-            }
-            Err(_) => {
-                tracing::warn!("{what} panicked");
-                None
-            }
-        })
-        .collect()
-}
-
-/// Trains with the learner in this thread, `run.actors` and
-/// `run.benchworkers` threads on `inproc://`, and whatever peers connect
-/// to `run.bind`. `bound` is told the endpoints actually bound (a
-/// `tcp://…:0` request gets its port). Returns when every round is done or
-/// `stop` is set (the caller then checkpoints).
-pub fn train_cluster(
-    trainer: &mut Trainer,
-    run: &ClusterRun,
-    hooks: &mut Hooks,
-    stop: &AtomicBool,
-    bound: impl FnOnce(&[String]) -> anyhow::Result<()>,
-) -> anyhow::Result<(RuntimeReport, ThreadsReport)> {
-    let ctx = zmq::Context::new();
-    let endpoint = format!(
-        "inproc://learner-{}-{:x}",
-        std::process::id(),
-        rand::random::<u64>()
-    );
-    // Remote peers must give the token at their connection's handshake.
-    let mut hub = Hub::bind(&ctx, &endpoint, Some(&run.token))?;
-    let mut remote = Vec::new();
-    for b in &run.bind {
-        remote.push(hub.bind_also(b)?);
-    }
-    // Checked (the messages fit a frame) before anyone is told where to
-    // connect.
-    let seed = trainer.config().train.seed;
-    let mut learner = Learner::new(trainer, hub, run.token.clone())?;
-    bound(&remote)?;
-    let threads_stop = AtomicBool::new(false);
-    let wait = Duration::from_secs(30);
-    std::thread::scope(|s| {
-        let actors: Vec<_> = (0..run.actors)
-            .map(|i| {
-                let opts = actor::worker::ActorOptions {
-                    endpoint: endpoint.clone(),
-                    token: run.token.clone(),
-                    seed: seed.wrapping_add(1 + i as u64),
-                    wait,
-                };
-                let (ctx, stop) = (&ctx, &threads_stop);
-                s.spawn(move || actor::worker::run(ctx, &opts, stop))
-            })
-            .collect();
-        let benches: Vec<_> = (0..run.benchworkers)
-            .map(|_| {
-                let opts = benchworker::serve::ServeOptions {
-                    endpoint: endpoint.clone(),
-                    token: run.token.clone(),
-                    backend: run.backend,
-                    wait,
-                    group: None,
-                };
-                let (ctx, stop) = (&ctx, &threads_stop);
-                s.spawn(move || benchworker::serve::serve(ctx, &opts, stop))
-            })
-            .collect();
-        let result = learner.run(hooks, stop);
-        // Peers are told to stop only when training ended as asked: after
-        // an error they keep saying hello, as after a crash, so that a
-        // resume on the same endpoint finds them (threads stop below).
-        if result.is_ok() {
-            learner.shutdown(!run.bind.is_empty());
-        }
-        threads_stop.store(true, Ordering::Relaxed);
-        let report = ThreadsReport {
-            actors: join_all(actors, "an actor"),
-            benchworkers: join_all(benches, "a benchworker"),
-        };
-        result.map(|()| (learner.report.clone(), report))
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use super::jobs::FAILING_AFTER;
     use super::*;
+    use model::loss::CostSample;
     use net::link::Link;
-    use net::protocol::UnrollData;
 
     /// Whatever the learner sent `socket` until it fell silent for 200 ms.
     fn received(socket: &zmq::Socket) -> Vec<Message> {

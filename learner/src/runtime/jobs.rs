@@ -255,10 +255,7 @@ impl Learner<'_, '_> {
             .values()
             .filter(|p| p.role == Role::Benchworker && p.ready)
             .try_fold(0, |w, p| p.max_devices.map(|m| w.max(m)));
-        let fits = |most: Option<usize>, devices: usize| most.is_none_or(|m| devices <= m);
-        let takes = |max: Option<usize>, devices: usize| {
-            fits(max, devices) || (waited && !fits(widest, devices))
-        };
+        let takes = |max: Option<usize>, devices: usize| takes(max, devices, widest, waited);
         // A benchworker still setting up may be the wide one.
         let setting_up = self
             .peers
@@ -321,12 +318,12 @@ impl Learner<'_, '_> {
             };
             // Among those that can take it, one that has not failed it, the
             // narrowest.
-            let (to, worker) = idle
-                .iter()
-                .filter(|w| takes(w.2, pick.plan.devices))
-                .min_by_key(|w| (tried.contains(&w.1), w.2.unwrap_or(usize::MAX)))
-                .map(|w| (&w.0, w.1))
-                .expect("an idle benchworker takes it");
+            let widths: Vec<(u64, Option<usize>)> = idle.iter().map(|w| (w.1, w.2)).collect();
+            let chosen = choose(&widths, pick.plan.devices, &tried, |max, devices| {
+                takes(max, devices)
+            });
+            let i = chosen.expect("an idle benchworker takes it: checked above");
+            let (to, worker) = (&idle[i].0, idle[i].1);
             let job = self.next_job;
             self.next_job += 1;
             let message = Message::MeasureJob {
@@ -349,5 +346,73 @@ impl Learner<'_, '_> {
             self.send(to, &message);
             sent = true;
         }
+    }
+}
+
+/// Whether a benchworker measuring plans of up to `max` devices (`None`:
+/// any) takes a plan of `devices`: when it fits, or when the plan has
+/// waited long enough (`waited`) for a benchworker wider than the widest
+/// ready one (`widest`; `None`: one of any width), to fail there with the
+/// reason.
+pub(super) fn takes(
+    max: Option<usize>,
+    devices: usize,
+    widest: Option<usize>,
+    waited: bool,
+) -> bool {
+    let fits = |most: Option<usize>| most.is_none_or(|m| devices <= m);
+    fits(max) || (waited && !fits(widest))
+}
+
+/// Among idle benchworkers `(id, max devices)`, the index of the one a
+/// plan of `devices` goes to: of those that take it, one that has not
+/// failed it (`tried`), then the narrowest (a wide one stays free for wide
+/// plans), then the first.
+pub(super) fn choose(
+    idle: &[(u64, Option<usize>)],
+    devices: usize,
+    tried: &[u64],
+    takes: impl Fn(Option<usize>, usize) -> bool,
+) -> Option<usize> {
+    idle.iter()
+        .enumerate()
+        .filter(|(_, w)| takes(w.1, devices))
+        .min_by_key(|(_, w)| (tried.contains(&w.0), w.1.unwrap_or(usize::MAX)))
+        .map(|(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_goes_where_it_fits_or_anywhere_once_it_waited_for_a_wider_one() {
+        // Fits: no limit, or within it.
+        assert!(takes(None, 64, Some(8), false));
+        assert!(takes(Some(8), 8, Some(8), false));
+        assert!(!takes(Some(4), 8, Some(8), false));
+        // Wider than every ready benchworker: waits, then goes to any.
+        assert!(!takes(Some(4), 16, Some(8), false));
+        assert!(takes(Some(4), 16, Some(8), true));
+        // Having waited changes nothing while some benchworker fits it.
+        assert!(!takes(Some(4), 8, Some(8), true));
+        assert!(!takes(Some(4), 8, None, true));
+    }
+
+    #[test]
+    fn the_narrowest_benchworker_that_has_not_failed_the_plan_measures_it() {
+        let takes = |max: Option<usize>, devices: usize| takes(max, devices, Some(16), false);
+        let idle = [(1, Some(16)), (2, Some(4)), (3, None), (4, Some(8))];
+        // Narrowest that fits: 4 devices on the 4-wide one.
+        assert_eq!(choose(&idle, 4, &[], takes), Some(1));
+        // Eight: the 8-wide one, not the 16-wide or the unlimited one.
+        assert_eq!(choose(&idle, 8, &[], takes), Some(3));
+        // One that failed it comes after every other that takes it.
+        assert_eq!(choose(&idle, 8, &[4], takes), Some(0));
+        assert_eq!(choose(&idle, 8, &[4, 1], takes), Some(2));
+        // All failed it: the narrowest still.
+        assert_eq!(choose(&idle, 8, &[1, 3, 4], takes), Some(3));
+        // None takes it.
+        assert_eq!(choose(&idle[1..2], 8, &[], takes), None);
     }
 }

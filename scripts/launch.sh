@@ -19,8 +19,9 @@
 #   --actors N           actor processes (default: 2)
 #   --benchworkers N     benchworker processes (default: 1)
 #   --backend sim|cpu|cuda
-#                        what benchworkers measure with (default: sim, or
-#                        what the resumed run used); cuda builds the binaries
+#                        what benchworkers measure with (default: the
+#                        config's [cluster] backend, else sim; a resumed run,
+#                        the one it used); cuda builds the binaries
 #                        with the cuda backend and needs GPUs (docs/gpu.md)
 #   --search-budget N    measurements per task for `search` in the final
 #                        evaluation (default: the config's eval.search_budget
@@ -141,6 +142,11 @@ close_keep() {
   for f in "${KEEP[@]}"; do exec {f}>&-; done
   KEEP=()
 }
+# The `backend = "…"` line of a configuration file (in [cluster], the only
+# key of that name), if it has one.
+config_backend() {
+  { sed -n 's/^backend = "\([a-z]*\)".*/\1/p' "$1" 2>/dev/null || true; } | head -n 1
+}
 # However launch.sh ends, nothing it started outlives it (on success they
 # have all ended already).
 cleanup() {
@@ -255,7 +261,7 @@ if [ "$RESUME_ASKED" = 1 ] || compgen -G "$RUN_DIR/checkpoints/step-[0-9]*[0-9]"
   CONFIG=$RUN_DIR/config.toml
   # Recorded in its config.toml ([cluster] backend); runs from before that
   # record kept it in RUN/backend.
-  RECORDED=$(sed -n 's/^backend = "\([a-z]*\)".*/\1/p' "$RUN_DIR/config.toml" 2>/dev/null | head -n 1)
+  RECORDED=$(config_backend "$RUN_DIR/config.toml")
   [ -n "$RECORDED" ] || RECORDED=$(cat "$RUN_DIR/backend" 2>/dev/null || echo sim)
   [ -z "$BACKEND" ] || [ "$BACKEND" = "$RECORDED" ] ||
     die "the run in $RUN_DIR measures with '$RECORDED', not '$BACKEND'"
@@ -270,6 +276,8 @@ if [ -f "$RUN_DIR/lock" ] && command -v flock >/dev/null &&
   die "another learner (pid $(cat "$RUN_DIR/lock" 2>/dev/null)) is training in $RUN_DIR: stop it first, or pick another --run-dir"
 fi
 CONFIG=${CONFIG:-$EMBSHARD_ROOT/configs/default.toml}
+# A new run: --backend, else its configuration's [cluster] backend, else sim.
+[ -n "$BACKEND" ] || BACKEND=$(config_backend "$CONFIG")
 BACKEND=${BACKEND:-sim}
 case "$BACKEND" in
   sim) ;;

@@ -124,8 +124,10 @@ impl RunDir {
     /// The backend the run measures with: its cost buffer holds one
     /// oracle's measurements, so a resumed run keeps the one it started
     /// with (`cfg`'s, read from its `config.toml`; a run from before that
-    /// record has it in `RUN/backend`, or measured with `sim`). A new run
-    /// takes the one `asked`, else its configuration's, else `sim`.
+    /// record has it in `RUN/backend`). A new run, and a resumed one with
+    /// no record at all (from before either), takes the one `asked`, else
+    /// its configuration's, else `sim`; the latter is written to
+    /// `RUN/backend`, so that its next resume keeps it.
     pub fn backend(
         &self,
         cfg: &Config,
@@ -136,7 +138,7 @@ impl RunDir {
             Start::Fresh => None,
             Start::Resume => match cfg.cluster.backend {
                 Some(b) => Some(b),
-                None => self.read_legacy_backend()?.or(Some(Backend::Sim)),
+                None => self.read_legacy_backend()?,
             },
         };
         match (recorded, asked) {
@@ -149,7 +151,14 @@ impl RunDir {
                 a.name()
             ),
             (Some(r), _) => Ok(r),
-            (None, a) => Ok(a.or(cfg.cluster.backend).unwrap_or(Backend::Sim)),
+            (None, a) => {
+                let b = a.or(cfg.cluster.backend).unwrap_or(Backend::Sim);
+                if start == Start::Resume {
+                    let path = self.legacy_backend();
+                    common::fs::write_atomic(&path, format!("{}\n", b.name()).as_bytes())?;
+                }
+                Ok(b)
+            }
         }
     }
 
@@ -248,17 +257,22 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("measures with the cpu backend"));
-        // A run from before the record: its side file, else sim.
+        // A run from before either record: the one asked for, kept in its
+        // side file for the next resume.
         cfg.cluster.backend = None;
-        assert_eq!(
-            run.backend(&cfg, None, Start::Resume).unwrap(),
-            Backend::Sim
-        );
-        std::fs::write(dir.path().join("backend"), "cpu\n").unwrap();
-        assert_eq!(
-            run.backend(&cfg, None, Start::Resume).unwrap(),
-            Backend::Cpu
-        );
+        let asked = run.backend(&cfg, Some(Backend::Cpu), Start::Resume);
+        assert_eq!(asked.unwrap(), Backend::Cpu);
+        let next = run.backend(&cfg, None, Start::Resume);
+        assert_eq!(next.unwrap(), Backend::Cpu);
+        let e = run.backend(&cfg, Some(Backend::Sim), Start::Resume);
+        assert!(e
+            .unwrap_err()
+            .to_string()
+            .contains("measures with the cpu backend"));
+        // A run from before the record in config.toml: its side file.
+        std::fs::write(dir.path().join("backend"), "cuda\n").unwrap();
+        let side = run.backend(&cfg, None, Start::Resume);
+        assert_eq!(side.unwrap(), Backend::Cuda);
         std::fs::write(dir.path().join("backend"), "tpu\n").unwrap();
         let e = run
             .backend(&cfg, None, Start::Resume)

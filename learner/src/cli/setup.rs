@@ -28,8 +28,8 @@ pub(super) struct TrainSetup {
     pub backend: Backend,
     /// Threads alone, no remote peers: Algorithm 1 in this thread.
     pub alone: bool,
-    /// The cluster token peers must present.
-    pub token: String,
+    /// The cluster token peers must present (none for a run alone).
+    pub token: Option<String>,
     /// Held until training ends.
     _lock: RunLock,
 }
@@ -80,7 +80,11 @@ impl TrainSetup {
             Some(lock) => lock,
             None => RunLock::take(dir)?,
         };
-        let token = cluster_token(args, &run, run.was_bound())?;
+        // A run alone has no peer: no token is read or made.
+        let token = match alone {
+            true => None,
+            false => Some(cluster_token(args, &run, run.was_bound())?),
+        };
         Ok(TrainSetup {
             run,
             start,

@@ -46,7 +46,7 @@ pub(super) fn train_with(
     } else {
         Workers::Cluster(crate::runtime::ClusterRun {
             bind: args.bind.iter().cloned().collect(),
-            token: std::mem::take(&mut setup.token),
+            token: setup.token.take().unwrap_or_default(),
             actors: setup.cfg.cluster.actors,
             benchworkers: setup.cfg.cluster.benchworkers,
             backend: setup.backend,

@@ -225,7 +225,11 @@ pub struct Learner<'t, 'a> {
 
 impl<'t, 'a> Learner<'t, 'a> {
     pub fn new(trainer: &'t mut Trainer<'a>, hub: Hub, token: String) -> anyhow::Result<Self> {
-        let welcome_config = toml::to_string(trainer.config())?;
+        // Peers take their backend from their own command line: the run's
+        // record of it stays out of what they parse.
+        let mut shared = trainer.config().clone();
+        shared.cluster.backend = None;
+        let welcome_config = toml::to_string(&shared)?;
         // The two biggest messages must fit a frame, or no peer could ever
         // get them (a bigger frame is dropped on the way): said now, once.
         let fits = |what: &str, m: &Message| {

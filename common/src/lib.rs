@@ -18,6 +18,7 @@
 //! - [`published`]: TorchRec planner constants shared by the simulator and the baseline.
 //! - [`measurement`]: a plan's measured per-device costs, as every oracle returns it.
 //! - [`oracle`]: "measure this plan", the trait behind every backend.
+//! - [`payload`]: the networks' parameters and an actor's unroll as plain data.
 //! - [`config`]: the TOML configuration, resolved once into validated types.
 //! - [`fs`]: atomic file writes and stable name hashes.
 //! - [`error`]: the typed errors of this crate.
@@ -34,6 +35,7 @@ pub mod logging;
 pub mod malloc;
 pub mod measurement;
 pub mod oracle;
+pub mod payload;
 pub mod placement;
 pub mod pool;
 pub mod published;

@@ -4,7 +4,7 @@
 //! shapes) before it becomes a tensor: a bad payload is an error naming the
 //! fault, never a panic inside libtorch.
 
-use net::protocol::{NamedArray, UnrollData};
+use common::payload::{NamedArray, UnrollData};
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::mdp::Unroll;

@@ -17,6 +17,10 @@ use serde::{Deserialize, Serialize};
 
 use common::{Measurement, Task};
 
+/// The networks' parameters and an actor's unroll travel as the plain
+/// data of `common`.
+pub use common::payload::{NamedArray, UnrollData, Weights};
+
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"EMBS";
 /// Bumped on any incompatible change of the messages below.
@@ -54,47 +58,6 @@ pub struct Header {
     /// The policy version the message is about (weights sent, weights an
     /// unroll was acted with); 0 where none applies.
     pub policy_version: u64,
-}
-
-/// One named parameter tensor as plain data.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NamedArray {
-    pub name: String,
-    pub shape: Vec<i64>,
-    pub values: Vec<f32>,
-}
-
-/// Both networks' parameters at one policy version.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Weights {
-    pub version: u64,
-    pub policy: Vec<NamedArray>,
-    pub cost: Vec<NamedArray>,
-}
-
-/// `E` episodes of one rollout task on the estimated MDP,
-/// time-major over the task's `M` tables (see `model::mdp::Unroll`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct UnrollData {
-    /// Index of the task among the welcome's tasks (the rollout tasks).
-    pub task: u32,
-    pub episodes: u32,
-    /// Table placed at each step.
-    pub order: Vec<u32>,
-    /// `[M × E]` chosen devices.
-    pub actions: Vec<u32>,
-    /// `[M × E]` log-probabilities under the acting policy.
-    pub behaviour_logp: Vec<f32>,
-    /// `[M × E × D]` legal devices.
-    pub masks: Vec<bool>,
-    /// `[M × E × D × F]` device features the policy saw (F per device: the
-    /// actor's `DEVICE_FEATURES`).
-    pub device_features: Vec<f32>,
-    /// `[E]` predicted iteration costs (ms).
-    pub predicted_cost_ms: Vec<f32>,
-    pub reward_scale: f64,
-    /// `[E]` episodes that ran out of memory.
-    pub infeasible: Vec<bool>,
 }
 
 /// Everything that travels.

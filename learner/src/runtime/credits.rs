@@ -63,8 +63,8 @@ pub fn next(limits: &Limits, now: Instant, in_flight: u64, actors: &[Actor]) -> 
         .map(|(i, _)| i)
 }
 
-/// Whether an actor waits for a credit it could hold: its share is not
-/// full, but the cap is.
+/// Whether some actor's share is not full. Asked once [`next`] finds
+/// nobody: such an actor then waits because the cap is reached.
 pub fn any_waiting(limits: &Limits, actors: &[Actor]) -> bool {
     actors.iter().any(|a| a.in_flight < limits.per_actor)
 }

@@ -345,6 +345,25 @@ impl<'a> Trainer<'a> {
     /// free place of the round's `measure_per_iteration`, and at least one.
     pub fn free_picks(&self, out: &[PickId]) -> Vec<usize> {
         let m = self.cfg.train.measure_per_iteration.max(1);
+        let taken = self.taken_places(out);
+        // Among the first `taken.len() + 1` places one is free.
+        (0..m.max(taken.len() + 1))
+            .filter(|j| !taken.contains(j))
+            .collect()
+    }
+
+    /// The first `n` places of this round not measured, ascending: past
+    /// the round's `measure_per_iteration` places where those do not
+    /// suffice (a round making up for measurements lost from a damaged
+    /// log).
+    pub fn free_places(&self, n: usize) -> Vec<usize> {
+        let taken = self.taken_places(&[]);
+        (0..).filter(|j| !taken.contains(j)).take(n).collect()
+    }
+
+    /// This round's places measured (in the cost buffer) or in `out`.
+    fn taken_places(&self, out: &[PickId]) -> std::collections::BTreeSet<usize> {
+        let m = self.cfg.train.measure_per_iteration.max(1);
         let round = self.counters.iteration;
         // A sample logged before picks were numbered: its place in the log.
         let measured = self.buffer.iter().enumerate().map(|(k, s)| {
@@ -353,14 +372,10 @@ impl<'a> Trainer<'a> {
                 place: k % m,
             })
         });
-        let taken: std::collections::BTreeSet<usize> = measured
+        measured
             .chain(out.iter().copied())
             .filter(|id| id.round == round)
             .map(|id| id.place)
-            .collect();
-        // Among the first `taken.len() + 1` places one is free.
-        (0..m.max(taken.len() + 1))
-            .filter(|j| !taken.contains(j))
             .collect()
     }
 
@@ -807,6 +822,8 @@ pub(crate) mod tests {
         }
         measure(&mut trainer, &mut sim, 2);
         assert_eq!(trainer.next_pick(&[]), 1);
+        // What a cluster round hands out: the places not measured.
+        assert_eq!(trainer.free_places(3), [1, 3, 4]);
         assert_eq!(
             trainer.next_pick(&[id(1, 1), id(0, 3)]),
             3,
@@ -831,6 +848,7 @@ pub(crate) mod tests {
         }
         lost.buffer.remove(1);
         lost.finish_round();
+        assert_eq!(lost.free_places(m + 1), (0..=m).collect::<Vec<_>>());
         measure_round_1(&mut lost, &mut sim);
         assert_eq!(lost.buffer.len(), 2 * m);
         assert_eq!(places(&lost, 1), (0..=m).collect::<Vec<_>>());

@@ -594,6 +594,23 @@ impl Hub {
             .is_ok()
     }
 
+    /// Waits at most `timeout_ms` for a frame on the hub or on `other` (a
+    /// socket that wakes the hub's thread); returns whether `other` has
+    /// one, after taking every frame it has.
+    pub fn wait_with(&self, other: &zmq::Socket, timeout_ms: i64) -> anyhow::Result<bool> {
+        let mut items = [
+            self.socket.as_poll_item(zmq::POLLIN),
+            other.as_poll_item(zmq::POLLIN),
+        ];
+        match zmq::poll(&mut items, timeout_ms) {
+            Ok(_) | Err(zmq::Error::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let woken = items[1].is_readable();
+        while other.recv_bytes(zmq::DONTWAIT).is_ok() {}
+        Ok(woken)
+    }
+
     /// The next message that decodes, waiting at most `timeout_ms`.
     pub fn recv(&mut self, timeout_ms: i64) -> anyhow::Result<Option<Incoming>> {
         loop {

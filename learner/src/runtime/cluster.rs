@@ -92,7 +92,7 @@ pub fn train_cluster(
     // Checked (the messages fit a frame) before anyone is told where to
     // connect.
     let seed = trainer.config().train.seed;
-    let mut learner = Learner::new(trainer, hub, run.token.clone())?;
+    let learner = Learner::new(trainer, &ctx, hub, run.token.clone())?;
     bound(&remote)?;
     let threads_stop = AtomicBool::new(false);
     let wait = Duration::from_secs(30);
@@ -122,18 +122,14 @@ pub fn train_cluster(
                 s.spawn(move || benchworker::serve::serve(ctx, &opts, stop))
             })
             .collect();
-        let result = learner.run(hooks, stop);
-        // Peers are told to stop only when training ended as asked: after
-        // an error they keep saying hello, as after a crash, so that a
-        // resume on the same endpoint finds them (threads stop below).
-        if result.is_ok() {
-            learner.shutdown(!run.bind.is_empty());
-        }
+        // Peers are told to stop only when training ended as asked (threads
+        // stop below in any case).
+        let result = learner.run(hooks, stop, !run.bind.is_empty());
         threads_stop.store(true, Ordering::Relaxed);
         let report = ThreadsReport {
             actors: join_all(actors, "an actor"),
             benchworkers: join_all(benches, "a benchworker"),
         };
-        result.map(|()| (learner.report.clone(), report))
+        result.map(|r| (r, report))
     })
 }

@@ -5,11 +5,11 @@
 
 use std::time::{Duration, Instant};
 
-use model::loss::{CostSample, PickId};
 use net::protocol::{Message, Role};
 
-use super::{Learner, Peer};
-use crate::train::{Hooks, Pick};
+use super::core::{secs, Coordinator, Peer};
+use super::ToTrainer;
+use crate::train::Pick;
 
 /// Jobs that fail this many times in a row stop training.
 pub(super) const MAX_JOB_FAILURES: usize = 10;
@@ -24,7 +24,7 @@ pub(super) const FAILING_AFTER: usize = 3;
 /// measure waits no longer).
 pub(super) const SIDELINED: Duration = Duration::from_secs(30);
 
-/// What [`Learner::dispatch`] left waiting for a benchworker's width.
+/// What [`Coordinator::dispatch`] left waiting for a benchworker's width.
 pub(super) enum Waiting {
     /// Nothing, or nothing it could tell (no benchworker idle, or one
     /// still setting up that may be wide enough).
@@ -73,15 +73,15 @@ impl Job {
     }
 }
 
-impl Learner<'_, '_> {
-    /// A benchworker's measurement of `job`: checked, made durable, then
-    /// counted and acknowledged.
+impl Coordinator {
+    /// A benchworker's measurement of `job`: checked, then handed to the
+    /// trainer, which makes it durable before it is acknowledged.
     pub(super) fn on_measurement(
         &mut self,
+        now: Instant,
         from: Vec<u8>,
         job: u64,
         measurement: common::Measurement,
-        hooks: &mut Hooks,
     ) -> anyhow::Result<()> {
         self.release_job(job);
         // A job re-queued after its benchworker went quiet may come back
@@ -90,23 +90,24 @@ impl Learner<'_, '_> {
             self.report.unexpected += 1;
             return Ok(());
         };
-        let task = &self.trainer.tasks()[j.pick.task];
-        if let Err(e) = measurement.validate(task.devices) {
+        let devices = self.setup.task_devices[j.pick.task];
+        if let Err(e) = measurement.validate(devices) {
             tracing::warn!("job {job}: malformed measurement: {e}");
-            return self.job_failed(j, e.to_string());
+            return self.job_failed(now, j, e.to_string());
         }
-        let pick = j.pick;
-        let sample = CostSample::new(task, &pick.plan, measurement).of_pick(pick.id);
-        (hooks.measured)(&sample)?;
-        self.trainer.record(pick.predicted_ms, sample);
+        self.last_progress = now;
         self.job_failures = 0;
         if let Some(p) = self.peers.get_mut(&from) {
             p.failed_in_a_row = 0;
             p.sidelined_until = None;
             p.resynced = false;
         }
-        // Durable now: the benchworker may forget it.
-        self.send(&from, &Message::Ack { job });
+        self.hand_to_trainer(ToTrainer::Measured {
+            from,
+            job,
+            pick: j.pick,
+            measurement,
+        });
         Ok(())
     }
 
@@ -188,17 +189,25 @@ impl Learner<'_, '_> {
             p.awaits_group = None;
         }
         self.report.group_ids_sent += 1;
-        self.send(to, &message);
+        self.send(to, message);
     }
 
-    pub(super) fn job_failed(&mut self, job: Job, error: String) -> anyhow::Result<()> {
+    /// A job failed: its benchworker may be set aside, and the plan is
+    /// measured again elsewhere. An error once [`MAX_JOB_FAILURES`] jobs
+    /// failed in a row.
+    pub(super) fn job_failed(
+        &mut self,
+        now: Instant,
+        job: Job,
+        error: String,
+    ) -> anyhow::Result<()> {
         self.report.failed_jobs += 1;
         self.job_failures += 1;
         if let Some(p) = self.peers.values_mut().find(|p| p.id == job.worker) {
             p.failed_in_a_row += 1;
             p.resynced = false;
             if p.failed_in_a_row >= FAILING_AFTER {
-                p.sidelined_until = Some(Instant::now() + SIDELINED);
+                p.sidelined_until = Some(now + SIDELINED);
                 tracing::warn!(
                     "benchworker {} failed {} jobs in a row (the last: {error}): it gets none \
                      for {} s while another benchworker is sound",
@@ -208,28 +217,29 @@ impl Learner<'_, '_> {
                 );
             }
         }
+        self.requeue.push_back(job.requeued());
         anyhow::ensure!(
             self.job_failures < MAX_JOB_FAILURES,
             "{MAX_JOB_FAILURES} measurement jobs failed in a row; the last: {error}"
         );
-        self.requeue.push_back(job.requeued());
         Ok(())
     }
 
-    /// Hands plans of the current round to idle benchworkers, each to one
-    /// that can measure a plan of its width (the narrowest such, so that
-    /// wide ones stay free for wide plans): a plan to measure again first
-    /// (it waits for such a benchworker to be idle), then the round's first
-    /// free picks whose tasks an idle one can take. A plan wider than every
+    /// Hands the round's plans to idle benchworkers, each to one that can
+    /// measure a plan of its width (the narrowest such, so that wide ones
+    /// stay free for wide plans): a plan to measure again first (it waits
+    /// for such a benchworker to be idle), then the round's first plans
+    /// whose tasks an idle one can take. A plan wider than every
     /// benchworker connected, none of them still setting up, waits
     /// `cluster.peer_timeout_s` for a wide one to join, then goes to any:
     /// it fails there with the reason, and failures enough in a row stop
-    /// the training with it.
-    pub(super) fn dispatch(&mut self) -> bool {
-        let c = &self.trainer.config().cluster;
-        let patience = Duration::from_secs_f64(c.peer_timeout_s);
-        let waited = self.wide_since.is_some_and(|t| t.elapsed() >= patience);
-        let (sent, waiting) = self.dispatch_some(waited);
+    /// the training with it. Returns whether it sent a job.
+    pub(super) fn dispatch(&mut self, now: Instant) -> bool {
+        let patience = secs(self.setup.cluster.peer_timeout_s);
+        let waited = self
+            .wide_since
+            .is_some_and(|t| now.saturating_duration_since(t) >= patience);
+        let (sent, waiting) = self.dispatch_some(now, waited);
         if let (Waiting::TooWide(devices, widest), None) = (waiting, self.wide_since) {
             tracing::warn!(
                 "a plan of {devices} devices waits for a benchworker that wide (those \
@@ -237,17 +247,15 @@ impl Learner<'_, '_> {
                  and fails there",
                 patience.as_secs_f64()
             );
-            self.wide_since = Some(Instant::now());
+            self.wide_since = Some(now);
         }
         sent
     }
 
-    /// [`Learner::dispatch`]'s work: whether it sent a job, and what waits
-    /// for a benchworker's width. `waited`: plans wider than every
+    /// [`Coordinator::dispatch`]'s work: whether it sent a job, and what
+    /// waits for a benchworker's width. `waited`: plans wider than every
     /// benchworker have waited long enough and go to any.
-    pub(super) fn dispatch_some(&mut self, waited: bool) -> (bool, Waiting) {
-        let t = &self.trainer.config().train;
-        let round_end = (self.trainer.counters.iteration + 1) * t.measure_per_iteration;
+    fn dispatch_some(&mut self, now: Instant, waited: bool) -> (bool, Waiting) {
         // Which benchworkers are ready, and how wide, does not change while
         // jobs go out; only which are idle.
         let widest = self
@@ -267,85 +275,79 @@ impl Learner<'_, '_> {
         };
         let mut sent = false;
         loop {
-            let out = self.trainer.buffer.len() + self.jobs.len();
-            if out >= round_end {
-                return (sent, Waiting::No);
-            }
-            // Benchworkers failing job after job sit out while a sound one
-            // is connected.
-            let sound = |p: &Peer| p.sidelined_until.is_none_or(|t| Instant::now() >= t);
-            let any_sound = self
-                .peers
-                .values()
-                .any(|p| p.role == Role::Benchworker && p.ready && sound(p));
-            let idle: Vec<(Vec<u8>, u64, Option<usize>)> = self
-                .peers
-                .iter()
-                .filter(|(_, p)| p.role == Role::Benchworker && p.ready && p.job.is_none())
-                .filter(|(_, p)| !any_sound || sound(p))
-                .map(|(k, p)| (k.clone(), p.id, p.max_devices))
-                .collect();
+            let idle = self.idle_benchworkers(now);
             if idle.is_empty() {
                 return (sent, Waiting::No);
             }
+            let fits = |devices: usize| idle.iter().any(|w| takes(w.2, devices));
             let (pick, tried) = match self.requeue.front() {
-                Some(r) => {
-                    let devices = r.pick.plan.devices;
-                    if !idle.iter().any(|w| takes(w.2, devices)) {
-                        return (sent, too_wide(devices));
-                    }
+                Some(r) if !fits(r.pick.plan.devices) => {
+                    return (sent, too_wide(r.pick.plan.devices))
+                }
+                Some(_) => {
                     let r = self.requeue.pop_front().expect("a requeued plan");
                     (r.pick, r.tried)
                 }
-                None => {
-                    let being_measured: Vec<PickId> =
-                        self.jobs.values().map(|j| j.pick.id).collect();
-                    let mut waiting = Waiting::No;
-                    let free = self.trainer.free_picks(&being_measured);
-                    let first = free.into_iter().find(|&j| {
-                        let devices = self.trainer.pick_devices(j);
-                        let taken = idle.iter().any(|w| takes(w.2, devices));
-                        if !taken && matches!(waiting, Waiting::No) {
-                            waiting = too_wide(devices);
-                        }
-                        taken
-                    });
-                    let Some(j) = first else {
+                None => match self.picks.iter().position(|p| fits(p.plan.devices)) {
+                    Some(i) => (self.picks.remove(i).expect("a pick"), Vec::new()),
+                    None => {
+                        let waiting = self
+                            .picks
+                            .front()
+                            .map_or(Waiting::No, |p| too_wide(p.plan.devices));
                         return (sent, waiting);
-                    };
-                    (self.trainer.pick_plan(j), Vec::new())
-                }
+                    }
+                },
             };
             // Among those that can take it, one that has not failed it, the
             // narrowest.
             let widths: Vec<(u64, Option<usize>)> = idle.iter().map(|w| (w.1, w.2)).collect();
-            let chosen = choose(&widths, pick.plan.devices, &tried, |max, devices| {
-                takes(max, devices)
-            });
+            let chosen = choose(&widths, pick.plan.devices, &tried, takes);
             let i = chosen.expect("an idle benchworker takes it: checked above");
-            let (to, worker) = (&idle[i].0, idle[i].1);
-            let job = self.next_job;
-            self.next_job += 1;
-            let message = Message::MeasureJob {
-                job,
-                task: pick.task as u32,
-                assignment: pick.plan.assignment.iter().map(|&d| d as u32).collect(),
-            };
-            self.jobs.insert(
-                job,
-                Job {
-                    pick,
-                    sent: Instant::now(),
-                    worker,
-                    tried,
-                },
-            );
-            if let Some(p) = self.peers.get_mut(to) {
-                p.job = Some(job);
-            }
-            self.send(to, &message);
+            self.send_job(now, &idle[i].0, idle[i].1, pick, tried);
             sent = true;
         }
+    }
+
+    /// Ready benchworkers without a job as `(key, id, max devices)`; while
+    /// a sound one is among all ready ones, those failing job after job
+    /// sit out.
+    fn idle_benchworkers(&self, now: Instant) -> Vec<(Vec<u8>, u64, Option<usize>)> {
+        let sound = |p: &Peer| p.sidelined_until.is_none_or(|t| now >= t);
+        let any_sound = self
+            .peers
+            .values()
+            .any(|p| p.role == Role::Benchworker && p.ready && sound(p));
+        self.peers
+            .iter()
+            .filter(|(_, p)| p.role == Role::Benchworker && p.ready && p.job.is_none())
+            .filter(|(_, p)| !any_sound || sound(p))
+            .map(|(k, p)| (k.clone(), p.id, p.max_devices))
+            .collect()
+    }
+
+    /// Sends `pick` to the benchworker `to` (numbered `worker`).
+    fn send_job(&mut self, now: Instant, to: &[u8], worker: u64, pick: Pick, tried: Vec<u64>) {
+        let job = self.next_job;
+        self.next_job += 1;
+        let message = Message::MeasureJob {
+            job,
+            task: pick.task as u32,
+            assignment: pick.plan.assignment.iter().map(|&d| d as u32).collect(),
+        };
+        self.jobs.insert(
+            job,
+            Job {
+                pick,
+                sent: now,
+                worker,
+                tried,
+            },
+        );
+        if let Some(p) = self.peers.get_mut(to) {
+            p.job = Some(job);
+        }
+        self.send(to, message);
     }
 }
 

@@ -6,47 +6,26 @@ use std::time::Instant;
 use net::link::tokens_match;
 use net::protocol::{Header, Message, Role};
 
-use super::{Learner, Peer};
+use super::core::{Coordinator, Peer};
 
-impl Peer {
-    /// A peer that just said hello with `header`.
-    fn new(role: Role, id: u64, header: &Header) -> Peer {
-        let now = Instant::now();
-        Peer {
-            role,
-            id,
-            incarnation: header.incarnation,
-            last_seq: header.seq,
-            job: None,
-            last_seen: now,
-            credits: 0,
-            version_sent: 0,
-            awaits_group: None,
-            joined: now,
-            ready: false,
-            max_devices: None,
-            failed_in_a_row: 0,
-            sidelined_until: None,
-            late_since: None,
-            resynced: false,
-            credits_renewed: false,
-            last_unroll: now,
-            credited_at: now,
-        }
-    }
-}
-
-impl Learner<'_, '_> {
+impl Coordinator {
     /// A hello: refused without the cluster token; else the peer gets an
     /// id (the same one for a hello said again by the same process) and
     /// the welcome, and an actor its share of credits.
-    pub(super) fn hello(&mut self, from: Vec<u8>, header: &Header, role: Role, token: &str) {
-        if !tokens_match(token, &self.token) {
+    pub(super) fn hello(
+        &mut self,
+        now: Instant,
+        from: Vec<u8>,
+        header: &Header,
+        role: Role,
+        token: &str,
+    ) {
+        if !tokens_match(token, &self.setup.token) {
             self.report.refused_peers += 1;
             tracing::warn!("refused a {role:?}: wrong cluster token");
             self.send(
                 &from,
-                &Message::Refused {
+                Message::Refused {
                     reason: "wrong cluster token".into(),
                     retry: false,
                 },
@@ -58,23 +37,21 @@ impl Learner<'_, '_> {
         // gets, whichever of them.
         let id = match self.peers.get(&from) {
             Some(p) if p.incarnation == header.incarnation => p.id,
-            _ => {
-                let id = self.next_peer;
-                self.next_peer += 1;
-                id
-            }
+            _ => self.new_peer_id(),
         };
         tracing::info!("{role:?} {id} joined");
-        self.forget(&from);
-        self.peers.insert(from.clone(), Peer::new(role, id, header));
+        self.forget(now, &from);
+        let session = self.new_session();
+        let peer = Peer::new(role, id, session, header, now);
+        self.peers.insert(from.clone(), peer);
         let welcome = Message::Welcome {
             peer: id,
-            config_toml: self.welcome_config.clone(),
-            tasks: self.trainer.rollout_tasks().to_vec(),
+            config_toml: self.setup.welcome_config.clone(),
+            tasks: self.setup.rollout_tasks.clone(),
         };
-        self.send(&from, &welcome);
+        self.send(&from, welcome);
         if role == Role::Actor {
-            self.share_credits();
+            self.share_credits(now);
         }
     }
 
@@ -84,6 +61,7 @@ impl Learner<'_, '_> {
     /// and counted (a stranger is told to say hello first).
     pub(super) fn check_envelope(
         &mut self,
+        now: Instant,
         from: &[u8],
         header: &Header,
         message: &Message,
@@ -92,7 +70,7 @@ impl Learner<'_, '_> {
             self.report.unexpected += 1;
             self.send(
                 from,
-                &Message::Refused {
+                Message::Refused {
                     reason: "unknown peer: say hello first".into(),
                     retry: true,
                 },
@@ -120,7 +98,7 @@ impl Learner<'_, '_> {
             return None;
         }
         peer.last_seq = header.seq;
-        peer.last_seen = Instant::now();
+        peer.last_seen = now;
         Some(peer.role)
     }
 }

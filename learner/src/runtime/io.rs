@@ -1,0 +1,237 @@
+//! The socket thread: the hub and the coordinator. It takes peers'
+//! messages and the networks' thread's words as they come, ticks the
+//! coordinator, and delivers what it decided. A long update on the
+//! networks' thread delays neither heartbeats nor credits.
+
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{unbounded, Receiver, Sender, TryRecvError};
+use model::wire::export;
+use net::link::Hub;
+use net::protocol::{Header, Message, Weights};
+
+use super::core::{Coordinator, Setup};
+use super::learn::Learn;
+use super::{FromTrainer, RuntimeReport, ToTrainer};
+use crate::train::{Hooks, Trainer};
+
+/// How long the socket thread waits for a frame when idle: the
+/// coordinator's clock ticks at least this often.
+const IDLE_WAIT_MS: i64 = 20;
+
+/// Peers' messages taken per turn, before the coordinator ticks again.
+const BATCH: usize = 256;
+
+/// The learner's side of a cluster: a bound hub and the networks.
+pub struct Learner<'t, 'a> {
+    trainer: &'t mut Trainer<'a>,
+    ctx: zmq::Context,
+    hub: Hub,
+    setup: Setup,
+}
+
+impl<'t, 'a> Learner<'t, 'a> {
+    /// Checks that the networks and the welcome fit a frame (else no peer
+    /// could ever get them), before anyone is told where to connect.
+    pub fn new(
+        trainer: &'t mut Trainer<'a>,
+        ctx: &zmq::Context,
+        hub: Hub,
+        token: String,
+    ) -> anyhow::Result<Self> {
+        // Peers take their backend from their own command line: the run's
+        // record of it stays out of what they parse.
+        let mut shared = trainer.config().clone();
+        shared.cluster.backend = None;
+        let welcome_config = toml::to_string(&shared)?;
+        fits(
+            "the networks' weights (the [model] widths and members)",
+            &Message::Weights(Weights {
+                version: 0,
+                policy: export(&trainer.model.policy_vs),
+                cost: export(&trainer.model.cost_vs),
+            }),
+        )?;
+        fits(
+            "the welcome (the configuration and every rollout task's tables: the training tasks \
+             and train.tight_memory copies of each)",
+            &Message::Welcome {
+                peer: 0,
+                config_toml: welcome_config.clone(),
+                tasks: trainer.rollout_tasks().to_vec(),
+            },
+        )?;
+        let setup = Setup {
+            cluster: trainer.config().cluster.clone(),
+            token,
+            welcome_config,
+            rollout_tasks: trainer.rollout_tasks().to_vec(),
+            task_devices: trainer.tasks().iter().map(|t| t.devices).collect(),
+        };
+        Ok(Learner {
+            trainer,
+            ctx: ctx.clone(),
+            hub,
+            setup,
+        })
+    }
+
+    /// Trains until every configured round is done or `stop` is set; then,
+    /// if training ended as asked, tells every peer to stop (with
+    /// `linger`, answers latecomers so for two heartbeat periods). After
+    /// an error peers are not told: they keep saying hello, as after a
+    /// crash, so that a resume on the same endpoint finds them.
+    pub fn run(
+        self,
+        hooks: &mut Hooks,
+        stop: &AtomicBool,
+        linger: bool,
+    ) -> anyhow::Result<RuntimeReport> {
+        let Learner {
+            trainer,
+            ctx,
+            mut hub,
+            setup,
+        } = self;
+        let endpoint = format!("inproc://learner-wake-{:x}", rand::random::<u64>());
+        let woken = ctx.socket(zmq::PULL)?;
+        woken.bind(&endpoint)?;
+        let wake = ctx.socket(zmq::PUSH)?;
+        wake.connect(&endpoint)?;
+        let (to_io, from_trainer) = unbounded();
+        let (to_trainer, inbox) = unbounded();
+        let mut core = Coordinator::new(setup, Instant::now());
+        std::thread::scope(|s| {
+            // The thread owns its ends of the channels: when it stops, the
+            // networks' thread hears of it.
+            let io = s.spawn(move || {
+                let ended = serve(&mut core, &mut hub, &woken, &from_trainer, &to_trainer);
+                (ended, core, hub)
+            });
+            let mut learn = Learn::new(trainer, to_io, wake, inbox);
+            let learned = learn.run(hooks, stop);
+            // After an error, dropping the channels ends the socket thread
+            // with peers untold.
+            if learned.is_ok() {
+                learn.tell(FromTrainer::Finish { linger });
+            }
+            let (lags, stale) = (std::mem::take(&mut learn.lags), learn.stale_unrolls);
+            drop(learn);
+            let (ended, core, hub) = io
+                .join()
+                .map_err(|_| anyhow::anyhow!("the learner's socket thread panicked"))?;
+            learned?;
+            ended?;
+            let mut report = core.report;
+            report.lags = lags;
+            report.stale_unrolls = stale;
+            report.drops = hub.drops.clone();
+            report.refused_handshakes = hub.refused_handshakes();
+            Ok(report)
+        })
+    }
+}
+
+/// Fails naming `what` when `m` is bigger than a frame may be.
+fn fits(what: &str, m: &Message) -> anyhow::Result<()> {
+    let header = Header {
+        sender: 0,
+        incarnation: 0,
+        seq: 0,
+        policy_version: 0,
+    };
+    let bytes = net::protocol::encode(&header, m).len();
+    anyhow::ensure!(
+        bytes <= net::protocol::MAX_FRAME_BYTES,
+        "{what} take {:.1} MiB on the wire, more than the {} MiB a message may have",
+        bytes as f64 / (1 << 20) as f64,
+        net::protocol::MAX_FRAME_BYTES >> 20
+    );
+    Ok(())
+}
+
+/// The socket thread's loop, until the networks' thread says training is
+/// finished (then peers are told to stop) or goes away, or training
+/// stalls (an error).
+fn serve(
+    core: &mut Coordinator,
+    hub: &mut Hub,
+    woken: &zmq::Socket,
+    from_trainer: &Receiver<FromTrainer>,
+    to_trainer: &Sender<ToTrainer>,
+) -> anyhow::Result<()> {
+    let mut busy = false;
+    loop {
+        if !busy {
+            hub.wait_with(woken, IDLE_WAIT_MS)?;
+        }
+        let now = Instant::now();
+        busy = false;
+        loop {
+            match from_trainer.try_recv() {
+                Ok(FromTrainer::Finish { linger }) => {
+                    core.shutdown();
+                    deliver(core, hub, to_trainer, now);
+                    if linger {
+                        answer_latecomers(core, hub);
+                    }
+                    return Ok(());
+                }
+                Ok(word) => core.update(now, word),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return Ok(()),
+            }
+        }
+        for _ in 0..BATCH {
+            let Some(incoming) = hub.recv(0)? else {
+                break;
+            };
+            busy = true;
+            let stepped = core.step(now, incoming);
+            deliver(core, hub, to_trainer, now);
+            stepped?;
+        }
+        core.tick(now);
+        deliver(core, hub, to_trainer, now);
+        if let Some(why) = core.stalled(now, hub.refused_handshakes()) {
+            anyhow::bail!(why);
+        }
+    }
+}
+
+/// Sends what the coordinator decided: messages to peers (a peer that is
+/// gone is forgotten, which may decide more) and work to the networks'
+/// thread (gone with an error of its own: nothing to do).
+fn deliver(core: &mut Coordinator, hub: &mut Hub, to_trainer: &Sender<ToTrainer>, now: Instant) {
+    loop {
+        let out = core.take_outgoing();
+        if out.is_empty() {
+            break;
+        }
+        for o in out {
+            if !hub.send(&o.to, o.version, &o.message) {
+                core.forget(now, &o.to);
+            }
+        }
+    }
+    for work in core.take_for_trainer() {
+        let _ = to_trainer.send(work);
+    }
+}
+
+/// For two heartbeat periods, answers whoever still speaks (a remote peer
+/// forgotten a moment ago, one saying hello again) with `Shutdown`, so
+/// that no peer is left waiting.
+fn answer_latecomers(core: &Coordinator, hub: &mut Hub) {
+    let grace = Duration::from_secs_f64(2.0 * core.setup.cluster.heartbeat_s);
+    let start = Instant::now();
+    while let Some(left) = grace.checked_sub(start.elapsed()) {
+        match hub.recv(left.as_millis() as i64) {
+            Ok(Some(incoming)) => {
+                let _ = hub.send(&incoming.from, core.version, &Message::Shutdown);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+}

@@ -285,7 +285,7 @@ impl Coordinator {
                 self.weights = Some(weights);
                 self.broadcast();
             }
-            FromTrainer::Picks(picks) => self.picks = picks.into(),
+            FromTrainer::Picks(picks) => self.picks.extend(picks),
             FromTrainer::Consumed { session } => {
                 self.queued = self.queued.saturating_sub(1);
                 if let Some(n) = self.queued_by.get_mut(&session) {
@@ -298,12 +298,14 @@ impl Coordinator {
             }
             FromTrainer::Durable { to, job } => self.send(&to, Message::Ack { job }),
             FromTrainer::Stepped => {}
+            // The socket thread lingers, if asked, after this.
             FromTrainer::Finish { .. } => self.shutdown(),
         }
     }
 
-    /// A peer found gone (a send to it failed): forgotten, its job handed
-    /// to another benchworker, its credits to other actors.
+    /// A peer gone (a send to it failed, it said `Shutdown`, it was silent
+    /// too long, or it said hello again): forgotten, its job handed to
+    /// another benchworker, its credits to other actors.
     pub(super) fn forget(&mut self, now: Instant, who: &[u8]) {
         if let Some(peer) = self.peers.remove(who) {
             tracing::warn!("{:?} {} is gone", peer.role, peer.id);

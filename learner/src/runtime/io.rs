@@ -118,10 +118,14 @@ impl<'t, 'a> Learner<'t, 'a> {
             }
             let (lags, stale) = (std::mem::take(&mut learn.lags), learn.stale_unrolls);
             drop(learn);
-            let (ended, core, hub) = io
-                .join()
-                .map_err(|_| anyhow::anyhow!("the learner's socket thread panicked"))?;
+            let joined = io.join();
             learned?;
+            let (ended, core, hub) = joined.map_err(|panic| {
+                let why = (panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                anyhow::anyhow!("the learner's socket thread panicked: {why}")
+            })?;
             ended?;
             let mut report = core.report;
             report.lags = lags;
@@ -152,8 +156,9 @@ fn fits(what: &str, m: &Message) -> anyhow::Result<()> {
 }
 
 /// The socket thread's loop, until the networks' thread says training is
-/// finished (then peers are told to stop) or goes away, or training
-/// stalls (an error).
+/// finished (then peers are told to stop) or goes away. An error when
+/// training stalls, when too many jobs failed in a row, or when the
+/// socket fails.
 fn serve(
     core: &mut Coordinator,
     hub: &mut Hub,

@@ -291,11 +291,9 @@ impl Coordinator {
                 None => match self.picks.iter().position(|p| fits(p.plan.devices)) {
                     Some(i) => (self.picks.remove(i).expect("a pick"), Vec::new()),
                     None => {
-                        let waiting = self
-                            .picks
-                            .front()
-                            .map_or(Waiting::No, |p| too_wide(p.plan.devices));
-                        return (sent, waiting);
+                        let mut wide = self.picks.iter().map(|p| too_wide(p.plan.devices));
+                        let waiting = wide.find(|w| matches!(w, Waiting::TooWide(..)));
+                        return (sent, waiting.unwrap_or(Waiting::No));
                     }
                 },
             };

@@ -107,10 +107,10 @@ impl<'t, 'a> Learn<'t, 'a> {
         Ok(())
     }
 
-    /// Hands the socket thread the round's plans to measure, once a
-    /// round: the first places of the round neither measured nor taken,
-    /// as many as the round lacks (a round resumed after a crash measures
-    /// exactly what it lacks).
+    /// Hands the socket thread the round's plans to measure, once a round,
+    /// each as soon as it is drawn: the first places of the round not
+    /// measured, as many as the round lacks (a round resumed after a crash
+    /// measures exactly what it lacks).
     fn stock_picks(&mut self) {
         let round = self.trainer.counters.iteration;
         if self.picks_sent == Some(round) {
@@ -119,14 +119,14 @@ impl<'t, 'a> Learn<'t, 'a> {
         self.picks_sent = Some(round);
         let m = self.trainer.config().train.measure_per_iteration;
         let need = ((round + 1) * m).saturating_sub(self.trainer.buffer.len());
-        let places = self.trainer.free_places(need);
-        let picks = places.into_iter().map(|j| self.trainer.pick_plan(j));
-        let picks = picks.collect();
-        self.tell(FromTrainer::Picks(picks));
+        for j in self.trainer.free_places(need) {
+            let pick = self.trainer.pick_plan(j);
+            self.tell(FromTrainer::Picks(vec![pick]));
+        }
     }
 
     /// Work from the socket thread.
-    fn take(&mut self, work: ToTrainer, hooks: &mut Hooks) -> anyhow::Result<()> {
+    pub(super) fn take(&mut self, work: ToTrainer, hooks: &mut Hooks) -> anyhow::Result<()> {
         match work {
             ToTrainer::Unroll(q) => self.queue.push_back(q),
             ToTrainer::Measured {
@@ -164,7 +164,7 @@ impl<'t, 'a> Learn<'t, 'a> {
 
     /// Does the next piece of learning the round allows; false when there
     /// is nothing to do until work arrives.
-    fn learn(&mut self, hooks: &mut Hooks) -> anyhow::Result<bool> {
+    pub(super) fn learn(&mut self, hooks: &mut Hooks) -> anyhow::Result<bool> {
         let t = &self.trainer.config().train;
         let (m, cs, ps) = (t.measure_per_iteration, t.cost_steps, t.policy_steps);
         let round = self.trainer.counters.iteration;

@@ -95,7 +95,7 @@ pub(crate) enum ToTrainer {
 pub(crate) enum FromTrainer {
     /// Weights of a new version, for actors.
     Weights(u64, Arc<Message>),
-    /// The round's plans to measure.
+    /// More of the round's plans to measure.
     Picks(Vec<Pick>),
     /// An unroll of this session was learned from or dropped: its credit
     /// is free.

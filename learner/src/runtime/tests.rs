@@ -625,7 +625,6 @@ fn lost_answers_and_lost_credits_are_not_waited_for() {
     quiet(&mut b, 10.0);
     assert_eq!(b.credits("actor"), share);
     assert_eq!(b.core.report.resyncs, 2);
-    assert!(b.jobs("a").is_empty(), "no plan left");
     // Not again while it stays silent (slow, or waiting for newer
     // weights): its credits would only pile up.
     quiet(&mut b, 2.0 * silence);
@@ -949,4 +948,118 @@ fn over_sockets_strangers_are_refused_and_a_busy_learner_still_heartbeats() {
     );
     assert_eq!(report.refused_handshakes, 1, "the stranger over tcp");
     assert_eq!(report.drops.total(), 2, "{:?}", report.drops);
+}
+
+/// The networks' thread, driven by hand: a measurement is durable (the
+/// `measured` hook ran) before the socket thread may acknowledge it; once
+/// the round's cost steps are done its weights go out and unrolls acted
+/// on the previous cost network are dropped, each freeing its credit;
+/// unrolls within `max_policy_lag` are learned from, older ones dropped
+/// as stale.
+#[test]
+fn the_networks_thread_makes_measurements_durable_first_and_drops_old_unrolls() {
+    use crossbeam::channel::Receiver;
+    use std::rc::Rc;
+    let (_dir, mut cfg, tasks) = small();
+    cfg.train.measure_per_iteration = 2;
+    cfg.train.cost_steps = 4;
+    cfg.train.policy_steps = 4;
+    cfg.cluster.max_policy_lag = 1;
+    let mut trainer = crate::train::Trainer::new(&cfg, &tasks);
+    let unrolls: Vec<(usize, model::mdp::Unroll)> =
+        (0..5).map(|_| trainer.rollout().unwrap()).collect();
+    let mut sim = benchworker::sim::SimOracle::new(cfg.sim.clone(), cfg.memory);
+    let measured: Vec<(Pick, common::Measurement)> = (0..2)
+        .map(|j| {
+            let p = trainer.pick_plan(j);
+            let m = benchworker::Oracle::measure(&mut sim, &tasks[p.task].tables, &p.plan);
+            (p, m.unwrap())
+        })
+        .collect();
+    trainer.counters.policy_version = 1;
+    let ctx = zmq::Context::new();
+    let wake = ctx.socket(zmq::PUSH).unwrap();
+    let (to_io, heard) = crossbeam::channel::unbounded();
+    let (_work, inbox) = crossbeam::channel::unbounded();
+    let mut learn = learn::Learn::new(&mut trainer, to_io, wake, inbox);
+    // In order: each measurement made durable, each word said to the
+    // socket thread that it may be acknowledged.
+    let log = Rc::new(std::cell::RefCell::new(Vec::<String>::new()));
+    let said = |log: &std::cell::RefCell<Vec<String>>, words: &Receiver<FromTrainer>| {
+        for w in words.try_iter() {
+            if let FromTrainer::Durable { job, .. } = w {
+                log.borrow_mut().push(format!("may ack {job}"));
+            }
+        }
+    };
+    let mut hooks = crate::train::Hooks::none();
+    let (seen, ears) = (log.clone(), heard.clone());
+    hooks.measured = Box::new(move |_| {
+        said(&seen, &ears);
+        seen.borrow_mut().push("durable".into());
+        Ok(())
+    });
+    let queued = |acted: u64, (task, unroll): (usize, model::mdp::Unroll)| {
+        ToTrainer::Unroll(Queued {
+            session: acted,
+            acted,
+            task,
+            unroll,
+        })
+    };
+    let mut unrolls = unrolls.into_iter();
+    // Two unrolls acted with version 1, before the round's cost network.
+    for _ in 0..2 {
+        learn
+            .take(queued(1, unrolls.next().unwrap()), &mut hooks)
+            .unwrap();
+    }
+    for (job, (pick, measurement)) in measured.into_iter().enumerate() {
+        let from = b"w".to_vec();
+        let m = ToTrainer::Measured {
+            from,
+            job: job as u64,
+            pick,
+            measurement,
+        };
+        learn.take(m, &mut hooks).unwrap();
+    }
+    said(&log, &heard);
+    let want = ["durable", "may ack 0", "durable", "may ack 1"];
+    assert_eq!(*log.borrow(), want);
+    // Cost steps, then the round's weights (version 2) and the two old
+    // unrolls dropped, each freeing its credit.
+    while learn.trainer.counters.cost_steps < 4 {
+        assert!(learn.learn(&mut hooks).unwrap());
+    }
+    assert!(!learn.learn(&mut hooks).unwrap(), "no unroll to learn from");
+    let words: Vec<FromTrainer> = heard.try_iter().collect();
+    assert!(matches!(
+        words[..],
+        [FromTrainer::Stepped, FromTrainer::Weights(2, _), ..]
+    ));
+    let freed = (words.iter()).filter(|w| matches!(w, FromTrainer::Consumed { session: 1 }));
+    assert_eq!(freed.count(), 2);
+    assert_eq!(learn.trainer.counters.dropped_unrolls, 2);
+    // Three acted with version 2: lags 0 and 1 are learned from, the
+    // third (lag 2) is stale.
+    for _ in 0..3 {
+        learn
+            .take(queued(2, unrolls.next().unwrap()), &mut hooks)
+            .unwrap();
+        assert!(learn.learn(&mut hooks).unwrap());
+    }
+    assert_eq!(learn.lags, BTreeMap::from([(0, 1), (1, 1)]));
+    assert_eq!(learn.stale_unrolls, 1);
+    assert_eq!(learn.trainer.counters.dropped_unrolls, 3);
+    let words: Vec<FromTrainer> = heard.try_iter().collect();
+    let versions: Vec<u64> = (words.iter())
+        .filter_map(|w| match w {
+            FromTrainer::Weights(v, _) => Some(*v),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(versions, [3, 4], "new weights after each update");
+    let freed = (words.iter()).filter(|w| matches!(w, FromTrainer::Consumed { session: 2 }));
+    assert_eq!(freed.count(), 3);
 }

@@ -241,14 +241,10 @@ fn lag_quantiles_from_counts_are_those_of_the_sorted_lags() {
     assert_eq!(RuntimeReport::default().lag_quantile(0.5), 0);
 }
 
-/// Plans go to benchworkers that can measure their width: a narrow one
-/// gets the round's first plan it can take, a wide plan waits for a wide
-/// benchworker, and one that no benchworker is wide enough for goes to any
-/// (to fail there with the reason).
-#[test]
-fn plans_go_to_benchworkers_wide_enough_for_them() {
-    let (_dir, cfg, mut tasks) = small();
-    // Tasks of 4 devices and of 2, alternately.
+/// Tasks of 4 devices and of 2, alternately, and a coordinator with a
+/// benchworker `narrow` (2 devices) and one `wide` (4), both ready.
+fn two_widths() -> (tempfile::TempDir, Config, Vec<Task>, Bench) {
+    let (dir, cfg, mut tasks) = small();
     for t in tasks.iter_mut().skip(1).step_by(2) {
         t.devices = 2;
     }
@@ -260,21 +256,35 @@ fn plans_go_to_benchworkers_wide_enough_for_them() {
     assert!(b.core.measuring(b.now));
     let later = b.now + Duration::from_secs_f64(cfg.cluster.job_timeout_s + 1.0);
     assert!(!b.core.measuring(later));
-    b.say(
-        "narrow",
-        Message::Ready {
-            max_devices: Some(2),
-        },
-    );
-    b.say(
-        "wide",
-        Message::Ready {
-            max_devices: Some(4),
-        },
-    );
+    b.say("narrow", ready(2));
+    b.say("wide", ready(4));
     assert!(!b.core.measuring(b.now), "both ready, no job out");
-    let width = |task: usize| tasks[task].devices;
+    (dir, cfg, tasks, b)
+}
 
+fn ready(max: u32) -> Message {
+    Message::Ready {
+        max_devices: Some(max),
+    }
+}
+
+/// A plan of `tasks[0]` (4 devices) to measure again.
+fn requeue_wide(b: &mut Bench, tasks: &[Task]) {
+    b.core.requeue.push_back(Requeued {
+        pick: pick(tasks, 0, 0),
+        tried: Vec::new(),
+    });
+}
+
+/// Plans go to benchworkers that can measure their width: a narrow one
+/// gets the round's first plan it can take, and a wide plan waits for a
+/// wide benchworker.
+#[test]
+fn plans_go_to_benchworkers_wide_enough_for_them() {
+    let (_dir, _cfg, tasks, mut b) = two_widths();
+    let widths = |jobs: Vec<(u64, usize)>| -> Vec<usize> {
+        jobs.iter().map(|j| tasks[j.1].devices).collect()
+    };
     // The wide one busy: the narrow one gets the round's first plan of a
     // 2-device task, though a 4-device one comes first.
     b.update(FromTrainer::Picks(
@@ -282,33 +292,21 @@ fn plans_go_to_benchworkers_wide_enough_for_them() {
     ));
     b.peer("wide").job = Some(u64::MAX);
     assert!(b.dispatch());
-    assert_eq!(
-        b.jobs("narrow").iter().map(|j| j.1).collect::<Vec<_>>(),
-        [1]
-    );
+    let tasks_of = |jobs: Vec<(u64, usize)>| -> Vec<usize> { jobs.iter().map(|j| j.1).collect() };
+    assert_eq!(tasks_of(b.jobs("narrow")), [1]);
     assert_eq!(b.core.picks.len(), 3);
     // Idle too, the wide one takes the 4-device plans in order, the
     // narrow one (free again) the 2-device one.
     b.reset_jobs();
     assert!(b.dispatch());
-    assert_eq!(b.jobs("wide").iter().map(|j| j.1).collect::<Vec<_>>(), [0]);
-    assert_eq!(
-        b.jobs("narrow").iter().map(|j| j.1).collect::<Vec<_>>(),
-        [3]
-    );
+    assert_eq!(tasks_of(b.jobs("wide")), [0]);
+    assert_eq!(tasks_of(b.jobs("narrow")), [3]);
 
     // A 4-device plan to measure again waits for the wide one ...
     b.reset_jobs();
     b.core.picks.clear();
     b.peer("wide").job = Some(u64::MAX);
-    let requeue_wide = |b: &mut Bench| {
-        let pick = pick(&tasks, 0, 0);
-        b.core.requeue.push_back(Requeued {
-            pick,
-            tried: Vec::new(),
-        });
-    };
-    requeue_wide(&mut b);
+    requeue_wide(&mut b, &tasks);
     b.update(FromTrainer::Picks(vec![pick(&tasks, 1, 1)]));
     assert!(!b.dispatch(), "nothing before the wide one is idle");
     assert!(b.jobs("narrow").is_empty(), "a requeued plan comes first");
@@ -317,31 +315,19 @@ fn plans_go_to_benchworkers_wide_enough_for_them() {
     b.peer("wide").job = None;
     assert!(b.dispatch());
     assert!(b.core.requeue.is_empty());
-    assert_eq!(
-        b.jobs("wide")
-            .iter()
-            .map(|j| width(j.1))
-            .collect::<Vec<_>>(),
-        [4]
-    );
-    assert_eq!(
-        b.jobs("narrow")
-            .iter()
-            .map(|j| width(j.1))
-            .collect::<Vec<_>>(),
-        [2]
-    );
+    assert_eq!(widths(b.jobs("wide")), [4]);
+    assert_eq!(widths(b.jobs("narrow")), [2]);
+}
 
-    // No benchworker can take 4 devices any more: such a plan waits for
-    // one to join, then goes to either, where it fails with the reason.
-    b.reset_jobs();
-    b.say(
-        "wide",
-        Message::Ready {
-            max_devices: Some(2),
-        },
-    );
-    requeue_wide(&mut b);
+/// A plan that no benchworker is wide enough for waits
+/// `cluster.peer_timeout_s` for one to join, then goes to any (to fail
+/// there with the reason); the wait starts wherever the plan is in the
+/// round, and not while a benchworker sets up.
+#[test]
+fn a_plan_too_wide_for_all_waits_then_goes_to_any() {
+    let (_dir, cfg, tasks, mut b) = two_widths();
+    b.say("wide", ready(2));
+    requeue_wide(&mut b, &tasks);
     assert!(!b.dispatch());
     assert_eq!(b.core.wide_since, Some(b.now), "waiting for a wide one");
     b.pass(cfg.cluster.peer_timeout_s - 0.5);
@@ -350,25 +336,37 @@ fn plans_go_to_benchworkers_wide_enough_for_them() {
     assert!(b.dispatch());
     assert!(b.core.requeue.is_empty());
     let sent = [b.jobs("narrow"), b.jobs("wide")].concat();
-    assert_eq!(sent.iter().map(|j| width(j.1)).collect::<Vec<_>>(), [4]);
+    assert_eq!(
+        sent.iter().map(|j| tasks[j.1].devices).collect::<Vec<_>>(),
+        [4]
+    );
     // The wait is over for the next one too (it failed, say) ...
     b.reset_jobs();
-    requeue_wide(&mut b);
+    requeue_wide(&mut b, &tasks);
     assert!(b.dispatch());
     // ... until a benchworker says a new width: the widest may be wider.
-    b.say(
-        "wide",
-        Message::Ready {
-            max_devices: Some(3),
-        },
-    );
+    b.say("wide", ready(3));
     assert!(b.core.wide_since.is_none());
+
+    // Behind a plan that waits for a busy benchworker, a plan too wide
+    // for all starts its wait at once.
+    b.reset_jobs();
+    b.say("wide", ready(4));
+    b.say("narrow", ready(2));
+    b.peer("wide").job = Some(u64::MAX);
+    let mut too_wide = pick(&tasks, 0, 1);
+    too_wide.plan.devices = 8;
+    b.update(FromTrainer::Picks(vec![pick(&tasks, 0, 0), too_wide]));
+    assert!(!b.dispatch());
+    assert_eq!(b.core.wide_since, Some(b.now));
 
     // While a benchworker sets up, it may be the wide one: the wait does
     // not begin.
     b.reset_jobs();
+    b.core.picks.clear();
+    b.say("wide", ready(2));
     b.hello("late", Role::Benchworker);
-    requeue_wide(&mut b);
+    requeue_wide(&mut b, &tasks);
     assert!(!b.dispatch());
     assert!(b.core.wide_since.is_none());
 }

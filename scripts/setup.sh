@@ -82,6 +82,37 @@ if ! torch_ok; then
   torch_ok || { echo "setup: torch $TORCH_VERSION did not install into $VENV" >&2; exit 1; }
 fi
 
+# FBGEMM's table-batched embedding kernel (the cpu backend's kernel =
+# "fbgemm"): the CPU wheel, or the CUDA one with EMBSHARD_CUDA=1. Each
+# FBGEMM release pairs with one torch minor (1.8 with 2.13). Both wheels
+# fill the same fbgemm_gpu folder: the other one goes first.
+FBGEMM_VERSION=1.8.0
+FBGEMM_PACKAGE=fbgemm-gpu-cpu
+FBGEMM_OTHER=fbgemm-gpu
+if [ "${EMBSHARD_CUDA:-0}" != 0 ]; then
+  FBGEMM_PACKAGE=fbgemm-gpu
+  FBGEMM_OTHER=fbgemm-gpu-cpu
+fi
+installed() { # PACKAGE: its installed version, or nothing
+  "$VENV/bin/python" - "$1" 2>/dev/null <<'PY' || true
+import sys, importlib.metadata as m
+try:
+    print(m.version(sys.argv[1]))
+except m.PackageNotFoundError:
+    pass
+PY
+}
+if [ "$(installed "$FBGEMM_PACKAGE")" != "$FBGEMM_VERSION" ]; then
+  echo "setup: installing $FBGEMM_PACKAGE==$FBGEMM_VERSION into $VENV" >&2
+  if [ -n "$(installed "$FBGEMM_OTHER")" ]; then
+    "$VENV/bin/python" -m pip uninstall --quiet --yes "$FBGEMM_OTHER"
+  fi
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
+    --no-deps "$FBGEMM_PACKAGE==$FBGEMM_VERSION"
+  [ "$(installed "$FBGEMM_PACKAGE")" = "$FBGEMM_VERSION" ] ||
+    { echo "setup: $FBGEMM_PACKAGE $FBGEMM_VERSION did not install into $VENV" >&2; exit 1; }
+fi
+
 export LIBTORCH_USE_PYTORCH=1
 export PATH="$VENV/bin:$PATH"
 

@@ -50,10 +50,11 @@
 
 use std::time::Instant;
 
-use common::config::CpuConfig;
+use common::config::{CpuConfig, Kernel};
 use common::{DeviceCost, Measurement, MemoryModel, Plan, Precision, Table};
 use tch::{Device, Kind, TchError, Tensor};
 
+use crate::fbgemm::Tbe;
 use crate::fused::sum_bags;
 use crate::indices::{self, LookupCache, Lookups};
 use crate::layout::sample_split;
@@ -131,6 +132,12 @@ impl CpuOracle {
             tracing::debug!(
                 "cpu backend: weights are measured in fp32 (CPU half precision is slow)"
             );
+        }
+        if cfg.kernel == Kernel::Fbgemm {
+            crate::fbgemm::load().map_err(|e| OracleError::Backend {
+                backend: BACKEND,
+                message: e.to_string(),
+            })?;
         }
         if cfg.threads > 0 {
             let threads = i32::try_from(cfg.threads).map_err(|_| OracleError::Backend {
@@ -214,11 +221,11 @@ impl CpuOracle {
             .iter()
             .map(|g| weight_shape(tables, g, self.cfg.max_rows))
             .collect();
-        let weights = groups
-            .iter()
-            .zip(self.weights(&shapes)?)
-            .map(|(g, w)| (!g.is_empty()).then_some(w))
-            .collect();
+        // FBGEMM's kernel holds its own weights, unpadded.
+        let weights = match self.cfg.kernel {
+            Kernel::Torch => self.weights(&shapes)?.into_iter().map(Some).collect(),
+            Kernel::Fbgemm => groups.iter().map(|_| None).collect(),
+        };
         let mut it = Iteration::build(tables, plan, &self.cfg, weights, &mut self.lookups)?;
         for _ in 0..self.cfg.warmup {
             it.round()?;
@@ -537,23 +544,36 @@ struct DeviceWork {
     /// Task indices of its tables, in the order of the fused output.
     tables: Vec<usize>,
     dims: Vec<i64>,
-    /// `[rows, widest dim]`.
-    weight: Tensor,
-    indices: Tensor,
-    offsets: Tensor,
-    /// Bag of each lookup (static for the batch, like `offsets`).
-    bags: Tensor,
-    /// Gradient of the pooled output, `[T_d·B, widest dim]`, assembled by the
-    /// backward all-to-all (padding columns stay zero).
+    batch: i64,
+    kernel: DeviceKernel,
+    /// Gradient of the pooled output, in the kernel's layout, assembled by
+    /// the backward all-to-all (padding columns stay zero).
     grad: Tensor,
 }
 
+/// A device's kernel and what it keeps between iterations.
+enum DeviceKernel {
+    /// libtorch's `embedding_bag` over `[rows, widest dim]`; the pooled
+    /// output is `[T_d·B, D_max]`, table-major.
+    Torch {
+        weight: Tensor,
+        indices: Tensor,
+        offsets: Tensor,
+        /// Bag of each lookup (static for the batch, like `offsets`).
+        bags: Tensor,
+    },
+    /// FBGEMM's TBE; the pooled output is `[B, Σ dims]`, sample-major,
+    /// table `i` from column `cols[i]`.
+    Fbgemm { tbe: Tbe, cols: Vec<i64> },
+}
+
 impl DeviceWork {
+    /// `weight`: the device's fused weight, for the `torch` kernel.
     fn build(
         tables: &[Table],
         group: &[usize],
         cfg: &CpuConfig,
-        weight: Tensor,
+        weight: Option<Tensor>,
         lookups: &mut LookupCache,
     ) -> Result<Self, TchError> {
         let lookups = group
@@ -564,43 +584,110 @@ impl DeviceWork {
             .iter()
             .map(|&t| indices::capped_rows(&tables[t], cfg.max_rows) as i64)
             .collect();
-        let fused = indices::fuse(lookups, &rows)?;
-        let (_, dim) = weight_shape(tables, group, cfg.max_rows);
+        let dims: Vec<i64> = group.iter().map(|&t| tables[t].dim as i64).collect();
+        let batch = cfg.batch as i64;
+        let (kernel, grad_shape) = match weight {
+            Some(weight) => {
+                let fused = indices::fuse(lookups, &rows)?;
+                let (_, dim) = weight_shape(tables, group, cfg.max_rows);
+                let kernel = DeviceKernel::Torch {
+                    weight,
+                    indices: fused.indices,
+                    offsets: fused.offsets,
+                    bags: fused.bags,
+                };
+                (kernel, [group.len() as i64 * batch, dim])
+            }
+            None => {
+                let tbe = Tbe::build(
+                    Device::Cpu,
+                    &rows,
+                    &dims,
+                    &lookups,
+                    batch,
+                    Precision::Fp32,
+                    LEARNING_RATE,
+                )
+                .map_err(|e| TchError::Kind(e.to_string()))?;
+                let cols = dims
+                    .iter()
+                    .scan(0, |c, d| Some(std::mem::replace(c, *c + d)));
+                let kernel = DeviceKernel::Fbgemm {
+                    tbe,
+                    cols: cols.collect(),
+                };
+                (kernel, [batch, dims.iter().sum()])
+            }
+        };
         Ok(DeviceWork {
             tables: group.to_vec(),
-            dims: group.iter().map(|&t| tables[t].dim as i64).collect(),
-            weight,
-            indices: fused.indices,
-            offsets: fused.offsets,
-            bags: fused.bags,
-            grad: Tensor::f_zeros([group.len() as i64 * cfg.batch as i64, dim], F32)?,
+            dims,
+            batch,
+            kernel,
+            grad: Tensor::f_zeros(grad_shape, F32)?,
         })
     }
 
-    /// The fused lookup: one call over all the device's bags, `[T_d·B, D_max]`.
-    fn forward(&self) -> Result<Tensor, TchError> {
-        sum_bags(&self.weight, &self.indices, &self.offsets)
+    /// The fused lookup: one call over all the device's bags.
+    fn forward(&mut self) -> Result<Tensor, TchError> {
+        match &mut self.kernel {
+            DeviceKernel::Torch {
+                weight,
+                indices,
+                offsets,
+                ..
+            } => sum_bags(weight, indices, offsets),
+            DeviceKernel::Fbgemm { tbe, .. } => {
+                tbe.forward().map_err(|e| TchError::Kind(e.to_string()))
+            }
+        }
     }
 
-    /// Sort by row, segment-reduce the output gradients per unique row, and
-    /// update those rows.
-    fn backward(&mut self) -> Result<(), TchError> {
-        let (rows, order) = self.indices.f_sort(0, false)?;
-        let bags = self.bags.f_index_select(0, &order)?;
+    /// Table `i`'s rows `first..first + count` of `pooled`, a pooled output
+    /// or its gradient in this kernel's layout.
+    fn block(&self, pooled: &Tensor, i: usize, first: i64, count: i64) -> Result<Tensor, TchError> {
+        let (row, col) = match &self.kernel {
+            DeviceKernel::Torch { .. } => (i as i64 * self.batch + first, 0),
+            DeviceKernel::Fbgemm { cols, .. } => (first, cols[i]),
+        };
+        pooled
+            .f_narrow(0, row, count)?
+            .f_narrow(1, col, self.dims[i])
+    }
+
+    /// The backward of `pooled`, this iteration's forward output, from the
+    /// gradient the exchange assembled. `torch`: sort by row,
+    /// segment-reduce the output gradients per unique row, and update
+    /// those rows (SGD). `fbgemm`: its fused backward (row-wise AdaGrad).
+    fn backward(&mut self, pooled: &Tensor) -> Result<(), TchError> {
+        let (weight, indices, bags) = match &mut self.kernel {
+            DeviceKernel::Torch {
+                weight,
+                indices,
+                bags,
+                ..
+            } => (weight, indices, bags),
+            DeviceKernel::Fbgemm { tbe, .. } => {
+                return tbe
+                    .backward(pooled, &self.grad)
+                    .map_err(|e| TchError::Kind(e.to_string()));
+            }
+        };
+        let (rows, order) = indices.f_sort(0, false)?;
+        let bags = bags.f_index_select(0, &order)?;
         let (unique, _, counts) = rows.f_unique_consecutive(false, true, None)?;
         let starts = counts.f_cumsum(0, Kind::Int64)?.f_sub(&counts)?;
         let mut row_grad = sum_bags(&self.grad, &bags, &starts)?;
         // In place: an op that takes a `Scalar` must not allocate (a failed
         // allocation would panic, see [`CpuOracle::weights`]).
         let _ = row_grad.f_mul_scalar_(-LEARNING_RATE)?;
-        let _ = self.weight.f_index_add_(0, &unique, &row_grad)?;
+        let _ = weight.f_index_add_(0, &unique, &row_grad)?;
         Ok(())
     }
 }
 
 /// The buffers of the all-to-all: what each device holds for its own samples.
 struct Exchange {
-    batch: i64,
     /// Samples of each device, `(first, count)`.
     split: Vec<(i64, i64)>,
     /// First column of each task table in a device's buffers.
@@ -636,7 +723,6 @@ impl Exchange {
         };
         let (recv, grads) = (buffers(0.0)?, buffers(GRAD_VALUE)?);
         Ok(Exchange {
-            batch: batch as i64,
             split,
             cols,
             recv,
@@ -651,9 +737,7 @@ impl Exchange {
         let mut moved = 0;
         for (&(first, count), recv) in self.split.iter().zip(&self.recv) {
             for (i, (&t, &dim)) in w.tables.iter().zip(&w.dims).enumerate() {
-                let src = out
-                    .f_narrow(0, i as i64 * self.batch + first, count)?
-                    .f_narrow(1, 0, dim)?;
+                let src = w.block(out, i, first, count)?;
                 recv.f_narrow(1, self.cols[t], dim)?.f_copy_(&src)?;
                 moved += count * dim;
             }
@@ -663,15 +747,12 @@ impl Exchange {
 
     /// Device `w`'s part of the backward all-to-all: it gathers the gradients
     /// of its tables' outputs from every peer. Returns the elements moved.
-    fn gather(&self, w: &mut DeviceWork) -> Result<i64, TchError> {
+    fn gather(&self, w: &DeviceWork) -> Result<i64, TchError> {
         let mut moved = 0;
         for (&(first, count), grads) in self.split.iter().zip(&self.grads) {
             for (i, (&t, &dim)) in w.tables.iter().zip(&w.dims).enumerate() {
                 let src = grads.f_narrow(1, self.cols[t], dim)?;
-                w.grad
-                    .f_narrow(0, i as i64 * self.batch + first, count)?
-                    .f_narrow(1, 0, dim)?
-                    .f_copy_(&src)?;
+                w.block(&w.grad, i, first, count)?.f_copy_(&src)?;
                 moved += count * dim;
             }
         }
@@ -686,8 +767,8 @@ struct Iteration {
 }
 
 impl Iteration {
-    /// `weights[d]`: device `d`'s fused weight (shape from [`weight_shape`]),
-    /// `None` for an empty device.
+    /// `weights[d]`: device `d`'s fused weight (shape from [`weight_shape`])
+    /// for the `torch` kernel, `None` for FBGEMM's.
     fn build(
         tables: &[Table],
         plan: &Plan,
@@ -699,9 +780,9 @@ impl Iteration {
             .groups()
             .iter()
             .zip(weights)
-            .map(|(g, w)| match w {
-                Some(w) if !g.is_empty() => DeviceWork::build(tables, g, cfg, w, lookups).map(Some),
-                _ => Ok(None),
+            .map(|(g, w)| match g.is_empty() {
+                true => Ok(None),
+                false => DeviceWork::build(tables, g, cfg, w, lookups).map(Some),
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Iteration {
@@ -715,7 +796,7 @@ impl Iteration {
     fn round(&mut self) -> Result<RoundTimes, TchError> {
         let mut t = RoundTimes::zeros(self.devices.len());
         let mut pooled = Vec::with_capacity(self.devices.len());
-        for (d, w) in self.devices.iter().enumerate() {
+        for (d, w) in self.devices.iter_mut().enumerate() {
             let Some(w) = w else {
                 pooled.push(None);
                 continue;
@@ -731,17 +812,17 @@ impl Iteration {
                 t.fwd_copy[d] = ms_since(start);
             }
         }
-        for (d, w) in self.devices.iter_mut().enumerate() {
+        for (d, w) in self.devices.iter().enumerate() {
             if let Some(w) = w {
                 let start = Instant::now();
                 self.exchange.gather(w)?;
                 t.bwd_copy[d] = ms_since(start);
             }
         }
-        for (d, w) in self.devices.iter_mut().enumerate() {
-            if let Some(w) = w {
+        for (d, (w, p)) in self.devices.iter_mut().zip(&pooled).enumerate() {
+            if let (Some(w), Some(p)) = (w, p) {
                 let start = Instant::now();
-                w.backward()?;
+                w.backward(p)?;
                 t.bwd[d] = ms_since(start);
             }
         }
@@ -766,7 +847,32 @@ mod tests {
             repeats: 3,
             threads: 0,
             seed: 7,
+            kernel: Kernel::Torch,
         }
+    }
+
+    impl DeviceWork {
+        /// The `torch` kernel's weight, fused lookups and their bags.
+        fn torch_parts(&self) -> (&Tensor, &Tensor, &Tensor) {
+            match &self.kernel {
+                DeviceKernel::Torch {
+                    weight,
+                    indices,
+                    bags,
+                    ..
+                } => (weight, indices, bags),
+                DeviceKernel::Fbgemm { .. } => panic!("the fbgemm kernel"),
+            }
+        }
+    }
+
+    /// Three small tables of odd dims, the first two capped at 25 rows.
+    fn three_tables() -> Vec<Table> {
+        vec![
+            table("a", 40, 3, 2.0),
+            table("b", 30, 5, 3.0),
+            table("c", 20, 2, 1.5),
+        ]
     }
 
     fn oracle(batch: u64) -> CpuOracle {
@@ -998,11 +1104,7 @@ mod tests {
     /// moves by −lr × the summed output gradients of the bags that looked it up).
     #[test]
     fn fused_pass_and_exchanges_match_naive_references() {
-        let tables = vec![
-            table("a", 40, 3, 2.0),
-            table("b", 30, 5, 3.0),
-            table("c", 20, 2, 1.5),
-        ];
+        let tables = three_tables();
         let c = CpuConfig {
             max_rows: 25,
             ..cfg(5)
@@ -1043,6 +1145,9 @@ mod tests {
         for (d, w) in it.devices.iter_mut().enumerate() {
             let w = w.as_mut().unwrap();
             let out = w.forward().unwrap();
+            let (weight, fused_rows, fused_bags) = w.torch_parts();
+            let (weight, fused_rows, fused_bags) =
+                (weight.shallow_clone(), fused_rows.copy(), fused_bags.copy());
             let mut first_row = 0;
             for (i, &t) in w.tables.iter().enumerate() {
                 let l =
@@ -1053,7 +1158,7 @@ mod tests {
                 for (b, len) in l.bag_lengths().into_iter().enumerate() {
                     let start = l.offsets[b] as usize;
                     let rows = Tensor::from_slice(&l.indices[start..start + len]) + first_row;
-                    let expect = w.weight.index_select(0, &rows).sum_dim_intlist(
+                    let expect = weight.index_select(0, &rows).sum_dim_intlist(
                         [0i64].as_slice(),
                         false,
                         Kind::Float,
@@ -1087,15 +1192,15 @@ mod tests {
             }
 
             // Naive backward: every lookup adds its bag's gradient to its row.
-            let rows = Vec::<i64>::try_from(&w.indices).unwrap();
-            let bags = Vec::<i64>::try_from(&w.bags).unwrap();
-            let expect = Tensor::zeros(w.weight.size().as_slice(), F32);
+            let rows = Vec::<i64>::try_from(&fused_rows).unwrap();
+            let bags = Vec::<i64>::try_from(&fused_bags).unwrap();
+            let expect = Tensor::zeros(weight.size().as_slice(), F32);
             for (&r, &b) in rows.iter().zip(&bags) {
                 let mut row = expect.get(r);
                 row += w.grad.get(b);
             }
-            w.backward().unwrap();
-            let delta = &w.weight - &before[d];
+            w.backward(&out).unwrap();
+            let delta = &weight - &before[d];
             assert!(delta.allclose(&(expect * -LEARNING_RATE), 1e-4, 1e-7, false));
         }
         // A whole round later, the kept lookups are still the tables' own.
@@ -1105,5 +1210,74 @@ mod tests {
             let fresh = indices::for_table(c.seed, t, c.batch, c.max_rows, Device::Cpu).unwrap();
             assert_eq!(kept, fresh.to_host().unwrap(), "{}", t.name);
         }
+    }
+
+    /// FBGEMM's kernel in the `cpu` backend: its sample-major output is
+    /// each table's pooled lookups, the exchange moves each table's block
+    /// of it and of the gradient, the backward updates the weights, and a
+    /// measurement of it has the phases of one.
+    #[test]
+    fn the_fbgemm_kernel_pools_exchanges_and_measures() {
+        let tables = three_tables();
+        let c = CpuConfig {
+            max_rows: 25,
+            kernel: Kernel::Fbgemm,
+            ..cfg(6)
+        };
+        let p = plan(2, vec![1, 0, 1]);
+        let weights = p.groups().iter().map(|_| None).collect();
+        let mut cache = LookupCache::new(c.seed, c.batch, c.max_rows, Device::Cpu, 1 << 20);
+        let mut it = Iteration::build(&tables, &p, &c, weights, &mut cache).unwrap();
+        let split = sample_split(c.batch, 2);
+        for w in it.devices.iter_mut() {
+            let w = w.as_mut().unwrap();
+            let DeviceKernel::Fbgemm { tbe, .. } = &w.kernel else {
+                panic!("the torch kernel");
+            };
+            let before: Vec<Tensor> = (0..w.tables.len())
+                .map(|i| tbe.table_weight(i).unwrap().copy())
+                .collect();
+            let out = w.forward().unwrap();
+            let width: u32 = w.tables.iter().map(|&t| tables[t].dim).sum();
+            assert_eq!(out.size(), [c.batch as i64, width as i64]);
+            for (i, &t) in w.tables.iter().enumerate() {
+                let l = cache.get(&tables[t]).unwrap();
+                let want = sum_bags(&before[i], &l.indices, &l.offsets).unwrap();
+                let got = w.block(&out, i, 0, c.batch as i64).unwrap();
+                assert!(got.allclose(&want, 1e-5, 1e-6, false), "table {t}");
+            }
+            it.exchange.send(w, &out).unwrap();
+            it.exchange.gather(w).unwrap();
+            for (i, &t) in w.tables.iter().enumerate() {
+                let dim = tables[t].dim as i64;
+                for (e, &(first, count)) in split.iter().enumerate() {
+                    let (first, count) = (first as i64, count as i64);
+                    let recv = it.exchange.recv[e].narrow(1, it.exchange.cols[t], dim);
+                    assert!(recv.equal(&w.block(&out, i, first, count).unwrap()));
+                    let grad = it.exchange.grads[e].narrow(1, it.exchange.cols[t], dim);
+                    assert!(grad.equal(&w.block(&w.grad, i, first, count).unwrap()));
+                }
+            }
+            w.backward(&out).unwrap();
+            let DeviceKernel::Fbgemm { tbe, .. } = &w.kernel else {
+                unreachable!()
+            };
+            let moved = (0..w.tables.len())
+                .map(|i| {
+                    (tbe.table_weight(i).unwrap() - &before[i])
+                        .abs()
+                        .sum(Kind::Float)
+                })
+                .map(|d| d.double_value(&[]))
+                .sum::<f64>();
+            assert!(moved > 0.0, "the backward updated nothing");
+        }
+        let mut o = CpuOracle::new(c, MemoryModel::default()).unwrap();
+        let m = o.measure(&tables, &p).unwrap();
+        assert_eq!(m.devices.len(), 2);
+        assert!(
+            m.devices.iter().all(|d| d.fwd_ms > 0.0 && d.bwd_ms > 0.0),
+            "{m:?}"
+        );
     }
 }

@@ -28,6 +28,7 @@ pub mod cli;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod fbgemm;
 pub mod fused;
 pub mod group;
 pub mod indices;

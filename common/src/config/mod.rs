@@ -17,7 +17,7 @@ mod train;
 
 pub use data::{DataConfig, EvalConfig, SuiteConfig};
 pub use model::{CostLoss, CostWork, ModelConfig, OverallCost};
-pub use oracles::{CpuConfig, CudaConfig, SimConfig};
+pub use oracles::{CpuConfig, CudaConfig, Kernel, SimConfig};
 pub use train::{PretrainConfig, RewardScale, TrainConfig, Update};
 
 /// The measuring backends.

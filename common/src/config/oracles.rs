@@ -103,6 +103,21 @@ pub struct CpuConfig {
     /// steadiest medians on a small machine shared with other work.
     pub threads: usize,
     pub seed: u64,
+    /// The kernel that runs each device's lookups.
+    pub kernel: Kernel,
+}
+
+/// Which kernel measures a device's lookups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernel {
+    /// libtorch's `embedding_bag`, one fused call per device, SGD in the
+    /// backward: needs nothing beyond torch.
+    #[default]
+    Torch,
+    /// FBGEMM's table-batched embedding, row-wise AdaGrad fused in its
+    /// backward: what TorchRec runs. Needs the `fbgemm-gpu-cpu` package.
+    Fbgemm,
 }
 
 impl Default for CpuConfig {
@@ -114,6 +129,7 @@ impl Default for CpuConfig {
             repeats: 5,
             threads: 1,
             seed: 0,
+            kernel: Kernel::Torch,
         }
     }
 }

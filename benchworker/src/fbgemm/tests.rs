@@ -1,0 +1,132 @@
+use super::*;
+use crate::fused::sum_bags;
+
+/// Lookups of a table of `rows` rows for `batch` bags: bag `b` has
+/// `(b + seed) % 4` of them (an empty bag among them), rows repeated within
+/// and across bags.
+fn lookups(rows: i64, batch: i64, seed: i64) -> Lookups {
+    let (mut indices, mut offsets, mut bags) = (Vec::new(), Vec::new(), Vec::new());
+    for b in 0..batch {
+        offsets.push(indices.len() as i64);
+        for k in 0..(b + seed) % 4 {
+            indices.push((b * 7 + (k % 2) * 13 + seed) % rows);
+            bags.push(b);
+        }
+    }
+    Lookups {
+        indices: Tensor::from_slice(&indices),
+        offsets: Tensor::from_slice(&offsets),
+        bags: Tensor::from_slice(&bags),
+    }
+}
+
+fn assert_close(got: &Tensor, want: &Tensor, what: &str) {
+    assert_eq!(got.size(), want.size(), "{what}: shapes");
+    let err = (got - want).abs().max().double_value(&[]);
+    assert!(err <= 1e-6, "{what}: off by {err}");
+}
+
+/// The forward is each table's `embedding_bag` (sum), side by side in
+/// table order; the backward sums each looked-up row's gradients and
+/// applies row-wise AdaGrad to those rows only, as FBGEMM documents:
+/// `m += mean(g²)`, `w -= lr · g / (√m + ε)`.
+#[test]
+fn forward_is_embedding_bag_and_backward_is_rowwise_adagrad() {
+    let (rows, dims, batch, lr) = ([50i64, 80, 30], [8i64, 16, 4], 4i64, 0.05);
+    let ls: Vec<Lookups> = (0..3).map(|t| lookups(rows[t], batch, t as i64)).collect();
+    let mut tbe = Tbe::build(Device::Cpu, &rows, &dims, &ls, batch, Precision::Fp32, lr).unwrap();
+    let mut momentum: Vec<Tensor> = rows
+        .iter()
+        .map(|&r| Tensor::zeros([r], tch::kind::FLOAT_CPU))
+        .collect();
+    for step in 0..2 {
+        let weights: Vec<Tensor> = (0..3)
+            .map(|t| tbe.table_weight(t).unwrap().copy())
+            .collect();
+        let out = tbe.forward().unwrap();
+        let parts: Vec<Tensor> = (0..3)
+            .map(|t| sum_bags(&weights[t], &ls[t].indices, &ls[t].offsets).unwrap())
+            .collect();
+        assert_close(&out, &Tensor::cat(&parts, 1), "forward");
+        let grad = Tensor::arange(batch * 28, tch::kind::FLOAT_CPU)
+            .view([batch, 28])
+            .sin()
+            * (step + 1) as f64;
+        tbe.backward(&out, &grad).unwrap();
+        let mut column = 0;
+        for t in 0..3 {
+            let g = grad.narrow(1, column, dims[t]).index_select(0, &ls[t].bags);
+            column += dims[t];
+            let rows_grad = Tensor::zeros([rows[t], dims[t]], tch::kind::FLOAT_CPU).index_add(
+                0,
+                &ls[t].indices,
+                &g,
+            );
+            momentum[t] += rows_grad.square().mean_dim(1, false, Kind::Float);
+            let step = &rows_grad / (momentum[t].sqrt().unsqueeze(1) + EPS) * lr;
+            let want = &weights[t] - step;
+            assert_close(&tbe.table_momentum(t).unwrap(), &momentum[t], "momentum");
+            assert_close(&tbe.table_weight(t).unwrap(), &want, "weights");
+        }
+    }
+    // Rows nobody looked up keep their weights and no state.
+    let looked: Vec<i64> = Vec::<i64>::try_from(&ls[0].indices).unwrap();
+    let untouched = (0..rows[0]).find(|r| !looked.contains(r)).unwrap();
+    assert_eq!(
+        tbe.table_momentum(0).unwrap().double_value(&[untouched]),
+        0.0
+    );
+}
+
+#[test]
+fn half_weights_give_a_float_output() {
+    let ls = [lookups(20, 8, 1)];
+    let mut tbe = Tbe::build(Device::Cpu, &[20], &[12], &ls, 8, Precision::Fp16, 0.1).unwrap();
+    let w = tbe.table_weight(0).unwrap().to_kind(Kind::Float);
+    let out = tbe.forward().unwrap();
+    assert_eq!(out.kind(), Kind::Float);
+    let want = sum_bags(&w, &ls[0].indices, &ls[0].offsets).unwrap();
+    let err = (&out - want).abs().max().double_value(&[]);
+    assert!(err < 1e-3, "{err}");
+    tbe.backward(&out, &out.ones_like()).unwrap();
+}
+
+#[test]
+fn the_index_bits_are_fbgemms() {
+    // `torch.ops.fbgemm.get_infos_metadata` for these table counts.
+    for (tables, bits) in [(1, 31), (2, 30), (3, 30), (4, 29), (7, 29), (100, 25)] {
+        assert_eq!(
+            info_bits(tables),
+            (bits, (1 << bits) - 1),
+            "{tables} tables"
+        );
+    }
+    for (rows, bits) in [(0, 0), (1, 1), (2, 2), (160, 8), (255, 8), (256, 9)] {
+        assert_eq!(hash_size_bits(rows), bits, "{rows} rows");
+    }
+}
+
+#[test]
+fn a_missing_library_or_another_schema_says_what_to_install() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = load_from(dir.path()).unwrap_err().to_string();
+    for words in [
+        LIBRARIES[0],
+        "fbgemm-gpu-cpu==1.8.0",
+        DIR_VAR,
+        "kernel = \"torch\"",
+    ] {
+        assert!(e.contains(words), "{words:?} not in {e}");
+    }
+    assert!(check_schema(SCHEMA).is_ok());
+    let other = SCHEMA.replace("int pooling_mode", "int pooling");
+    let e = check_schema(&other).unwrap_err().to_string();
+    assert!(e.contains(&other) && e.contains(SCHEMA), "{e}");
+    // A device the shim does not lay out, or lookups of another batch, is
+    // refused before any call.
+    let ls = [lookups(20, 4, 0)];
+    let e = Tbe::build(Device::Cuda(0), &[20], &[4], &ls, 4, Precision::Fp32, 0.1);
+    assert!(matches!(e, Err(FbgemmError::Device(_))), "{e:?}");
+    let e = Tbe::build(Device::Cpu, &[20], &[4], &ls, 5, Precision::Fp32, 0.1).unwrap_err();
+    assert!(e.to_string().contains("4 bags for a batch of 5"), "{e}");
+}

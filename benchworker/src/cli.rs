@@ -163,8 +163,9 @@ pub struct MeasureArgs {
     /// refused, naming the device. Unchecked when omitted.
     #[arg(long)]
     pub memory_gb: Option<f64>,
-    /// Print the measurement as JSON: {"cost_ms", "devices": [{"fwd_ms", …}]},
-    /// plus "spread" over the repeats for backends that time real work.
+    /// Print the measurement as JSON: {"cost_ms", "devices": [{"fwd_ms", …}],
+    /// "backend"}, plus "kernel" and "spread" over the repeats for backends
+    /// that time real work.
     #[arg(long)]
     pub json: bool,
 }
@@ -345,13 +346,27 @@ fn measure(args: MeasureArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .with_context(|| format!("measuring {}", args.placement.display()))?;
     if args.json {
         let mut v = serde_json::to_value(&m)?;
-        if let (Some(spread), Some(obj)) = (oracle.spread(), v.as_object_mut()) {
-            obj.insert("spread".into(), serde_json::to_value(spread)?);
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("backend".into(), oracle.name().into());
+            if let Some(kernel) = oracle.kernel() {
+                obj.insert("kernel".into(), kernel.into());
+            }
+            if let Some(spread) = oracle.spread() {
+                obj.insert("spread".into(), serde_json::to_value(spread)?);
+            }
         }
         serde_json::to_writer(&mut *out, &v)?;
         writeln!(out)?;
     } else {
         write_table(&m, out)?;
+        match oracle.kernel() {
+            Some(kernel) => writeln!(
+                out,
+                "measured by {} with the {kernel} kernel",
+                oracle.name()
+            )?,
+            None => writeln!(out, "estimated by {}", oracle.name())?,
+        }
         if let Some(spread) = oracle.spread() {
             writeln!(out, "{spread}")?;
         }
@@ -442,6 +457,10 @@ mod tests {
         let text = run_measure(t, p, true).unwrap();
         let m: Measurement = serde_json::from_str(&text).unwrap();
         assert_eq!(m.devices.len(), 2);
+        // Who measured it: a model names no kernel.
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["backend"], "sim");
+        assert!(v.get("kernel").is_none(), "{v}");
         let max = m.devices.iter().map(|d| d.total_ms).fold(0.0, f64::max);
         assert_eq!(m.cost_ms, max);
         assert!(m.cost_ms > 0.0);

@@ -281,6 +281,10 @@ impl Oracle for CpuOracle {
         self.run(tables, plan).map_err(backend_error)
     }
 
+    fn kernel(&self) -> Option<&'static str> {
+        Some(self.cfg.kernel.name())
+    }
+
     fn spread(&self) -> Option<Spread> {
         self.last_spread
     }
@@ -1273,6 +1277,7 @@ mod tests {
             assert!(moved > 0.0, "the backward updated nothing");
         }
         let mut o = CpuOracle::new(c, MemoryModel::default()).unwrap();
+        assert_eq!(o.kernel(), Some("fbgemm"));
         let m = o.measure(&tables, &p).unwrap();
         assert_eq!(m.devices.len(), 2);
         assert!(

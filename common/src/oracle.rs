@@ -34,6 +34,12 @@ pub trait Oracle: Send {
     /// Measures `plan` over `tables` (the task's tables, in plan order).
     fn measure(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, OracleError>;
 
+    /// The kernel that runs the lookups (`torch`, `fbgemm`), for backends
+    /// that run real ones; `None` for models.
+    fn kernel(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Repeat-to-repeat spread of the last measurement, for backends that
     /// time real work; `None` for exact models.
     fn spread(&self) -> Option<Spread> {

@@ -676,6 +676,10 @@ impl Oracle for CudaOracle {
         BACKEND
     }
 
+    fn kernel(&self) -> Option<&'static str> {
+        Some("torch")
+    }
+
     fn measure(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, OracleError> {
         check_plan(tables, plan)?;
         self.last_spread = None;

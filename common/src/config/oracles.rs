@@ -120,6 +120,16 @@ pub enum Kernel {
     Fbgemm,
 }
 
+impl Kernel {
+    /// The kernel's name, as the configuration spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Torch => "torch",
+            Kernel::Fbgemm => "fbgemm",
+        }
+    }
+}
+
 impl Default for CpuConfig {
     fn default() -> Self {
         CpuConfig {

@@ -52,6 +52,20 @@ pub enum Command {
     /// Example:
     ///   benchworker fusion --backend cuda --sizes 1,4,16,64 --mixes 3
     Fusion(FusionArgs),
+    /// Calibrate `sim` to a backend: measure plans, fit `sim`'s constants.
+    ///
+    /// Measures --plans plans drawn across a generated pool (the config's
+    /// generate section, seeded): half put up to --max-tables tables on
+    /// one device, half spread them over 2 to --max-devices. Fits `sim`'s
+    /// bandwidth, per-call floor, backward ratio, hot-row term, exchange
+    /// bandwidth and latency to three plans in four, and scores `sim`
+    /// before and after on the fourth: Spearman rank correlation and
+    /// median absolute error of the iteration cost. Writes the constants
+    /// to --out; a config takes them with `[sim] calibration = "FILE"`.
+    ///
+    /// Example:
+    ///   benchworker calibrate --backend cpu --plans 300 --out calibration.toml
+    Calibrate(CalibrateArgs),
     /// Serve a training learner: measure the plans it sends, one at a time.
     ///
     /// Connects to the learner, says hello with the cluster token (from
@@ -170,14 +184,150 @@ pub struct MeasureArgs {
     pub json: bool,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct CalibrateArgs {
+    /// The backend `sim` is calibrated to.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub backend: Backend,
+    /// Plans to measure (a quarter of them held out).
+    #[arg(long, default_value_t = 300)]
+    pub plans: usize,
+    /// Most tables per plan.
+    #[arg(long, default_value_t = 32)]
+    pub max_tables: usize,
+    /// Most devices per plan (the `cuda` backend: at most its GPUs).
+    #[arg(long, default_value_t = 4)]
+    pub max_devices: usize,
+    /// Configuration TOML (its generate, sim and backend sections);
+    /// defaults when omitted.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Seed of the pool and the plans.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where the calibration goes (TOML).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Also write every measured plan to this file, one JSON object per
+    /// line: its tables, its plan, the measurement.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+}
+
 /// Runs a parsed command, writing results to `out`.
 pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     match cli.command {
         Command::Measure(args) => measure(args, out),
         Command::Bench(args) => bench(args, out),
         Command::Fusion(args) => fusion(args, out),
+        Command::Calibrate(args) => calibrate(args, out),
         Command::Serve(args) => serve(args, out),
     }
+}
+
+fn calibrate(args: CalibrateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    use crate::calibrate::{draw_plans, fit, hold_out, measure_all, score};
+    anyhow::ensure!(
+        args.plans >= 8,
+        "--plans must be at least 8 (a quarter is held out)"
+    );
+    anyhow::ensure!(args.max_tables >= 1, "--max-tables must be at least 1");
+    let cfg = Config::load(args.config.as_deref())?;
+    let pool = common::generate::generate_pool(&cfg.generate, args.seed)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let mut oracle = build(args.backend, &cfg)?;
+    let max_devices = oracle
+        .max_devices()
+        .map_or(args.max_devices, |m| m.min(args.max_devices));
+    let plans = draw_plans(&pool, args.plans, args.max_tables, max_devices, args.seed);
+    let bar = indicatif::ProgressBar::new(plans.len() as u64);
+    let (samples, failed) = measure_all(oracle.as_mut(), plans, || bar.inc(1));
+    bar.finish_and_clear();
+    anyhow::ensure!(
+        samples.len() >= 8,
+        "only {} of {} plans were measured: too few to fit",
+        samples.len(),
+        args.plans
+    );
+    if let Some(path) = &args.save {
+        let mut lines = String::new();
+        for s in &samples {
+            let line =
+                serde_json::json!({"tables": s.tables, "plan": s.plan, "measured": s.measured});
+            lines.push_str(&line.to_string());
+            lines.push('\n');
+        }
+        std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let (train, held) = hold_out(samples);
+    let start = common::config::SimConfig {
+        batch: match args.backend {
+            Backend::Sim => cfg.sim.batch,
+            Backend::Cpu => cfg.cpu.batch,
+            Backend::Cuda => cfg.cuda.batch,
+        },
+        ..cfg.sim.clone()
+    };
+    let fitted = fit(&start, cfg.memory, &train);
+    let (before, after) = (
+        score(&start, cfg.memory, &held),
+        score(&fitted, cfg.memory, &held),
+    );
+    let mut fit_info = toml::Table::new();
+    let kernel = oracle.kernel().unwrap_or("model");
+    for (k, v) in [
+        ("backend", toml::Value::from(oracle.name())),
+        ("kernel", kernel.into()),
+        ("plans_fitted", (train.len() as i64).into()),
+        ("plans_held_out", (held.len() as i64).into()),
+        ("plans_failed", (failed as i64).into()),
+        ("spearman_before", before.spearman.into()),
+        ("spearman_after", after.spearman.into()),
+        ("median_abs_pct_before", before.median_abs_pct.into()),
+        ("median_abs_pct_after", after.median_abs_pct.into()),
+    ] {
+        fit_info.insert(k.into(), v);
+    }
+    let file = common::config::Calibration {
+        sim: fitted,
+        fit: fit_info,
+    };
+    let text = format!(
+        "# `sim` calibrated to the {} backend ({kernel}) by `benchworker calibrate`.\n\
+         # A config takes it with [sim] calibration = \"{}\".\n{}",
+        oracle.name(),
+        args.out.display(),
+        toml::to_string(&file)?
+    );
+    std::fs::write(&args.out, text).with_context(|| format!("writing {}", args.out.display()))?;
+    writeln!(
+        out,
+        "sim calibrated to {} ({kernel}): {} plans fitted, {} held out{}",
+        oracle.name(),
+        train.len(),
+        held.len(),
+        match failed {
+            0 => String::new(),
+            n => format!(", {n} not measured"),
+        }
+    )?;
+    writeln!(
+        out,
+        "{:<28} {:>9} {:>9}",
+        "held-out plans", "before", "after"
+    )?;
+    writeln!(
+        out,
+        "{:<28} {:>9.3} {:>9.3}",
+        "Spearman (iteration cost)", before.spearman, after.spearman
+    )?;
+    writeln!(
+        out,
+        "{:<28} {:>8.1}% {:>8.1}%",
+        "median |error|", before.median_abs_pct, after.median_abs_pct
+    )?;
+    writeln!(out, "wrote {}", args.out.display())?;
+    Ok(())
 }
 
 fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -536,5 +686,57 @@ mod tests {
         assert!(rows
             .iter()
             .all(|r| r["fused_fwd_ms"].as_f64().unwrap() > 0.0));
+    }
+
+    /// The calibration file holds `sim`'s constants and the fit; a config
+    /// that names it reads them; the saved plans are the ones measured.
+    #[test]
+    fn calibrate_writes_a_file_a_config_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let (out_file, save) = (dir.path().join("cal.toml"), dir.path().join("plans.jsonl"));
+        let cli = Cli {
+            command: Command::Calibrate(CalibrateArgs {
+                backend: Backend::Sim,
+                plans: 24,
+                max_tables: 6,
+                max_devices: 3,
+                config: None,
+                seed: 1,
+                out: out_file.clone(),
+                save: Some(save.clone()),
+            }),
+        };
+        let mut out = Vec::new();
+        run(cli, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("18 plans fitted, 6 held out"), "{text}");
+        assert!(
+            text.contains("Spearman") && text.contains("median |error|"),
+            "{text}"
+        );
+        let saved = std::fs::read_to_string(&save).unwrap();
+        assert_eq!(saved.lines().count(), 24);
+        let written: common::config::Calibration =
+            toml::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+        assert_eq!(written.fit["backend"].as_str(), Some("sim"));
+        let cfg_path = dir.path().join("c.toml");
+        std::fs::write(&cfg_path, "[sim]\ncalibration = \"cal.toml\"\n").unwrap();
+        let cfg = Config::load(Some(&cfg_path)).unwrap();
+        assert_eq!(cfg.sim.link_gibps, written.sim.link_gibps);
+        // Too few plans to hold a quarter out.
+        let cli = Cli {
+            command: Command::Calibrate(CalibrateArgs {
+                backend: Backend::Sim,
+                plans: 4,
+                max_tables: 6,
+                max_devices: 3,
+                config: None,
+                seed: 1,
+                out: out_file,
+                save: None,
+            }),
+        };
+        let e = run(cli, &mut Vec::new()).unwrap_err().to_string();
+        assert!(e.contains("--plans"), "{e}");
     }
 }

@@ -24,6 +24,7 @@
 //! - [`cli`]: the `benchworker` command line (`measure`, `serve`, `bench`,
 //!   `fusion`).
 
+pub mod calibrate;
 pub mod cli;
 pub mod cpu;
 #[cfg(feature = "cuda")]

@@ -161,10 +161,14 @@ impl Config {
 
     /// Parses TOML text; `path` names the source in messages.
     pub fn from_toml(text: &str, path: &Path) -> Result<Config> {
-        let cfg: Config = toml::from_str(text).map_err(|e| Error::Parse {
+        let mut cfg: Config = toml::from_str(text).map_err(|e| Error::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
+        if let Some(file) = cfg.sim.calibration.take() {
+            let file = path.parent().unwrap_or(Path::new(".")).join(file);
+            cfg.sim = calibrated(&file, &cfg.sim)?;
+        }
         cfg.validate().map_err(|e| Error::Invalid {
             path: path.to_path_buf(),
             location: "config".into(),
@@ -327,9 +331,92 @@ fn unit(field: &str, v: f64) -> std::result::Result<(), InvalidSetting> {
     }
 }
 
+/// What `benchworker calibrate` writes: the fitted `[sim]` constants, and
+/// how well they fit (for the reader).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Calibration {
+    pub sim: SimConfig,
+    #[serde(default)]
+    pub fit: toml::Table,
+}
+
+/// `sim`'s constants from the calibration `file`, with `now`'s noise and
+/// seed (the calibration fits the model, not the run).
+fn calibrated(file: &Path, now: &SimConfig) -> Result<SimConfig> {
+    let text = std::fs::read_to_string(file).map_err(|e| Error::io(file, e))?;
+    let c: Calibration = toml::from_str(&text).map_err(|e| Error::Parse {
+        path: file.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    check_calibration(file, &c.sim)?;
+    Ok(SimConfig {
+        noise: now.noise,
+        seed: now.seed,
+        calibration: None,
+        ..c.sim
+    })
+}
+
+/// A calibration names no further file and holds valid constants.
+fn check_calibration(file: &Path, sim: &SimConfig) -> Result<()> {
+    let invalid = |message: String| Error::Invalid {
+        path: file.to_path_buf(),
+        location: "calibration".into(),
+        message,
+    };
+    if sim.calibration.is_some() {
+        return Err(invalid(
+            "a calibration cannot name another calibration".into(),
+        ));
+    }
+    sim.validate().map_err(|e| invalid(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A config's `[sim] calibration` replaces its constants (not its noise
+    /// and seed) with the file's, found beside the config; the config read
+    /// names no file any more. A missing or bad file is an error naming it.
+    #[test]
+    fn a_calibration_replaces_sims_constants() {
+        let dir = tempfile::tempdir().unwrap();
+        let fitted = SimConfig {
+            batch: 2048,
+            hbm_gibps: 12.5,
+            noise: 0.3,
+            ..SimConfig::default()
+        };
+        let file = Calibration {
+            sim: fitted.clone(),
+            fit: toml::Table::new(),
+        };
+        std::fs::write(dir.path().join("cal.toml"), toml::to_string(&file).unwrap()).unwrap();
+        let cfg_path = dir.path().join("c.toml");
+        let text = "[sim]\ncalibration = \"cal.toml\"\nnoise = 0.1\nseed = 4\n";
+        let cfg = Config::from_toml(text, &cfg_path).unwrap();
+        assert_eq!((cfg.sim.batch, cfg.sim.hbm_gibps), (2048, 12.5));
+        assert_eq!((cfg.sim.noise, cfg.sim.seed), (0.1, 4));
+        assert_eq!(cfg.sim.calibration, None);
+        assert!(!toml::to_string(&cfg).unwrap().contains("calibration"));
+        let missing = "[sim]\ncalibration = \"nope.toml\"\n";
+        let e = Config::from_toml(missing, &cfg_path)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nope.toml"), "{e}");
+        let bad = Calibration {
+            sim: SimConfig {
+                hbm_gibps: -1.0,
+                ..fitted
+            },
+            fit: toml::Table::new(),
+        };
+        std::fs::write(dir.path().join("cal.toml"), toml::to_string(&bad).unwrap()).unwrap();
+        let e = Config::from_toml(text, &cfg_path).unwrap_err().to_string();
+        assert!(e.contains("cal.toml") && e.contains("sim.hbm_gibps"), "{e}");
+    }
 
     #[test]
     fn a_setting_that_cannot_work_is_named_by_its_key() {

@@ -38,6 +38,12 @@ pub struct SimConfig {
     /// σ of the seeded multiplicative log-normal noise per phase (0: exact).
     pub noise: f64,
     pub seed: u64,
+    /// A file written by `benchworker calibrate`, relative to the config's
+    /// folder: its `[sim]` constants replace these (but `noise` and
+    /// `seed`) when the config is read, so a run's `config.toml` records
+    /// the values and not the file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<std::path::PathBuf>,
 }
 
 impl Default for SimConfig {
@@ -58,6 +64,7 @@ impl Default for SimConfig {
             a2a_latency_ms: 0.05,
             noise: 0.0,
             seed: 0,
+            calibration: None,
         }
     }
 }

@@ -5,7 +5,10 @@
 #      and a one-rank NCCL all-to-all), next to sim's figures for it;
 #   2. the fusion sweep (one fused call over k tables vs k single-table
 #      calls) on cuda and on sim, for the same mixes; every mix is saved
-#      (fusion-BACKEND.jsonl) for a side-by-side reading.
+#      (fusion-BACKEND.jsonl) for a side-by-side reading;
+#   3. calibrates sim to the cuda backend on one-device plans (CALIBRATE_PLANS,
+#      default 400: three in four fitted, the fourth held out) and keeps the
+#      measurements and the calibration in data/measured/GPU-NAME/.
 # Usage: scripts/gpu-check.sh [OUT_DIR]   (default runs/gpu-check)
 #
 # By default it sets up and builds here (scripts/setup.sh with the cuda
@@ -56,4 +59,10 @@ for backend in sim cuda; do
   "$BIN/benchworker" fusion --backend "$backend" --sizes "${FUSION_SIZES:-1,2,4,8,16,32}" \
     --mixes "${FUSION_MIXES:-3}" --save "$OUT/fusion-$backend.jsonl" | tee "$OUT/fusion-$backend.txt"
 done
-echo "gpu-check: figures in $OUT" >&2
+# 3. sim calibrated to this GPU, on one-device plans (one GPU or more).
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9.\n-' '_' || true)
+MEASURED=data/measured/${GPU_NAME:-unknown-gpu}
+mkdir -p "$MEASURED"
+"$BIN/benchworker" calibrate --backend cuda --plans "${CALIBRATE_PLANS:-400}" --max-devices 1 \
+  --out "$MEASURED/calibration.toml" --save "$MEASURED/plans.jsonl" | tee "$OUT/calibrate.txt"
+echo "gpu-check: figures in $OUT, measurements and calibration in $MEASURED" >&2

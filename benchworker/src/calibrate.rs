@@ -55,8 +55,8 @@ pub struct Sample {
 }
 
 /// `n` plans over tables of `pool` (seeded): half on one device, half on
-/// 2 to `max_devices`, each of 1 to `max_tables` distinct tables (at least
-/// one per device).
+/// 2 to `max_devices` (all on one where that is 1), each of 1 to
+/// `max_tables` distinct tables (at least one per device).
 pub fn draw_plans(
     pool: &[Table],
     n: usize,
@@ -68,9 +68,9 @@ pub fn draw_plans(
     let max_tables = max_tables.clamp(1, pool.len());
     (0..n)
         .map(|i| {
-            let devices = match i % 2 {
-                0 => 1,
-                _ => rng.gen_range(2..=max_devices.max(2)),
+            let devices = match (i % 2, max_devices) {
+                (0, _) | (_, 0..=1) => 1,
+                _ => rng.gen_range(2..=max_devices),
             };
             let k = rng.gen_range(devices.min(max_tables)..=max_tables);
             let tables: Vec<Table> = pool.choose_multiple(&mut rng, k).cloned().collect();
@@ -278,6 +278,8 @@ mod tests {
             }
         }
         assert!(plans.iter().any(|(_, p)| p.devices == 4));
+        let one = draw_plans(&pool, 10, 12, 1, 3);
+        assert!(one.iter().all(|(_, p)| p.devices == 1));
     }
 
     /// Measurements by a `sim` with other constants: the fit from the

@@ -1,8 +1,11 @@
-//! `cpu`: real fused `embedding_bag` forward and backward with libtorch on
-//! this machine's CPU, one fused call per device, with the all-to-all done as
-//! real memory movement between device buffers (DESIGN §6). It measures the
-//! effects the `sim` backend models — fusion, the kernel sized for the widest
-//! table, locality, exchange volume — on a kernel that really runs.
+//! `cpu`: real fused lookups forward and backward on this machine's CPU, one
+//! fused call per device, with the all-to-all done as real memory movement
+//! between device buffers (DESIGN §6). It measures the effects the `sim`
+//! backend models — fusion, locality, exchange volume — on a kernel that
+//! really runs. `cpu.kernel` picks it: FBGEMM's table-batched embedding
+//! (`fbgemm`, the default: [`crate::fbgemm`], each table at its own dim,
+//! row-wise AdaGrad fused in the backward), or libtorch's `embedding_bag`
+//! (`torch`, below: padded to the widest dim, an SGD backward).
 //!
 //! One iteration, for a plan over `D` devices and a batch of `B` samples:
 //! - *weights*: each device's tables (rows capped at `cpu.max_rows`) are

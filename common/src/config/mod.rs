@@ -26,7 +26,8 @@ pub use train::{PretrainConfig, RewardScale, TrainConfig, Update};
 pub enum Backend {
     /// Deterministic model of a GPU (fast; for tests, laptops and training).
     Sim,
-    /// Real fused embedding_bag with libtorch on this machine's CPU.
+    /// Real fused lookups on this machine's CPU: FBGEMM's table-batched
+    /// kernel (`cpu.kernel`), or libtorch's `embedding_bag`.
     Cpu,
     /// Real fused lookups on this host's GPUs with NCCL all-to-all (a
     /// benchworker built with `--features cuda`; docs/gpu.md).
@@ -195,7 +196,8 @@ impl Config {
     ///
     /// A setting whose default changed after it came in takes, where a run
     /// lacks it, what runs did before it existed: `train.measure_temperature`
-    /// (1; the default is 1000 since).
+    /// (1; the default is 1000 since), `cpu.kernel` (`torch`: a cost log
+    /// keeps measurements of one kernel).
     pub fn load_run(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let mut cfg = Config::from_toml(&text, path)?;
@@ -204,6 +206,11 @@ impl Config {
             if m.starts_with("train.measure_temperature =") {
                 cfg.train.measure_temperature = 1.0;
                 *m = "train.measure_temperature = 1.0 (how runs before the setting sampled)".into();
+            }
+            if m.starts_with("cpu.kernel =") {
+                cfg.cpu.kernel = Kernel::Torch;
+                *m = "cpu.kernel = \"torch\" (the kernel runs before the setting measured with)"
+                    .into();
             }
         }
         if !missing.is_empty() {
@@ -493,6 +500,16 @@ mod tests {
             Config::load_run(&path).unwrap().train.measure_temperature,
             1.0
         );
+        // A run from before cpu.kernel measured with libtorch's kernel, and
+        // goes on so; one that names its kernel keeps it.
+        assert_eq!(Config::load_run(&path).unwrap().cpu.kernel, Kernel::Fbgemm);
+        let older: String = whole
+            .lines()
+            .filter(|l| !l.starts_with("kernel ="))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(&path, older).unwrap();
+        assert_eq!(Config::load_run(&path).unwrap().cpu.kernel, Kernel::Torch);
         // A default config written out reads back the same, suites with a
         // memory share included.
         assert_eq!(Config::from_toml(&whole, &path).unwrap(), Config::default());

@@ -119,11 +119,12 @@ pub struct CpuConfig {
 #[serde(rename_all = "lowercase")]
 pub enum Kernel {
     /// libtorch's `embedding_bag`, one fused call per device, SGD in the
-    /// backward: needs nothing beyond torch.
-    #[default]
+    /// backward: for hosts without FBGEMM.
     Torch,
     /// FBGEMM's table-batched embedding, row-wise AdaGrad fused in its
-    /// backward: what TorchRec runs. Needs the `fbgemm-gpu-cpu` package.
+    /// backward: what TorchRec runs. Needs the `fbgemm-gpu-cpu` package
+    /// (`scripts/setup.sh` installs it).
+    #[default]
     Fbgemm,
 }
 
@@ -146,7 +147,7 @@ impl Default for CpuConfig {
             repeats: 5,
             threads: 1,
             seed: 0,
-            kernel: Kernel::Torch,
+            kernel: Kernel::Fbgemm,
         }
     }
 }

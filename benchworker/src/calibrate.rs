@@ -33,6 +33,11 @@ pub const FITTED: [&str; 6] = [
     "a2a_latency_ms",
 ];
 
+/// The most a constant moves from where the fit starts, either way: a
+/// constant the plans do not inform stays within it rather than drifting
+/// to 0 or beyond any hardware.
+const MAX_MOVE: f64 = 1e4;
+
 /// A constant's place in the configuration.
 fn constant<'c>(cfg: &'c mut SimConfig, name: &str) -> &'c mut f64 {
     match name {
@@ -44,6 +49,11 @@ fn constant<'c>(cfg: &'c mut SimConfig, name: &str) -> &'c mut f64 {
         "a2a_latency_ms" => &mut cfg.a2a_latency_ms,
         _ => unreachable!("not a fitted constant: {name}"),
     }
+}
+
+/// A constant's value.
+fn value(cfg: &SimConfig, name: &str) -> f64 {
+    *constant(&mut cfg.clone(), name)
 }
 
 /// A plan over some tables, and what a backend measured of it.
@@ -169,7 +179,8 @@ pub fn fit(start: &SimConfig, mem: MemoryModel, samples: &[Sample]) -> SimConfig
             for factor in [step, 1.0 / step] {
                 let mut tried = best.clone();
                 *constant(&mut tried, name) *= factor;
-                if tried.validate().is_err() {
+                let moved_by = value(&tried, name) / value(start, name);
+                if !(1.0 / MAX_MOVE..=MAX_MOVE).contains(&moved_by) || tried.validate().is_err() {
                     continue;
                 }
                 let e = error(&tried, mem, samples);

@@ -69,7 +69,7 @@ pub enum FbgemmError {
         "FBGEMM's kernel is not installed: {missing} is not in {dir}. Install \
          fbgemm-gpu-cpu=={VERSION} (fbgemm-gpu=={VERSION} on GPU hosts) into the venv beside \
          torch (scripts/setup.sh does), set {DIR_VAR} to the folder that holds its libraries, \
-         or measure with kernel = \"torch\""
+         or set cpu.kernel = \"torch\" in the config to measure without it"
     )]
     Missing { dir: PathBuf, missing: String },
     #[error("loading {path}: {why}")]

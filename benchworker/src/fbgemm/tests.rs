@@ -114,7 +114,7 @@ fn a_missing_library_or_another_schema_says_what_to_install() {
         LIBRARIES[0],
         "fbgemm-gpu-cpu==1.8.0",
         DIR_VAR,
-        "kernel = \"torch\"",
+        "cpu.kernel = \"torch\"",
     ] {
         assert!(e.contains(words), "{words:?} not in {e}");
     }

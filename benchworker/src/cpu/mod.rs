@@ -57,12 +57,13 @@ use common::config::{CpuConfig, Kernel};
 use common::{DeviceCost, Measurement, MemoryModel, Plan, Precision, Table};
 use tch::{Device, Kind, TchError, Tensor};
 
-use crate::fbgemm::Tbe;
-use crate::fused::sum_bags;
-use crate::indices::{self, LookupCache, Lookups};
+use crate::indices::{self, LookupCache};
 use crate::layout::sample_split;
 use crate::oracle::{check_plan, Oracle, OracleError, Spread};
 use crate::timing::{median, spread};
+
+mod device;
+use device::DeviceWork;
 
 const BACKEND: &str = "cpu";
 const F32: (Kind, Device) = (Kind::Float, Device::Cpu);
@@ -546,153 +547,6 @@ impl RoundTimes {
     }
 }
 
-/// One device's fused work, built once per measurement.
-struct DeviceWork {
-    /// Task indices of its tables, in the order of the fused output.
-    tables: Vec<usize>,
-    dims: Vec<i64>,
-    batch: i64,
-    kernel: DeviceKernel,
-    /// Gradient of the pooled output, in the kernel's layout, assembled by
-    /// the backward all-to-all (padding columns stay zero).
-    grad: Tensor,
-}
-
-/// A device's kernel and what it keeps between iterations.
-enum DeviceKernel {
-    /// libtorch's `embedding_bag` over `[rows, widest dim]`; the pooled
-    /// output is `[T_d·B, D_max]`, table-major.
-    Torch {
-        weight: Tensor,
-        indices: Tensor,
-        offsets: Tensor,
-        /// Bag of each lookup (static for the batch, like `offsets`).
-        bags: Tensor,
-    },
-    /// FBGEMM's TBE; the pooled output is `[B, Σ dims]`, sample-major,
-    /// table `i` from column `cols[i]`.
-    Fbgemm { tbe: Tbe, cols: Vec<i64> },
-}
-
-impl DeviceWork {
-    /// `weight`: the device's fused weight, for the `torch` kernel.
-    fn build(
-        tables: &[Table],
-        group: &[usize],
-        cfg: &CpuConfig,
-        weight: Option<Tensor>,
-        lookups: &mut LookupCache,
-    ) -> Result<Self, TchError> {
-        let lookups = group
-            .iter()
-            .map(|&t| lookups.get(&tables[t]))
-            .collect::<Result<Vec<Lookups>, _>>()?;
-        let rows: Vec<i64> = group
-            .iter()
-            .map(|&t| indices::capped_rows(&tables[t], cfg.max_rows) as i64)
-            .collect();
-        let dims: Vec<i64> = group.iter().map(|&t| tables[t].dim as i64).collect();
-        let batch = cfg.batch as i64;
-        let (kernel, grad_shape) = match weight {
-            Some(weight) => {
-                let fused = indices::fuse(lookups, &rows)?;
-                let (_, dim) = weight_shape(tables, group, cfg.max_rows);
-                let kernel = DeviceKernel::Torch {
-                    weight,
-                    indices: fused.indices,
-                    offsets: fused.offsets,
-                    bags: fused.bags,
-                };
-                (kernel, [group.len() as i64 * batch, dim])
-            }
-            None => {
-                let tbe = Tbe::build(
-                    Device::Cpu,
-                    &rows,
-                    &dims,
-                    &lookups,
-                    batch,
-                    Precision::Fp32,
-                    LEARNING_RATE,
-                )
-                .map_err(|e| TchError::Kind(e.to_string()))?;
-                let cols = dims
-                    .iter()
-                    .scan(0, |c, d| Some(std::mem::replace(c, *c + d)));
-                let kernel = DeviceKernel::Fbgemm {
-                    tbe,
-                    cols: cols.collect(),
-                };
-                (kernel, [batch, dims.iter().sum()])
-            }
-        };
-        Ok(DeviceWork {
-            tables: group.to_vec(),
-            dims,
-            batch,
-            kernel,
-            grad: Tensor::f_zeros(grad_shape, F32)?,
-        })
-    }
-
-    /// The fused lookup: one call over all the device's bags.
-    fn forward(&mut self) -> Result<Tensor, TchError> {
-        match &mut self.kernel {
-            DeviceKernel::Torch {
-                weight,
-                indices,
-                offsets,
-                ..
-            } => sum_bags(weight, indices, offsets),
-            DeviceKernel::Fbgemm { tbe, .. } => {
-                tbe.forward().map_err(|e| TchError::Kind(e.to_string()))
-            }
-        }
-    }
-
-    /// Table `i`'s rows `first..first + count` of `pooled`, a pooled output
-    /// or its gradient in this kernel's layout.
-    fn block(&self, pooled: &Tensor, i: usize, first: i64, count: i64) -> Result<Tensor, TchError> {
-        let (row, col) = match &self.kernel {
-            DeviceKernel::Torch { .. } => (i as i64 * self.batch + first, 0),
-            DeviceKernel::Fbgemm { cols, .. } => (first, cols[i]),
-        };
-        pooled
-            .f_narrow(0, row, count)?
-            .f_narrow(1, col, self.dims[i])
-    }
-
-    /// The backward of `pooled`, this iteration's forward output, from the
-    /// gradient the exchange assembled. `torch`: sort by row,
-    /// segment-reduce the output gradients per unique row, and update
-    /// those rows (SGD). `fbgemm`: its fused backward (row-wise AdaGrad).
-    fn backward(&mut self, pooled: &Tensor) -> Result<(), TchError> {
-        let (weight, indices, bags) = match &mut self.kernel {
-            DeviceKernel::Torch {
-                weight,
-                indices,
-                bags,
-                ..
-            } => (weight, indices, bags),
-            DeviceKernel::Fbgemm { tbe, .. } => {
-                return tbe
-                    .backward(pooled, &self.grad)
-                    .map_err(|e| TchError::Kind(e.to_string()));
-            }
-        };
-        let (rows, order) = indices.f_sort(0, false)?;
-        let bags = bags.f_index_select(0, &order)?;
-        let (unique, _, counts) = rows.f_unique_consecutive(false, true, None)?;
-        let starts = counts.f_cumsum(0, Kind::Int64)?.f_sub(&counts)?;
-        let mut row_grad = sum_bags(&self.grad, &bags, &starts)?;
-        // In place: an op that takes a `Scalar` must not allocate (a failed
-        // allocation would panic, see [`CpuOracle::weights`]).
-        let _ = row_grad.f_mul_scalar_(-LEARNING_RATE)?;
-        let _ = weight.f_index_add_(0, &unique, &row_grad)?;
-        Ok(())
-    }
-}
-
 /// The buffers of the all-to-all: what each device holds for its own samples.
 struct Exchange {
     /// Samples of each device, `(first, count)`.
@@ -839,7 +693,9 @@ impl Iteration {
 
 #[cfg(test)]
 mod tests {
+    use super::device::DeviceKernel;
     use super::*;
+    use crate::fused::sum_bags;
     use crate::layout::exchange_elements;
 
     fn table(name: &str, rows: u64, dim: u32, pooling: f64) -> Table {

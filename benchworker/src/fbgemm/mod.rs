@@ -57,7 +57,7 @@ const POOLING_SUM: i64 = 0;
 /// `SparseType.FP32`: the output's dtype.
 const OUTPUT_FP32: i64 = 0;
 const EPS: f64 = 1e-8;
-/// Initial weights: normal floats, whose values do not matter for timing.
+/// Initial weights: a normal float, whose value does not matter for timing.
 const WEIGHT_INIT: f64 = 0.01;
 /// Room for an error message from the shim.
 const ERR_BYTES: usize = 2048;
@@ -292,10 +292,11 @@ impl Tbe {
             Precision::Fp32 => Kind::Float,
         };
         let total = weight_starts[tables];
-        let weights = Tensor::f_randn([total], (Kind::Float, device))
-            .and_then(|w| w.f_mul_scalar(WEIGHT_INIT))
-            .and_then(|w| w.f_to_kind(kind))
-            .map_err(t)?;
+        // Allocated, then filled in place: a measurement may hold
+        // gigabytes, and an op taking a `Scalar` panics when its allocation
+        // fails (see `cpu::CpuOracle::weights`).
+        let mut weights = Tensor::f_empty([total], (kind, device)).map_err(t)?;
+        let _ = weights.f_fill_(WEIGHT_INIT).map_err(t)?;
         let long = |v: &[i64]| Tensor::f_from_slice(v).map_err(t);
         let int = |v: &[i64]| long(v)?.f_to_kind(Kind::Int).map_err(t);
         let host = Tensor::f_full([tables as i64], HOST as i64, (Kind::Int, device)).map_err(t)?;

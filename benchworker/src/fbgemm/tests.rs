@@ -35,6 +35,12 @@ fn forward_is_embedding_bag_and_backward_is_rowwise_adagrad() {
     let (rows, dims, batch, lr) = ([50i64, 80, 30], [8i64, 16, 4], 4i64, 0.05);
     let ls: Vec<Lookups> = (0..3).map(|t| lookups(rows[t], batch, t as i64)).collect();
     let mut tbe = Tbe::build(Device::Cpu, &rows, &dims, &ls, batch, Precision::Fp32, lr).unwrap();
+    // Every weight its own value, so that a row taken for another shows.
+    for t in 0..3 {
+        let w = tbe.table_weight(t).unwrap();
+        let values = Tensor::arange(rows[t] * dims[t], tch::kind::FLOAT_CPU).sin();
+        tch::no_grad(|| w.view([-1]).copy_(&values));
+    }
     let mut momentum: Vec<Tensor> = rows
         .iter()
         .map(|&r| Tensor::zeros([r], tch::kind::FLOAT_CPU))

@@ -51,11 +51,6 @@ fn constant<'c>(cfg: &'c mut SimConfig, name: &str) -> &'c mut f64 {
     }
 }
 
-/// A constant's value.
-fn value(cfg: &SimConfig, name: &str) -> f64 {
-    *constant(&mut cfg.clone(), name)
-}
-
 /// A plan over some tables, and what a backend measured of it.
 #[derive(Debug, Clone)]
 pub struct Sample {
@@ -171,15 +166,16 @@ pub fn error(cfg: &SimConfig, mem: MemoryModel, samples: &[Sample]) -> f64 {
 /// space (see the module's documentation).
 pub fn fit(start: &SimConfig, mem: MemoryModel, samples: &[Sample]) -> SimConfig {
     let mut best = start.clone();
+    let origin: Vec<f64> = FITTED.iter().map(|n| *constant(&mut best, n)).collect();
     let mut best_error = error(&best, mem, samples);
     let mut step: f64 = 2.0;
     while step > 1.01 {
         let mut moved = false;
-        for name in FITTED {
+        for (name, origin) in FITTED.into_iter().zip(&origin) {
             for factor in [step, 1.0 / step] {
                 let mut tried = best.clone();
                 *constant(&mut tried, name) *= factor;
-                let moved_by = value(&tried, name) / value(start, name);
+                let moved_by = *constant(&mut tried, name) / origin;
                 if !(1.0 / MAX_MOVE..=MAX_MOVE).contains(&moved_by) || tried.validate().is_err() {
                     continue;
                 }

@@ -694,20 +694,20 @@ mod tests {
     fn calibrate_writes_a_file_a_config_reads() {
         let dir = tempfile::tempdir().unwrap();
         let (out_file, save) = (dir.path().join("cal.toml"), dir.path().join("plans.jsonl"));
-        let cli = Cli {
+        let calibrate = |plans: usize, save: Option<PathBuf>| Cli {
             command: Command::Calibrate(CalibrateArgs {
                 backend: Backend::Sim,
-                plans: 24,
+                plans,
                 max_tables: 6,
                 max_devices: 3,
                 config: None,
                 seed: 1,
                 out: out_file.clone(),
-                save: Some(save.clone()),
+                save,
             }),
         };
         let mut out = Vec::new();
-        run(cli, &mut out).unwrap();
+        run(calibrate(24, Some(save.clone())), &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("18 plans fitted, 6 held out"), "{text}");
         assert!(
@@ -724,19 +724,9 @@ mod tests {
         let cfg = Config::load(Some(&cfg_path)).unwrap();
         assert_eq!(cfg.sim.link_gibps, written.sim.link_gibps);
         // Too few plans to hold a quarter out.
-        let cli = Cli {
-            command: Command::Calibrate(CalibrateArgs {
-                backend: Backend::Sim,
-                plans: 4,
-                max_tables: 6,
-                max_devices: 3,
-                config: None,
-                seed: 1,
-                out: out_file,
-                save: None,
-            }),
-        };
-        let e = run(cli, &mut Vec::new()).unwrap_err().to_string();
+        let e = run(calibrate(4, None), &mut Vec::new())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--plans"), "{e}");
     }
 }

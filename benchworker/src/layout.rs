@@ -224,8 +224,13 @@ impl PlanLayout {
     }
 }
 
-fn prefix_sums(xs: &[u64]) -> Vec<u64> {
-    let mut acc = 0;
+/// Exclusive prefix sums: where each of `xs` starts, `[0, a, a + b, …]`
+/// (as many as `xs`).
+pub(crate) fn prefix_sums<T>(xs: &[T]) -> Vec<T>
+where
+    T: Copy + Default + std::ops::AddAssign,
+{
+    let mut acc = T::default();
     xs.iter()
         .map(|&x| {
             let s = acc;

@@ -11,16 +11,6 @@ use benchworker::Oracle;
 use common::{Plan, Suite};
 use model::mdp::{MdpTask, PlainEpisodes};
 
-fn ranks(v: &[f64]) -> Vec<f64> {
-    let mut idx: Vec<usize> = (0..v.len()).collect();
-    idx.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
-    let mut r = vec![0.0; v.len()];
-    for (i, &j) in idx.iter().enumerate() {
-        r[j] = i as f64;
-    }
-    r
-}
-
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let run = std::path::Path::new(&args[0]);
@@ -61,11 +51,7 @@ fn main() -> anyhow::Result<()> {
             greedy += meas[0];
             picked += meas[pick];
             best += meas.iter().cloned().fold(f64::INFINITY, f64::min);
-            let (rp, rm) = (ranks(&pred), ranks(&meas));
-            let m = (k as f64 - 1.0) / 2.0;
-            let cov: f64 = rp.iter().zip(&rm).map(|(a, b)| (a - m) * (b - m)).sum();
-            let var: f64 = rp.iter().map(|a| (a - m) * (a - m)).sum();
-            rho += cov / var.max(1e-9);
+            rho += benchworker::calibrate::spearman(&pred, &meas);
             n += 1.0;
         }
         println!(

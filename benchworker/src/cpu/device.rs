@@ -81,13 +81,8 @@ impl DeviceWork {
                     LEARNING_RATE,
                 )
                 .map_err(|e| TchError::Kind(e.to_string()))?;
-                let cols = dims
-                    .iter()
-                    .scan(0, |c, d| Some(std::mem::replace(c, *c + d)));
-                let kernel = DeviceKernel::Fbgemm {
-                    tbe,
-                    cols: cols.collect(),
-                };
+                let cols = crate::layout::prefix_sums(&dims);
+                let kernel = DeviceKernel::Fbgemm { tbe, cols };
                 (kernel, [batch, dims.iter().sum()])
             }
         };

@@ -214,13 +214,10 @@ pub fn hash_size_bits(rows: i64) -> i64 {
     }
 }
 
-/// Exclusive prefix sums, with the total last: `[0, a, a + b, …]`.
+/// Exclusive prefix sums with the total last: `[0, a, a + b, …, Σ]`.
 fn prefix_sums(xs: &[i64]) -> Vec<i64> {
-    let mut out = Vec::with_capacity(xs.len() + 1);
-    out.push(0);
-    for x in xs {
-        out.push(out[out.len() - 1] + x);
-    }
+    let mut out = crate::layout::prefix_sums(xs);
+    out.push(xs.iter().sum());
     out
 }
 
@@ -228,7 +225,6 @@ fn prefix_sums(xs: &[i64]) -> Vec<i64> {
 /// state.
 #[derive(Debug)]
 pub struct Tbe {
-    batch: i64,
     rows: Vec<i64>,
     dims: Vec<i64>,
     total_d: i64,
@@ -301,7 +297,6 @@ impl Tbe {
         let int = |v: &[i64]| long(v)?.f_to_kind(Kind::Int).map_err(t);
         let host = Tensor::f_full([tables as i64], HOST as i64, (Kind::Int, device)).map_err(t)?;
         Ok(Tbe {
-            batch,
             rows: rows.to_vec(),
             dims: dims.to_vec(),
             total_d: dims.iter().sum(),
@@ -400,11 +395,6 @@ impl Tbe {
     pub fn table_momentum(&self, t: usize) -> Result<Tensor, tch::TchError> {
         let start: i64 = self.rows[..t].iter().sum();
         self.momentum.f_narrow(0, start, self.rows[t])
-    }
-
-    /// The batch's samples.
-    pub fn batch(&self) -> i64 {
-        self.batch
     }
 }
 

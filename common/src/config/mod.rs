@@ -490,11 +490,14 @@ mod tests {
             Config::load_run(&path).unwrap().train.measure_temperature,
             1000.0
         );
-        let older: String = whole
-            .lines()
-            .filter(|l| !l.starts_with("measure_temperature ="))
-            .map(|l| format!("{l}\n"))
-            .collect();
+        // The whole config but the lines that start with `key =`.
+        let without = |key: &str| -> String {
+            let lines = whole
+                .lines()
+                .filter(|l| !l.starts_with(&format!("{key} =")));
+            lines.map(|l| format!("{l}\n")).collect()
+        };
+        let older = without("measure_temperature");
         std::fs::write(&path, older).unwrap();
         assert_eq!(
             Config::load_run(&path).unwrap().train.measure_temperature,
@@ -503,11 +506,7 @@ mod tests {
         // A run from before cpu.kernel measured with libtorch's kernel, and
         // goes on so; one that names its kernel keeps it.
         assert_eq!(Config::load_run(&path).unwrap().cpu.kernel, Kernel::Fbgemm);
-        let older: String = whole
-            .lines()
-            .filter(|l| !l.starts_with("kernel ="))
-            .map(|l| format!("{l}\n"))
-            .collect();
+        let older = without("kernel");
         std::fs::write(&path, older).unwrap();
         assert_eq!(Config::load_run(&path).unwrap().cpu.kernel, Kernel::Torch);
         // A default config written out reads back the same, suites with a

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use common::config::Config;
+use common::config::{Config, Kernel};
 use common::{pool, Measurement, Placement};
 
 use crate::oracle::{build, Backend};
@@ -124,6 +124,11 @@ pub struct BenchArgs {
     /// Configuration TOML; defaults when omitted.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// The kernel of the `cpu` and `cuda` backends: `fbgemm` (FBGEMM's
+    /// table-batched embedding) or `torch` (libtorch's `embedding_bag`);
+    /// overrides the config's `kernel` under [cpu] and [cuda].
+    #[arg(long, value_parser = parse_kernel)]
+    pub kernel: Option<Kernel>,
     /// Seed of the pool and the plans.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -143,6 +148,11 @@ pub struct FusionArgs {
     /// Configuration TOML; defaults when omitted.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// The kernel of the `cpu` and `cuda` backends: `fbgemm` (FBGEMM's
+    /// table-batched embedding) or `torch` (libtorch's `embedding_bag`);
+    /// overrides the config's `kernel` under [cpu] and [cuda].
+    #[arg(long, value_parser = parse_kernel)]
+    pub kernel: Option<Kernel>,
     /// Seed of the pool and the mixes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -172,6 +182,11 @@ pub struct MeasureArgs {
     /// Configuration TOML (its memory, sim and cpu sections); defaults when omitted.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// The kernel of the `cpu` and `cuda` backends: `fbgemm` (FBGEMM's
+    /// table-batched embedding) or `torch` (libtorch's `embedding_bag`);
+    /// overrides the config's `kernel` under [cpu] and [cuda].
+    #[arg(long, value_parser = parse_kernel)]
+    pub kernel: Option<Kernel>,
     /// Memory of each device in GB: a plan that puts more on a device (weights
     /// and optimizer state, as `[memory]` in the config counts them) is
     /// refused, naming the device. Unchecked when omitted.
@@ -202,6 +217,11 @@ pub struct CalibrateArgs {
     /// defaults when omitted.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// The kernel of the `cpu` and `cuda` backends: `fbgemm` (FBGEMM's
+    /// table-batched embedding) or `torch` (libtorch's `embedding_bag`);
+    /// overrides the config's `kernel` under [cpu] and [cuda].
+    #[arg(long, value_parser = parse_kernel)]
+    pub kernel: Option<Kernel>,
     /// Seed of the pool and the plans.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -212,6 +232,25 @@ pub struct CalibrateArgs {
     /// line: its tables, its plan, the measurement.
     #[arg(long)]
     pub save: Option<PathBuf>,
+}
+
+fn parse_kernel(s: &str) -> Result<Kernel, String> {
+    match s {
+        "fbgemm" => Ok(Kernel::Fbgemm),
+        "torch" => Ok(Kernel::Torch),
+        _ => Err(format!("`{s}` is not a kernel: fbgemm or torch")),
+    }
+}
+
+/// The configuration at `path` (defaults without one), with `kernel`
+/// for both real backends where given.
+fn load_config(path: Option<&std::path::Path>, kernel: Option<Kernel>) -> anyhow::Result<Config> {
+    let mut cfg = Config::load(path)?;
+    if let Some(k) = kernel {
+        cfg.cpu.kernel = k;
+        cfg.cuda.kernel = k;
+    }
+    Ok(cfg)
 }
 
 /// Runs a parsed command, writing results to `out`.
@@ -232,7 +271,7 @@ fn calibrate(args: CalibrateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "--plans must be at least 8 (a quarter is held out)"
     );
     anyhow::ensure!(args.max_tables >= 1, "--max-tables must be at least 1");
-    let cfg = Config::load(args.config.as_deref())?;
+    let cfg = load_config(args.config.as_deref(), args.kernel)?;
     let pool = common::generate::generate_pool(&cfg.generate, args.seed)
         .map_err(|e| anyhow::anyhow!(e))?;
     let mut oracle = build(args.backend, &cfg)?;
@@ -365,7 +404,7 @@ fn bench(args: BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     anyhow::ensure!(args.tables > 0, "--tables must be at least 1");
     anyhow::ensure!(args.devices > 0, "--devices must be at least 1");
     anyhow::ensure!(args.plans > 0, "--plans must be at least 1");
-    let cfg = Config::load(args.config.as_deref())?;
+    let cfg = load_config(args.config.as_deref(), args.kernel)?;
     let gen = common::generate::PoolGenConfig {
         tables: args.tables,
         ..cfg.generate.clone()
@@ -408,7 +447,7 @@ fn fusion(args: FusionArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         !args.sizes.is_empty() && !args.sizes.contains(&0),
         "--sizes: every size must be at least 1"
     );
-    let cfg = Config::load(args.config.as_deref())?;
+    let cfg = load_config(args.config.as_deref(), args.kernel)?;
     let pool = common::generate::generate_pool(&cfg.generate, args.seed)
         .map_err(|e| anyhow::anyhow!(e))?;
     let mut oracle = build(args.backend, &cfg)?;
@@ -471,7 +510,7 @@ fn fusion(args: FusionArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 fn measure(args: MeasureArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let cfg = Config::load(args.config.as_deref())?;
+    let cfg = load_config(args.config.as_deref(), args.kernel)?;
     let tables = pool::read(&args.tables)?;
     let plan = Placement::read(&args.placement)?.resolve(&tables, &args.placement)?;
     if let Some(gb) = args.memory_gb {
@@ -578,6 +617,7 @@ mod tests {
                 tables: t,
                 placement: p,
                 config: None,
+                kernel: None,
                 memory_gb,
                 json,
             }),
@@ -636,6 +676,57 @@ mod tests {
         assert!(e.contains("--memory-gb"), "{e}");
     }
 
+    /// `--kernel` picks the real backends' kernel over the config's; the
+    /// measurement names it.
+    #[test]
+    fn the_kernel_flag_picks_the_kernel_and_the_json_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let tables = generate_pool(
+            &PoolGenConfig {
+                tables: 4,
+                ..Default::default()
+            },
+            0,
+        )
+        .unwrap();
+        let plan = Plan {
+            devices: 2,
+            assignment: vec![0, 1, 0, 1],
+        };
+        let placement = serde_json::to_string(&Placement::from_plan(&plan, &tables)).unwrap();
+        let (t, p) = files(dir.path(), &placement);
+        let cfg = dir.path().join("small.toml");
+        std::fs::write(&cfg, "[cpu]\nbatch = 64\nmax_rows = 1000\nrepeats = 1\n").unwrap();
+        for kernel in ["torch", "fbgemm"] {
+            let args = [
+                "benchworker",
+                "measure",
+                "--backend",
+                "cpu",
+                "--json",
+                "--kernel",
+                kernel,
+            ];
+            let paths = [
+                "--tables".into(),
+                t.clone().into_os_string(),
+                "--placement".into(),
+                p.clone().into_os_string(),
+                "--config".into(),
+                cfg.clone().into_os_string(),
+            ];
+            let argv = args.iter().map(std::ffi::OsString::from).chain(paths);
+            let mut out = Vec::new();
+            run(Cli::try_parse_from(argv).unwrap(), &mut out).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(v["kernel"], kernel, "{v}");
+        }
+        let e = Cli::try_parse_from(["benchworker", "bench", "--kernel", "nope"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`nope` is not a kernel: fbgemm or torch"), "{e}");
+    }
+
     #[test]
     fn unknown_table_or_device_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
@@ -666,6 +757,7 @@ mod tests {
                 sizes: vec![1, 3],
                 mixes: 2,
                 config: None,
+                kernel: None,
                 seed: 0,
                 json: false,
                 save: Some(save.clone()),
@@ -701,6 +793,7 @@ mod tests {
                 max_tables: 6,
                 max_devices: 3,
                 config: None,
+                kernel: None,
                 seed: 1,
                 out: out_file.clone(),
                 save,

@@ -168,6 +168,10 @@ impl Group {
         } else {
             indices.shallow_clone()
         };
+        // Allocated, then filled in place: an op taking a `Scalar` panics
+        // when its allocation fails, and a weight may be gigabytes.
+        let mut weight = Tensor::f_empty([total, dim], (weight_kind, dev))?;
+        let _ = weight.f_fill_(WEIGHT_INIT)?;
         let (sorted, _) = indices.f_sort(0, false)?;
         let (unique, _, counts) = sorted.f_unique_consecutive(false, true, None)?;
         let (piece_starts, piece_rows) = segment_pieces(&counts, SEGMENT_PIECE)?;
@@ -175,7 +179,7 @@ impl Group {
             tables,
             dim,
             rows,
-            weight: Tensor::f_full([total, dim], WEIGHT_INIT, (weight_kind, dev))?,
+            weight,
             state,
             indices,
             offsets: fused.offsets,
@@ -404,6 +408,7 @@ mod tests {
     use super::*;
     use crate::indices::HostLookups;
     use crate::layout::PlanLayout;
+    use crate::testing::test_device;
     use common::{Plan, Table};
 
     fn table(name: &str, rows: u64, dim: u32, pooling: f64) -> Table {
@@ -416,10 +421,11 @@ mod tests {
     /// groups, not in table order), their lookups, and weights whose every
     /// entry differs.
     fn setup(
+        device: Device,
         precision: Precision,
         optimizer: Optimizer,
     ) -> (DeviceLayout, Vec<HostLookups>, FusedDevice) {
-        setup_with(&three_tables(), precision, optimizer)
+        setup_with(device, &three_tables(), precision, optimizer)
     }
 
     fn three_tables() -> Vec<Table> {
@@ -431,6 +437,7 @@ mod tests {
     }
 
     fn setup_with(
+        device: Device,
         tables: &[Table],
         precision: Precision,
         optimizer: Optimizer,
@@ -440,9 +447,9 @@ mod tests {
             assignment: vec![0; tables.len()],
         };
         let layout = PlanLayout::new(tables, &plan, BATCH, 0).devices[0].clone();
-        let lookups = lookups_of(tables);
+        let lookups = lookups_of(tables, device);
         let spec = FusedSpec {
-            device: Device::Cpu,
+            device,
             precision,
             optimizer,
             learning_rate: 0.5,
@@ -452,7 +459,7 @@ mod tests {
         let mut next = 0;
         for g in &mut fused.groups {
             let n = g.weight.numel() as i64;
-            let w = Tensor::arange_start(next, next + n, (Kind::Float, Device::Cpu))
+            let w = Tensor::arange_start(next, next + n, (Kind::Float, device))
                 .sin()
                 .view([-1, g.dim])
                 .to_kind(g.weight.kind());
@@ -462,15 +469,16 @@ mod tests {
         (layout, host, fused)
     }
 
-    fn lookups_of(tables: &[Table]) -> Vec<Lookups> {
+    fn lookups_of(tables: &[Table], device: Device) -> Vec<Lookups> {
         tables
             .iter()
-            .map(|t| indices::for_table(3, t, BATCH, u64::MAX, Device::Cpu).unwrap())
+            .map(|t| indices::for_table(3, t, BATCH, u64::MAX, device).unwrap())
             .collect()
     }
 
     fn values(t: &Tensor) -> Vec<f32> {
-        Vec::<f32>::try_from(t.to_kind(Kind::Float).flatten(0, -1)).unwrap()
+        let t = t.to_kind(Kind::Float).flatten(0, -1).to_device(Device::Cpu);
+        Vec::<f32>::try_from(t).unwrap()
     }
 
     /// Each table's weight, `rows × dim` values.
@@ -508,10 +516,9 @@ mod tests {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol)
     }
 
-    #[test]
-    fn the_fused_forward_is_each_table_looked_up_alone() {
+    fn the_fused_forward_is_each_table_looked_up_alone(device: Device) {
         for precision in [Precision::Fp32, Precision::Fp16] {
-            let (layout, lookups, fused) = setup(precision, Optimizer::Sgd);
+            let (layout, lookups, fused) = setup(device, precision, Optimizer::Sgd);
             assert_eq!(fused.groups.len(), 2);
             assert!(fused.gather.is_some(), "groups out of table order");
             let out = fused.forward().unwrap();
@@ -527,12 +534,17 @@ mod tests {
         }
         // Tables of one dim: one group, its output as it is.
         let one_dim = [table("a", 40, 8, 3.0), table("c", 60, 8, 5.0)];
-        let (layout, lookups, fused) = setup_with(&one_dim, Precision::Fp32, Optimizer::Sgd);
+        let (layout, lookups, fused) =
+            setup_with(device, &one_dim, Precision::Fp32, Optimizer::Sgd);
         assert_eq!(fused.groups.len(), 1);
         assert!(fused.gather.is_none());
         let want = naive_forward(&layout, &lookups, &weights(&fused, &layout));
         assert!(close(&values(&fused.forward().unwrap()), &want, 1e-4));
     }
+    test_device!(
+        forward_alone,
+        the_fused_forward_is_each_table_looked_up_alone
+    );
 
     /// Each table's weight gradient (`rows × dim`) for output gradient
     /// `grad` (`[B, S]`).
@@ -560,9 +572,9 @@ mod tests {
         g
     }
 
-    fn output_grad(layout: &DeviceLayout) -> Tensor {
+    fn output_grad(layout: &DeviceLayout, device: Device) -> Tensor {
         let n = BATCH as i64 * layout.dim_sum as i64;
-        Tensor::arange(n, (Kind::Float, Device::Cpu))
+        Tensor::arange(n, (Kind::Float, device))
             .cos()
             .view([BATCH as i64, layout.dim_sum as i64])
     }
@@ -570,7 +582,7 @@ mod tests {
     /// SGD's step leaves `before - 0.5 · gradient` in every table.
     fn assert_sgd_step(layout: &DeviceLayout, lookups: &[HostLookups], fused: &mut FusedDevice) {
         let before = weights(fused, layout);
-        let grad = output_grad(layout);
+        let grad = output_grad(layout, fused.groups[0].weight.device());
         fused.backward(&grad).unwrap();
         let g = naive_weight_grad(layout, lookups, &values(&grad));
         assert!(
@@ -587,11 +599,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn sgd_backward_subtracts_the_dense_gradient() {
-        let (layout, lookups, mut fused) = setup(Precision::Fp32, Optimizer::Sgd);
+    fn sgd_backward_subtracts_the_dense_gradient(device: Device) {
+        let (layout, lookups, mut fused) = setup(device, Precision::Fp32, Optimizer::Sgd);
         assert_sgd_step(&layout, &lookups, &mut fused);
     }
+    test_device!(sgd_step, sgd_backward_subtracts_the_dense_gradient);
 
     #[test]
     fn segments_are_cut_into_pieces_that_keep_their_row() {
@@ -611,11 +623,11 @@ mod tests {
         assert!(segment_pieces(&counts, 0).is_err());
     }
 
-    #[test]
-    fn hot_rows_longer_than_a_piece_get_their_whole_gradient() {
+    fn hot_rows_longer_than_a_piece_get_their_whole_gradient(device: Device) {
         // Two rows take about 16 · 40 lookups: segments of hundreds.
         let tables = vec![table("hot", 2, 8, 40.0), table("cold", 50, 4, 2.0)];
-        let (layout, lookups, mut fused) = setup_with(&tables, Precision::Fp32, Optimizer::Sgd);
+        let (layout, lookups, mut fused) =
+            setup_with(device, &tables, Precision::Fp32, Optimizer::Sgd);
         let longest = lookups[0].indices.iter().filter(|&&r| r == 0).count();
         assert!(
             longest > 4 * SEGMENT_PIECE as usize,
@@ -623,17 +635,20 @@ mod tests {
         );
         assert_sgd_step(&layout, &lookups, &mut fused);
     }
+    test_device!(
+        hot_rows,
+        hot_rows_longer_than_a_piece_get_their_whole_gradient
+    );
 
-    #[test]
-    fn adaptive_optimizers_change_only_the_rows_looked_up() {
+    fn adaptive_optimizers_change_only_the_rows_looked_up(device: Device) {
         for optimizer in [
             Optimizer::RowwiseAdagrad,
             Optimizer::Adagrad,
             Optimizer::Adam,
         ] {
-            let (layout, lookups, mut fused) = setup(Precision::Fp32, optimizer);
+            let (layout, lookups, mut fused) = setup(device, Precision::Fp32, optimizer);
             let before = weights(&fused, &layout);
-            let grad = output_grad(&layout);
+            let grad = output_grad(&layout, device);
             fused.backward(&grad).unwrap();
             let after = weights(&fused, &layout);
             let g = naive_weight_grad(&layout, &lookups, &values(&grad));
@@ -654,8 +669,9 @@ mod tests {
         }
         // Row-wise AdaGrad's accumulator holds each row's mean squared
         // gradient over the table's own dim.
-        let (layout, lookups, mut fused) = setup(Precision::Fp32, Optimizer::RowwiseAdagrad);
-        let grad = output_grad(&layout);
+        let (layout, lookups, mut fused) =
+            setup(device, Precision::Fp32, Optimizer::RowwiseAdagrad);
+        let grad = output_grad(&layout, device);
         fused.backward(&grad).unwrap();
         let g = naive_weight_grad(&layout, &lookups, &values(&grad));
         for (i, (&(gi, k), table_grad)) in fused.place.iter().zip(&g).enumerate() {
@@ -672,20 +688,21 @@ mod tests {
             assert!(close(&values(&mine), &want, 1e-3), "table {i}");
         }
     }
+    test_device!(adaptive, adaptive_optimizers_change_only_the_rows_looked_up);
 
-    #[test]
-    fn mismatched_lookups_are_errors() {
-        let (layout, _, _) = setup(Precision::Fp32, Optimizer::Sgd);
+    fn mismatched_lookups_are_errors(device: Device) {
+        let (layout, _, _) = setup(device, Precision::Fp32, Optimizer::Sgd);
         let spec = FusedSpec {
-            device: Device::Cpu,
+            device,
             precision: Precision::Fp32,
             optimizer: Optimizer::Sgd,
             learning_rate: 0.1,
         };
-        let mut two = lookups_of(&three_tables());
+        let mut two = lookups_of(&three_tables(), device);
         two.pop();
         assert!(FusedDevice::build(&layout, two, BATCH, spec).is_err());
-        let all = lookups_of(&three_tables());
+        let all = lookups_of(&three_tables(), device);
         assert!(FusedDevice::build(&layout, all, BATCH + 1, spec).is_err());
     }
+    test_device!(mismatched, mismatched_lookups_are_errors);
 }

@@ -6,13 +6,16 @@
 //!   choice of backend.
 //! - [`sim`]: a deterministic model of a GPU's fused embedding kernel and NCCL
 //!   all-to-all; each property it must have is documented and tested there.
-//! - [`cpu`]: real fused `embedding_bag` forward and backward with libtorch on
-//!   the CPU, one call per device, with real all-to-all memory movement.
-//! - `cuda` (feature `cuda`): real fused lookups on GPUs with NCCL all-to-all.
+//! - [`cpu`]: the engine's forward and backward on the CPU, devices one
+//!   after another, with the all-to-all as real memory movement.
+//! - `cuda` (feature `cuda`): the engine on GPUs, with NCCL all-to-all.
 //! - [`layout`]: where a plan's data lives on its devices and what the
 //!   all-to-all moves; plain arithmetic, tested without a GPU.
+//! - [`engine`]: the measuring engine `cpu` and `cuda` share: each device's
+//!   tables in one kernel and its all-to-all buffers, on any device.
+//! - [`fbgemm`]: FBGEMM's table-batched embedding (the `fbgemm` kernel).
 //! - [`fused`]: one device's fused forward, backward and optimizer step with
-//!   libtorch on any device, the compute of the `cuda` backend.
+//!   libtorch's `embedding_bag` (the `torch` kernel).
 //! - [`group`]: what the processes of a multi-host `cuda` group exchange.
 //! - [`sweep`]: the fusion sweep (fused call vs single-table calls).
 //! - [`timing`]: from timed repeats to a measurement and its spread.
@@ -29,6 +32,7 @@ pub mod cli;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod engine;
 pub mod fbgemm;
 pub mod fused;
 pub mod group;
@@ -38,6 +42,8 @@ pub mod oracle;
 pub mod serve;
 pub mod sim;
 pub mod sweep;
+#[cfg(test)]
+mod testing;
 pub mod timing;
 
 pub use oracle::{build, Backend, Oracle, OracleError, Spread};

@@ -1,39 +1,27 @@
-//! `cpu`: real fused lookups forward and backward on this machine's CPU, one
-//! fused call per device, with the all-to-all done as real memory movement
-//! between device buffers (DESIGN §6). It measures the effects the `sim`
-//! backend models — fusion, locality, exchange volume — on a kernel that
-//! really runs. `cpu.kernel` picks it: FBGEMM's table-batched embedding
-//! (`fbgemm`, the default: [`crate::fbgemm`], each table at its own dim,
-//! row-wise AdaGrad fused in the backward), or libtorch's `embedding_bag`
-//! (`torch`, below: padded to the widest dim, an SGD backward).
+//! `cpu`: the measuring engine ([`crate::engine`]) on this machine's CPU:
+//! each device's tables in one kernel, forward and backward, with the
+//! all-to-all done as real memory movement between device buffers
+//! (DESIGN §6). It measures the effects the `sim` backend models — fusion,
+//! locality, exchange volume — on a kernel that really runs. `cpu.kernel`
+//! picks it: FBGEMM's table-batched embedding (`fbgemm`, the default), or
+//! libtorch's `embedding_bag` (`torch`); both apply `memory.optimizer`'s
+//! step to the rows looked up (FBGEMM: SGD, AdaGrad or row-wise AdaGrad).
 //!
 //! One iteration, for a plan over `D` devices and a batch of `B` samples:
-//! - *weights*: each device's tables (rows capped at `cpu.max_rows`) are
-//!   concatenated into one fp32 weight, padded to the widest dim on the device,
-//!   as FBGEMM's table-batched kernel is launched for the widest table. fp32,
-//!   whatever `memory.precision` says: half-precision `embedding_bag` on the
-//!   CPU is a slow fallback path, not a model of the GPU's fp16 kernel. The
-//!   weights live in one arena kept across measurements, so a measurement does
-//!   not pay for allocating and touching gigabytes of memory;
+//! - *weights*: each device's tables, rows capped at `cpu.max_rows`, in
+//!   `memory.precision` for FBGEMM's kernel, in fp32 for libtorch's (its
+//!   half-precision `embedding_bag` on the CPU is a slow fallback path,
+//!   not a model of the GPU's fp16 kernel);
 //! - *lookups*: [`crate::indices`], deterministic from `cpu.seed` and the
 //!   table's name, generated once per table and kept between measurements
-//!   ([`LookupCache`]), table-major in one fused call;
-//! - *forward*: one `embedding_bag` call (mode sum) per device, giving
-//!   `[T_d·B, D_max]`;
+//!   ([`LookupCache`]);
+//! - *forward*: each device's kernel gives its `[B, S_d]` pooled output;
 //! - *forward all-to-all*: device `d` copies to every device `e` (itself
-//!   included, as NCCL does) the `B/D` samples `e` owns of each of its tables,
-//!   cut to the table's true dim, into `e`'s receive buffer `[B_e, Σ dims]`;
+//!   included, as NCCL does) its output's rows of `e`'s `B/D` samples
+//!   ([`crate::layout`]);
 //! - *backward all-to-all*: the reverse — device `d` gathers its tables'
-//!   output gradients from every peer's gradient buffer into `[T_d·B, D_max]`;
-//! - *backward*: FBGEMM's structure (`embedding_backward_split_template.cu`):
-//!   sort the lookups by row, reduce each unique row's segment of output
-//!   gradients (one more `embedding_bag` over the gradient, with the sorted
-//!   lookups' bags as indices), then update only the unique rows (SGD, whatever
-//!   `memory.optimizer` says). libtorch's own sparse backward materialises a
-//!   `[lookups, D_max]` gradient before coalescing it (~50× the forward's
-//!   time for 50 tables at B = 2048 here); its dense backward zeroes a gradient as large as the
-//!   weight. Neither is what a GPU does. Hot rows make long segments, reduced
-//!   serially: the contention the GPU kernel also has.
+//!   output gradients from every peer into its `[B, S_d]` gradient;
+//! - *backward*: the kernel's backward, the optimizer's step fused.
 //!
 //! There is one CPU, so devices are timed one after another with
 //! [`Instant`]; each phase's figure is its median over `cpu.repeats` rounds
@@ -42,35 +30,29 @@
 //! `fwd_comm_d = max_e fwd_e − fwd_d + copy_d`, and `bwd_comm_d = copy_d`.
 //!
 //! *Memory*: before allocating anything, a measurement estimates what it
-//! will take (`Footprint`: the weights the arena must grow by, outputs and
+//! will take (`Footprint`: weights and optimizer state, outputs and
 //! gradients, lookups) and is refused, with an error naming the largest
 //! device and table and saying which of `cpu.max_rows` and `cpu.batch` to
 //! lower, when that is more than [`MEMORY_SHARE`] of the memory
 //! `/proc/meminfo` says is available, or that the process's memory cgroup
 //! (a container's limit) leaves where that is less (a fixed
-//! [`FALLBACK_MEMORY`] where neither can be read), or when it draws more than [`MAX_LOOKUPS`] lookups. An
-//! allocation that fails nonetheless is an error too, never a panic.
+//! [`FALLBACK_MEMORY`] where neither can be read), or when it draws more
+//! than [`MAX_LOOKUPS`] lookups. An allocation that fails nonetheless is an
+//! error too, never a panic.
 
 use std::time::Instant;
 
 use common::config::{CpuConfig, Kernel};
-use common::{DeviceCost, Measurement, MemoryModel, Plan, Precision, Table};
-use tch::{Device, Kind, TchError, Tensor};
+use common::{Measurement, MemoryModel, Plan, Precision, Table};
+use tch::{Device, TchError};
 
-use crate::indices::{self, LookupCache};
-use crate::layout::sample_split;
+use crate::engine::{copy_transfers, DeviceEngine, EngineSpec};
+use crate::indices::{self, LookupCache, Lookups};
+use crate::layout::{PlanLayout, Transfer};
 use crate::oracle::{check_plan, Oracle, OracleError, Spread};
-use crate::timing::{median, spread};
-
-mod device;
-use device::DeviceWork;
+use crate::timing::{self, Phases};
 
 const BACKEND: &str = "cpu";
-const F32: (Kind, Device) = (Kind::Float, Device::Cpu);
-/// Initial weights and output gradients: normal floats (denormals would slow
-/// the CPU down and measure the wrong thing); their values do not matter.
-const WEIGHT_INIT: f64 = 0.01;
-const GRAD_VALUE: f64 = 1e-3;
 const LEARNING_RATE: f64 = 1e-3;
 /// Most lookups one measurement may draw, whatever the memory. On one core
 /// here, generating them takes about 0.4 s per million (once: they are
@@ -82,10 +64,7 @@ pub const MAX_LOOKUPS: f64 = (1u64 << 26) as f64;
 /// temporaries, its copies in the cache and in its device's fused lookups,
 /// the backward's sort and segment reduction. Measured here as the peak
 /// resident memory of single-table measurements of 8 and 17 million lookups,
-/// less that of a tiny one: 79 to 80 bytes. With it, [`Footprint`] came
-/// within −14 % to +7 % of the peak of every plan tried (one table of 2
-/// to 17 million lookups, or of dim 4096; 200 tables on 8 devices: 8.7 GiB
-/// estimated, 8.2 measured).
+/// less that of a tiny one: 79 to 80 bytes.
 const LOOKUP_BYTES: f64 = 80.0;
 const F32_BYTES: f64 = 4.0;
 const GIB: f64 = (1u64 << 30) as f64;
@@ -100,11 +79,8 @@ pub const FALLBACK_MEMORY: f64 = 8.0 * GIB;
 /// Lookups kept between measurements (about 16 bytes each), so that plans
 /// over the same tables do not generate them again.
 const LOOKUP_CACHE: i64 = 1 << 25;
-/// Headroom when the weight arena grows, so plans of slightly different
-/// sizes do not reallocate it each time.
-const ARENA_SLACK: f64 = 1.25;
 
-fn backend_error(e: TchError) -> OracleError {
+fn backend_error(e: impl ToString) -> OracleError {
     OracleError::Backend {
         backend: BACKEND,
         message: e.to_string(),
@@ -115,52 +91,55 @@ fn ms_since(start: Instant) -> f64 {
     start.elapsed().as_secs_f64() * 1e3
 }
 
-/// The `cpu` oracle. Holds the weight arena between measurements.
+/// The `cpu` oracle. Keeps the tables' lookups between measurements.
 pub struct CpuOracle {
     cfg: CpuConfig,
-    /// Flat fp32 storage every device's weight is a view of, grown on demand.
-    arena: Option<Tensor>,
+    spec: EngineSpec,
     /// Repeat-to-repeat spread of the last measurement's iteration cost.
     last_spread: Option<Spread>,
     /// Each table's lookups, generated once for all the plans measured.
     lookups: LookupCache,
 }
 
+/// How the `cpu` backend builds its devices' work: `cpu.kernel` with
+/// `memory.optimizer`, in `memory.precision` for FBGEMM's kernel and fp32
+/// for libtorch's (see the module's doc).
+fn engine_spec(cfg: &CpuConfig, mem: &MemoryModel) -> EngineSpec {
+    let precision = match cfg.kernel {
+        Kernel::Fbgemm => mem.precision,
+        Kernel::Torch => Precision::Fp32,
+    };
+    EngineSpec {
+        device: Device::Cpu,
+        kernel: cfg.kernel,
+        precision,
+        optimizer: mem.optimizer,
+        learning_rate: LEARNING_RATE,
+    }
+}
+
 impl CpuOracle {
     pub fn new(cfg: CpuConfig, mem: MemoryModel) -> Result<Self, OracleError> {
-        cfg.validate().map_err(|e| OracleError::Backend {
-            backend: BACKEND,
-            message: e.to_string(),
-        })?;
-        if mem.precision == Precision::Fp16 {
+        cfg.validate().map_err(backend_error)?;
+        let spec = engine_spec(&cfg, &mem);
+        if spec.precision != mem.precision {
             tracing::debug!(
-                "cpu backend: weights are measured in fp32 (CPU half precision is slow)"
+                "cpu backend: libtorch's weights are measured in fp32 (CPU half precision is slow)"
             );
         }
-        if cfg.kernel == Kernel::Fbgemm {
-            crate::fbgemm::load().map_err(|e| OracleError::Backend {
-                backend: BACKEND,
-                message: e.to_string(),
-            })?;
-        }
+        spec.check().map_err(backend_error)?;
         if cfg.threads > 0 {
-            let threads = i32::try_from(cfg.threads).map_err(|_| OracleError::Backend {
-                backend: BACKEND,
-                message: format!("cpu.threads = {} is too large", cfg.threads),
+            let threads = i32::try_from(cfg.threads).map_err(|_| {
+                backend_error(format!("cpu.threads = {} is too large", cfg.threads))
             })?;
             tch::set_num_threads(threads);
         }
         Ok(CpuOracle {
             lookups: LookupCache::new(cfg.seed, cfg.batch, cfg.max_rows, Device::Cpu, LOOKUP_CACHE),
             cfg,
-            arena: None,
+            spec,
             last_spread: None,
         })
-    }
-
-    /// Elements the weight arena holds now.
-    fn arena_elements(&self) -> f64 {
-        self.arena.as_ref().map_or(0.0, |a| a.numel() as f64)
     }
 
     /// Refuses a plan whose measurement would take more memory than
@@ -171,7 +150,7 @@ impl CpuOracle {
         plan: &Plan,
         budget: &Budget,
     ) -> Result<(), OracleError> {
-        let f = Footprint::of(tables, plan, &self.cfg, self.arena_elements());
+        let f = Footprint::of(tables, plan, &self.cfg, &self.spec);
         tracing::debug!(
             "cpu backend: the plan takes about {:.3} GiB ({:.3} weights, {:.3} outputs, \
              {:.3} lookups) of the {:.3} GiB {}",
@@ -185,74 +164,21 @@ impl CpuOracle {
         if f.total() <= budget.bytes {
             return Ok(());
         }
-        Err(OracleError::Backend {
-            backend: BACKEND,
-            message: f.refusal(tables, &self.cfg, budget),
-        })
-    }
-
-    /// Views of the arena shaped `[rows, dim]`, one per shape.
-    fn weights(&mut self, shapes: &[(i64, i64)]) -> Result<Vec<Tensor>, TchError> {
-        let need: i64 = shapes.iter().map(|(r, c)| r * c).sum();
-        let have = self.arena.as_ref().map_or(0, |a| a.numel() as i64);
-        if have < need {
-            self.arena = None; // free the old arena before allocating the new one
-            let size = (need as f64 * ARENA_SLACK) as i64;
-            // Not `f_full`: an op taking a `Scalar` panics when it fails
-            // (the scalar's drop unwraps libtorch's pending error), and an
-            // allocation may. Filling in place allocates nothing.
-            let mut arena = Tensor::f_empty([size], F32)?;
-            let _ = arena.f_fill_(WEIGHT_INIT)?;
-            self.arena = Some(arena);
-        }
-        let Some(arena) = self.arena.as_ref() else {
-            return Ok(Vec::new());
-        };
-        let mut start = 0;
-        shapes
-            .iter()
-            .map(|&(rows, dim)| {
-                let w = arena.f_narrow(0, start, rows * dim)?.f_view([rows, dim])?;
-                start += rows * dim;
-                Ok(w)
-            })
-            .collect()
+        Err(backend_error(f.refusal(tables, &self.cfg, budget)))
     }
 
     fn run(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, TchError> {
-        let groups = plan.groups();
-        let shapes: Vec<(i64, i64)> = groups
-            .iter()
-            .map(|g| weight_shape(tables, g, self.cfg.max_rows))
-            .collect();
-        // FBGEMM's kernel holds its own weights, unpadded.
-        let weights = match self.cfg.kernel {
-            Kernel::Torch => self.weights(&shapes)?.into_iter().map(Some).collect(),
-            Kernel::Fbgemm => groups.iter().map(|_| None).collect(),
-        };
-        let mut it = Iteration::build(tables, plan, &self.cfg, weights, &mut self.lookups)?;
+        let mut it = Iteration::build(tables, plan, &self.cfg, self.spec, &mut self.lookups)?;
         for _ in 0..self.cfg.warmup {
             it.round()?;
         }
         let rounds = (0..self.cfg.repeats.max(1))
             .map(|_| it.round())
             .collect::<Result<Vec<_>, _>>()?;
-        let costs: Vec<f64> = rounds
-            .iter()
-            .map(|r| Measurement::from_devices(r.device_costs()).cost_ms)
-            .collect();
-        self.last_spread = Some(spread(&costs));
-        let phase = |f: fn(&RoundTimes) -> &Vec<f64>, d: usize| {
-            median(&rounds.iter().map(|r| f(r)[d]).collect::<Vec<_>>())
-        };
-        let n = plan.devices;
-        let median_round = RoundTimes {
-            fwd: (0..n).map(|d| phase(|r| &r.fwd, d)).collect(),
-            fwd_copy: (0..n).map(|d| phase(|r| &r.fwd_copy, d)).collect(),
-            bwd_copy: (0..n).map(|d| phase(|r| &r.bwd_copy, d)).collect(),
-            bwd: (0..n).map(|d| phase(|r| &r.bwd, d)).collect(),
-        };
-        Ok(Measurement::from_devices(median_round.device_costs()))
+        let (m, spread) =
+            timing::assemble(&rounds).ok_or_else(|| TchError::Kind("no timed repeat".into()))?;
+        self.last_spread = Some(spread);
+        Ok(m)
     }
 }
 
@@ -271,15 +197,12 @@ impl Oracle for CpuOracle {
         let lookups: f64 = per_table.iter().sum();
         if lookups > MAX_LOOKUPS {
             let busiest = busiest(&per_table).unwrap_or(0);
-            return Err(OracleError::Backend {
-                backend: BACKEND,
-                message: format!(
-                    "the plan draws {lookups:.0} lookups per iteration at cpu.batch = {} \
-                     (table `{}` {:.0} of them), more than the {MAX_LOOKUPS:.0} one \
-                     measurement may draw; lower cpu.batch",
-                    self.cfg.batch, tables[busiest].name, per_table[busiest]
-                ),
-            });
+            return Err(backend_error(format!(
+                "the plan draws {lookups:.0} lookups per iteration at cpu.batch = {} \
+                 (table `{}` {:.0} of them), more than the {MAX_LOOKUPS:.0} one \
+                 measurement may draw; lower cpu.batch",
+                self.cfg.batch, tables[busiest].name, per_table[busiest]
+            )));
         }
         self.check_memory(tables, plan, &Budget::here())?;
         self.run(tables, plan).map_err(backend_error)
@@ -382,63 +305,63 @@ fn busiest(lookups: &[f64]) -> Option<usize> {
 /// for most of it.
 #[derive(Debug, Clone, PartialEq)]
 struct Footprint {
-    /// What the weight arena must grow by: the devices' fused fp32 weights
-    /// (`[Σ capped rows, widest dim]` each) with [`ARENA_SLACK`], less what it
-    /// holds already (freed first). No optimizer state: the update is plain
-    /// SGD, whatever `memory.optimizer` says.
+    /// The devices' weights (each table's capped rows × its own dim, in the
+    /// kernel's precision) and `memory.optimizer`'s state beside them.
     weights: f64,
-    /// Per device, its pooled output and its output gradient (`[T_d·B,
-    /// widest dim]` each); the exchange's receive and gradient buffers
-    /// (`[B_e, Σ dims]` each); the backward's per-row gradients (`[unique
-    /// rows, widest dim]`, unique rows at most its lookups and its rows) of
-    /// the device with the most, one device at a time.
+    /// Per device, its pooled output and its output gradient (`[B, S_d]`
+    /// fp32 each); the exchange's receive and send buffers (`[B_e, Σ S]`
+    /// each); at the device with the most, the backward's temporaries: two
+    /// more copies of its output gradient, and its per-row gradients
+    /// (`[unique rows, widest dim]`, unique rows at most its lookups and
+    /// its rows). Devices run one at a time.
     outputs: f64,
     /// [`LOOKUP_BYTES`] per lookup.
     lookups: f64,
-    /// The device with the largest weight, its widest table and its rows.
+    /// The device with the largest weights, its widest table and its rows.
     heaviest: Option<(usize, usize, f64)>,
     /// The table with the most lookups.
     busiest: Option<usize>,
 }
 
 impl Footprint {
-    /// The footprint of measuring `plan` with an arena of `arena` elements.
-    fn of(tables: &[Table], plan: &Plan, cfg: &CpuConfig, arena: f64) -> Footprint {
+    /// The footprint of measuring `plan` as `spec` builds it.
+    fn of(tables: &[Table], plan: &Plan, cfg: &CpuConfig, spec: &EngineSpec) -> Footprint {
         let batch = cfg.batch as f64;
         let per_table: Vec<f64> = tables
             .iter()
             .map(|t| indices::lookups_per_batch(t, cfg.batch))
             .collect();
-        let (mut weight, mut outputs, mut row_grads) = (0.0, 0.0, 0.0f64);
+        let weight_bytes = match spec.precision {
+            Precision::Fp16 => 2.0,
+            Precision::Fp32 => F32_BYTES,
+        };
+        let (mut weights, mut temporaries) = (0.0, 0.0f64);
         let mut heaviest: Option<(usize, usize, f64, f64)> = None;
         for (d, group) in plan.groups().iter().enumerate() {
             let Some(&widest) = group.iter().max_by_key(|&&t| tables[t].dim) else {
                 continue;
             };
-            let dim = f64::from(tables[widest].dim);
-            let rows: f64 = group
-                .iter()
-                .map(|&t| indices::capped_rows(&tables[t], cfg.max_rows) as f64)
-                .sum();
-            let lookups: f64 = group.iter().map(|&t| per_table[t]).sum();
-            let elements = rows * dim;
-            weight += elements;
-            if heaviest.is_none_or(|(_, _, _, e)| elements > e) {
-                heaviest = Some((d, widest, rows, elements));
+            let (mut bytes, mut rows, mut lookups, mut dims) = (0.0, 0.0, 0.0, 0.0);
+            for &t in group {
+                let r = indices::capped_rows(&tables[t], cfg.max_rows);
+                bytes += r as f64 * f64::from(tables[t].dim) * weight_bytes
+                    + spec.optimizer.state_bytes(r, tables[t].dim) as f64;
+                rows += r as f64;
+                lookups += per_table[t];
+                dims += f64::from(tables[t].dim);
             }
-            outputs += 2.0 * group.len() as f64 * batch * dim * F32_BYTES;
-            row_grads = row_grads.max(lookups.min(rows) * dim * F32_BYTES);
+            weights += bytes;
+            if heaviest.is_none_or(|(_, _, _, b)| bytes > b) {
+                heaviest = Some((d, widest, rows, bytes));
+            }
+            let widest_dim = f64::from(tables[widest].dim);
+            let backward = 2.0 * batch * dims + lookups.min(rows) * widest_dim;
+            temporaries = temporaries.max(backward * F32_BYTES);
         }
         let dims: f64 = tables.iter().map(|t| f64::from(t.dim)).sum();
-        outputs += 2.0 * batch * dims * F32_BYTES + row_grads;
-        let weights = if weight > arena {
-            (weight * ARENA_SLACK - arena).max(0.0) * F32_BYTES
-        } else {
-            0.0
-        };
         Footprint {
             weights,
-            outputs,
+            outputs: 4.0 * batch * dims * F32_BYTES + temporaries,
             lookups: per_table.iter().sum::<f64>() * LOOKUP_BYTES,
             heaviest: heaviest.map(|(d, t, rows, _)| (d, t, rows)),
             busiest: busiest(&per_table),
@@ -455,11 +378,12 @@ impl Footprint {
         let mut parts = Vec::new();
         if let Some((d, t, rows)) = self.heaviest {
             parts.push(format!(
-                "{:.1} GiB of fp32 weights (the largest, device {d}'s: {rows:.0} rows, each \
-                 table's capped at cpu.max_rows, × dim {} of its widest table `{}`)",
+                "{:.1} GiB of weights and optimizer state (the largest, device {d}'s: \
+                 {rows:.0} rows, each table's capped at cpu.max_rows, its widest table `{}` \
+                 of dim {})",
                 gib(self.weights),
-                tables[t].dim,
-                tables[t].name
+                tables[t].name,
+                tables[t].dim
             ));
         }
         parts.push(format!(
@@ -496,207 +420,106 @@ impl Footprint {
     }
 }
 
-/// `[Σ capped rows, widest dim]` of a device's fused weight.
-fn weight_shape(tables: &[Table], group: &[usize], max_rows: u64) -> (i64, i64) {
-    let rows = group
-        .iter()
-        .map(|&t| indices::capped_rows(&tables[t], max_rows) as i64)
-        .sum();
-    let dim = group
-        .iter()
-        .map(|&t| tables[t].dim as i64)
-        .max()
-        .unwrap_or(0);
-    (rows, dim)
-}
-
-/// One round's timings per device, in ms.
-#[derive(Debug, Clone)]
-struct RoundTimes {
-    fwd: Vec<f64>,
-    /// Device's own sends in the forward all-to-all.
-    fwd_copy: Vec<f64>,
-    /// Device's own gathering of gradients in the backward all-to-all.
-    bwd_copy: Vec<f64>,
-    bwd: Vec<f64>,
-}
-
-impl RoundTimes {
-    fn zeros(devices: usize) -> Self {
-        RoundTimes {
-            fwd: vec![0.0; devices],
-            fwd_copy: vec![0.0; devices],
-            bwd_copy: vec![0.0; devices],
-            bwd: vec![0.0; devices],
-        }
-    }
-
-    /// Device costs, with the forward all-to-all waiting for the slowest.
-    fn device_costs(&self) -> Vec<DeviceCost> {
-        let slowest = self.fwd.iter().copied().fold(0.0, f64::max);
-        (0..self.fwd.len())
-            .map(|d| {
-                DeviceCost::new(
-                    self.fwd[d],
-                    self.bwd[d],
-                    slowest - self.fwd[d] + self.fwd_copy[d],
-                    self.bwd_copy[d],
-                )
-            })
-            .collect()
-    }
-}
-
-/// The buffers of the all-to-all: what each device holds for its own samples.
-struct Exchange {
-    /// Samples of each device, `(first, count)`.
-    split: Vec<(i64, i64)>,
-    /// First column of each task table in a device's buffers.
-    cols: Vec<i64>,
-    /// Pooled outputs each device receives for its samples, `[B_e, Σ dims]`.
-    recv: Vec<Tensor>,
-    /// Output gradients each device computed for its samples, `[B_e, Σ dims]`.
-    grads: Vec<Tensor>,
-}
-
-impl Exchange {
-    fn build(tables: &[Table], devices: usize, batch: u64) -> Result<Self, TchError> {
-        let split: Vec<(i64, i64)> = sample_split(batch, devices)
-            .into_iter()
-            .map(|(s, n)| (s as i64, n as i64))
-            .collect();
-        let mut cols = Vec::with_capacity(tables.len());
-        let mut width = 0i64;
-        for t in tables {
-            cols.push(width);
-            width += t.dim as i64;
-        }
-        // Allocated, then filled in place (see [`CpuOracle::weights`]).
-        let buffers = |fill: f64| {
-            split
-                .iter()
-                .map(|&(_, n)| {
-                    let mut b = Tensor::f_empty([n, width], F32)?;
-                    let _ = b.f_fill_(fill)?;
-                    Ok(b)
-                })
-                .collect::<Result<Vec<_>, TchError>>()
-        };
-        let (recv, grads) = (buffers(0.0)?, buffers(GRAD_VALUE)?);
-        Ok(Exchange {
-            split,
-            cols,
-            recv,
-            grads,
-        })
-    }
-
-    /// Device `w`'s part of the forward all-to-all: every peer gets its
-    /// samples of each of `w`'s tables, cut to the table's dim. Returns the
-    /// elements moved.
-    fn send(&mut self, w: &DeviceWork, out: &Tensor) -> Result<i64, TchError> {
-        let mut moved = 0;
-        for (&(first, count), recv) in self.split.iter().zip(&self.recv) {
-            for (i, (&t, &dim)) in w.tables.iter().zip(&w.dims).enumerate() {
-                let src = w.block(out, i, first, count)?;
-                recv.f_narrow(1, self.cols[t], dim)?.f_copy_(&src)?;
-                moved += count * dim;
-            }
-        }
-        Ok(moved)
-    }
-
-    /// Device `w`'s part of the backward all-to-all: it gathers the gradients
-    /// of its tables' outputs from every peer. Returns the elements moved.
-    fn gather(&self, w: &DeviceWork) -> Result<i64, TchError> {
-        let mut moved = 0;
-        for (&(first, count), grads) in self.split.iter().zip(&self.grads) {
-            for (i, (&t, &dim)) in w.tables.iter().zip(&w.dims).enumerate() {
-                let src = grads.f_narrow(1, self.cols[t], dim)?;
-                w.block(&w.grad, i, first, count)?.f_copy_(&src)?;
-                moved += count * dim;
-            }
-        }
-        Ok(moved)
-    }
-}
-
-/// Everything one plan's iterations need; `None` for a device with no table.
+/// Everything one plan's iterations need: every device's engine, and the
+/// all-to-all's transfers by the device that times them.
 struct Iteration {
-    devices: Vec<Option<DeviceWork>>,
-    exchange: Exchange,
+    engines: Vec<DeviceEngine>,
+    /// The forward exchange's transfers, by sender.
+    sends: Vec<Vec<Transfer>>,
+    /// The backward exchange's transfers, by receiver: a device gathers its
+    /// tables' gradients.
+    gathers: Vec<Vec<Transfer>>,
 }
 
 impl Iteration {
-    /// `weights[d]`: device `d`'s fused weight (shape from [`weight_shape`])
-    /// for the `torch` kernel, `None` for FBGEMM's.
     fn build(
         tables: &[Table],
         plan: &Plan,
         cfg: &CpuConfig,
-        weights: Vec<Option<Tensor>>,
+        spec: EngineSpec,
         lookups: &mut LookupCache,
     ) -> Result<Self, TchError> {
-        let devices = plan
-            .groups()
-            .iter()
-            .zip(weights)
-            .map(|(g, w)| match g.is_empty() {
-                true => Ok(None),
-                false => DeviceWork::build(tables, g, cfg, w, lookups).map(Some),
+        let layout = PlanLayout::new(tables, plan, cfg.batch, cfg.max_rows);
+        let engines = (0..plan.devices)
+            .map(|d| {
+                let of_device = layout.devices[d]
+                    .tables
+                    .iter()
+                    .map(|&t| lookups.get(&tables[t]))
+                    .collect::<Result<Vec<Lookups>, _>>()?;
+                DeviceEngine::build(&layout, d, of_device, spec)
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let by = |transfers: Vec<Transfer>, key: fn(&Transfer) -> usize| {
+            let mut out = vec![Vec::new(); plan.devices];
+            for t in transfers {
+                out[key(&t)].push(t);
+            }
+            out
+        };
         Ok(Iteration {
-            devices,
-            exchange: Exchange::build(tables, plan.devices, cfg.batch)?,
+            engines,
+            sends: by(layout.forward_transfers(), |t| t.from),
+            gathers: by(layout.backward_transfers(), |t| t.to),
         })
     }
 
     /// One timed iteration: every device's forward, the forward exchange, the
     /// backward exchange, every device's backward.
-    fn round(&mut self) -> Result<RoundTimes, TchError> {
-        let mut t = RoundTimes::zeros(self.devices.len());
-        let mut pooled = Vec::with_capacity(self.devices.len());
-        for (d, w) in self.devices.iter_mut().enumerate() {
-            let Some(w) = w else {
+    fn round(&mut self) -> Result<Vec<Phases>, TchError> {
+        let n = self.engines.len();
+        let mut phases = vec![Phases::default(); n];
+        let mut pooled = Vec::with_capacity(n);
+        for (d, e) in self.engines.iter_mut().enumerate() {
+            if !e.has_tables() {
                 pooled.push(None);
                 continue;
-            };
+            }
             let start = Instant::now();
-            pooled.push(Some(w.forward()?));
-            t.fwd[d] = ms_since(start);
+            pooled.push(e.forward()?);
+            phases[d].fwd = ms_since(start);
         }
-        for (d, (w, p)) in self.devices.iter().zip(&pooled).enumerate() {
-            if let (Some(w), Some(p)) = (w, p) {
+        let engines = &self.engines;
+        let mut fwd_copy = vec![0.0; n];
+        for (d, sends) in self.sends.iter().enumerate() {
+            if sends.is_empty() {
+                continue;
+            }
+            let start = Instant::now();
+            copy_transfers(sends, |s| pooled[s].as_ref(), |e| Some(&engines[e].recv))?;
+            fwd_copy[d] = ms_since(start);
+        }
+        for (d, gathers) in self.gathers.iter().enumerate() {
+            if gathers.is_empty() {
+                continue;
+            }
+            let start = Instant::now();
+            copy_transfers(
+                gathers,
+                |e| Some(&engines[e].grad_out),
+                |to| Some(&engines[to].grad_in),
+            )?;
+            phases[d].bwd_comm = ms_since(start);
+        }
+        for (d, (e, p)) in self.engines.iter_mut().zip(&pooled).enumerate() {
+            if let Some(p) = p {
                 let start = Instant::now();
-                self.exchange.send(w, p)?;
-                t.fwd_copy[d] = ms_since(start);
+                e.backward(p)?;
+                phases[d].bwd = ms_since(start);
             }
         }
-        for (d, w) in self.devices.iter().enumerate() {
-            if let Some(w) = w {
-                let start = Instant::now();
-                self.exchange.gather(w)?;
-                t.bwd_copy[d] = ms_since(start);
-            }
+        // The forward all-to-all starts when the slowest device arrives.
+        let slowest = phases.iter().map(|p| p.fwd).fold(0.0, f64::max);
+        for (p, copy) in phases.iter_mut().zip(fwd_copy) {
+            p.fwd_comm = slowest - p.fwd + copy;
         }
-        for (d, (w, p)) in self.devices.iter_mut().zip(&pooled).enumerate() {
-            if let (Some(w), Some(p)) = (w, p) {
-                let start = Instant::now();
-                w.backward(p)?;
-                t.bwd[d] = ms_since(start);
-            }
-        }
-        Ok(t)
+        Ok(phases)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::device::DeviceKernel;
     use super::*;
-    use crate::fused::sum_bags;
-    use crate::layout::exchange_elements;
 
     fn table(name: &str, rows: u64, dim: u32, pooling: f64) -> Table {
         crate::test_table(name, rows, dim, pooling, &[(0, 0.6), (2, 0.3), (5, 0.1)])
@@ -711,21 +534,6 @@ mod tests {
             threads: 0,
             seed: 7,
             kernel: Kernel::Torch,
-        }
-    }
-
-    impl DeviceWork {
-        /// The `torch` kernel's weight, fused lookups and their bags.
-        fn torch_parts(&self) -> (&Tensor, &Tensor, &Tensor) {
-            match &self.kernel {
-                DeviceKernel::Torch {
-                    weight,
-                    indices,
-                    bags,
-                    ..
-                } => (weight, indices, bags),
-                DeviceKernel::Fbgemm { .. } => panic!("the fbgemm kernel"),
-            }
         }
     }
 
@@ -845,13 +653,36 @@ mod tests {
 
     #[test]
     fn an_allocation_that_fails_is_an_error_not_a_panic() {
-        // Past the check, should the estimate fall short: 2^58 bytes.
-        let mut o = oracle(16);
-        assert!(o.weights(&[(1 << 40, 1 << 16)]).is_err());
+        // Past the check, should the estimate fall short: 2^58 bytes of
+        // weights, or of exchange buffers.
+        let huge = [crate::test_table("h", 1 << 40, 1 << 16, 1.0, &[(0, 1.0)])];
         let wide = [crate::test_table("w", 10, 1 << 16, 1.0, &[(0, 1.0)])];
-        assert!(Exchange::build(&wide, 1, 1 << 40).is_err());
-        let m = o.measure(&wide, &plan(1, vec![0])).unwrap();
-        assert!(m.cost_ms > 0.0);
+        for kernel in [Kernel::Torch, Kernel::Fbgemm] {
+            let c = CpuConfig {
+                max_rows: 1 << 40,
+                kernel,
+                ..cfg(16)
+            };
+            let spec = engine_spec(&c, &MemoryModel::default());
+            let mut cache = LookupCache::new(c.seed, c.batch, c.max_rows, Device::Cpu, 1 << 20);
+            let p = plan(1, vec![0]);
+            assert!(
+                Iteration::build(&huge, &p, &c, spec, &mut cache).is_err(),
+                "{kernel:?}"
+            );
+            let c = CpuConfig {
+                batch: 1 << 40,
+                ..c
+            };
+            assert!(
+                Iteration::build(&wide, &p, &c, spec, &mut cache).is_err(),
+                "{kernel:?}"
+            );
+            let mut o =
+                CpuOracle::new(CpuConfig { kernel, ..cfg(16) }, MemoryModel::default()).unwrap();
+            let m = o.measure(&wide, &plan(1, vec![0])).unwrap();
+            assert!(m.cost_ms > 0.0);
+        }
     }
 
     #[test]
@@ -863,29 +694,34 @@ mod tests {
         ];
         let p = plan(2, vec![0, 1, 1]);
         let c = cfg(128); // rows capped at 5000
-        let f = Footprint::of(&tables, &p, &c, 0.0);
-        // Device 0: 3000 rows × 16; device 1: (5000 + 500) rows × 64.
-        let elements = 3000.0 * 16.0 + 5500.0 * 64.0;
-        assert_eq!(f.weights, elements * ARENA_SLACK * 4.0);
-        // Outputs and gradients [T_d·B, D_max]; the exchange's two
-        // [B, Σ dims]; device 1's row gradients, min(1280 lookups, 5500
-        // rows) × 64.
-        let outputs = 2.0 * 128.0 * (16.0 + 2.0 * 64.0) * 4.0
-            + 2.0 * 128.0 * (16.0 + 64.0 + 32.0) * 4.0
-            + 1280.0 * 64.0 * 4.0;
+        let mem = MemoryModel::default();
+        let f = Footprint::of(&tables, &p, &c, &engine_spec(&c, &mem));
+        // Device 0: 3000 rows × 16; device 1: 5000 × 64 + 500 × 32; fp32
+        // (the torch kernel) and one row-wise AdaGrad accumulator per row.
+        let elements = 3000.0 * 16.0 + 5000.0 * 64.0 + 500.0 * 32.0;
+        assert_eq!(mem.optimizer, common::Optimizer::RowwiseAdagrad);
+        assert_eq!(f.weights, (elements + 8500.0) * 4.0);
+        // Outputs and gradients, the exchange's buffers: 4 × [B, Σ dims];
+        // device 1's backward: two [B, 96] and its row gradients, min(1280
+        // lookups, 5500 rows) × 64.
+        let outputs =
+            4.0 * 128.0 * (16.0 + 64.0 + 32.0) * 4.0 + (2.0 * 128.0 * 96.0 + 1280.0 * 64.0) * 4.0;
         assert_eq!(f.outputs, outputs);
         assert_eq!(f.lookups, (512.0 + 256.0 + 1024.0) * LOOKUP_BYTES);
         assert_eq!(f.heaviest, Some((1, 1, 5500.0)));
         assert_eq!(f.busiest, Some(2));
         assert_eq!(f.total(), f.weights + f.outputs + f.lookups);
-        // An arena that holds the weights already: nothing to grow.
-        let mut o = oracle(128);
-        o.measure(&tables, &p).unwrap();
-        assert_eq!(o.arena_elements(), (elements * ARENA_SLACK).floor());
-        assert_eq!(
-            Footprint::of(&tables, &p, &c, o.arena_elements()).weights,
-            0.0
-        );
+        // FBGEMM's kernel keeps fp16 weights in fp16; Adam two moments.
+        let half = MemoryModel {
+            precision: Precision::Fp16,
+            optimizer: common::Optimizer::Adam,
+        };
+        let fbgemm = CpuConfig {
+            kernel: Kernel::Fbgemm,
+            ..c
+        };
+        let f = Footprint::of(&tables, &p, &fbgemm, &engine_spec(&fbgemm, &half));
+        assert_eq!(f.weights, elements * (2.0 + 8.0));
     }
 
     #[test]
@@ -960,114 +796,45 @@ mod tests {
         assert!(CpuOracle::new(cfg(0), MemoryModel::default()).is_err());
     }
 
-    /// Checks, against references written element by element: the fused
-    /// forward (each bag sums the rows it looks up), both exchanges (every
-    /// cell lands where its sample and table say, padding stays zero, the
-    /// element counts match [`crate::layout::exchange_elements`]) and the backward (each row
-    /// moves by −lr × the summed output gradients of the bags that looked it up).
+    /// Each transfer of both exchanges is timed once, by its sender in
+    /// the forward and its receiver in the backward; and a whole round
+    /// leaves the kept lookups the tables' own.
     #[test]
-    fn fused_pass_and_exchanges_match_naive_references() {
+    fn each_device_times_its_own_transfers() {
         let tables = three_tables();
         let c = CpuConfig {
             max_rows: 25,
             ..cfg(5)
         };
-        let batch = c.batch as usize;
-        let p = plan(2, vec![1, 0, 1]);
-        let groups = p.groups();
-        let weights: Vec<Option<Tensor>> = groups
-            .iter()
-            .map(|g| {
-                let (r, d) = weight_shape(&tables, g, c.max_rows);
-                Some(Tensor::arange(r * d, F32).view([r, d]) * 0.001)
-            })
-            .collect();
-        let before: Vec<Tensor> = weights.iter().flatten().map(|w| w.copy()).collect();
+        let p = plan(3, vec![1, 0, 1]);
+        let spec = engine_spec(&c, &MemoryModel::default());
         let mut cache = LookupCache::new(c.seed, c.batch, c.max_rows, Device::Cpu, 1 << 20);
-        let mut it = Iteration::build(&tables, &p, &c, weights, &mut cache).unwrap();
-        for (e, g) in it.exchange.grads.iter_mut().enumerate() {
-            *g = Tensor::arange(g.numel() as i64, F32).view(g.size().as_slice()) * 0.01
-                + (e + 1) as f64;
-        }
-        // Which device owns sample b, and its row in that device's buffers.
-        let split = sample_split(c.batch, 2);
-        let owner = |b: usize| {
-            let e = split
-                .iter()
-                .position(|&(f, n)| (f..f + n).contains(&(b as u64)));
-            let e = e.unwrap();
-            (e, (b as u64 - split[e].0) as i64)
+        let mut it = Iteration::build(&tables, &p, &c, spec, &mut cache).unwrap();
+        let layout = PlanLayout::new(&tables, &p, c.batch, c.max_rows);
+        let flat = |by: &[Vec<Transfer>], key: fn(&Transfer) -> usize| {
+            for (d, ts) in by.iter().enumerate() {
+                assert!(ts.iter().all(|t| key(t) == d));
+            }
+            by.concat()
         };
-        let dim_sums: Vec<u64> = groups
-            .iter()
-            .map(|g| g.iter().map(|&t| tables[t].dim as u64).sum())
-            .collect();
-        let sent = exchange_elements(c.batch, &dim_sums);
-        let cell = |x: &Tensor, row: i64, col: i64, len: i64| x.get(row).narrow(0, col, len);
-
-        for (d, w) in it.devices.iter_mut().enumerate() {
-            let w = w.as_mut().unwrap();
-            let out = w.forward().unwrap();
-            let (weight, fused_rows, fused_bags) = w.torch_parts();
-            let (weight, fused_rows, fused_bags) =
-                (weight.shallow_clone(), fused_rows.copy(), fused_bags.copy());
-            let mut first_row = 0;
-            for (i, &t) in w.tables.iter().enumerate() {
-                let l =
-                    indices::for_table(c.seed, &tables[t], batch as u64, c.max_rows, Device::Cpu)
-                        .unwrap()
-                        .to_host()
-                        .unwrap();
-                for (b, len) in l.bag_lengths().into_iter().enumerate() {
-                    let start = l.offsets[b] as usize;
-                    let rows = Tensor::from_slice(&l.indices[start..start + len]) + first_row;
-                    let expect = weight.index_select(0, &rows).sum_dim_intlist(
-                        [0i64].as_slice(),
-                        false,
-                        Kind::Float,
-                    );
-                    let got = out.get((i * batch + b) as i64);
-                    assert!(
-                        got.allclose(&expect, 1e-5, 1e-6, false),
-                        "table {t} bag {b}"
-                    );
-                }
-                first_row += indices::capped_rows(&tables[t], c.max_rows) as i64;
-            }
-
-            let moved = it.exchange.send(w, &out).unwrap();
-            assert_eq!(moved as u64, sent[d].iter().sum::<u64>());
-            let gathered = it.exchange.gather(w).unwrap();
-            assert_eq!(gathered, moved);
-            let dmax = w.dims.iter().copied().max().unwrap();
-            for (i, (&t, &dim)) in w.tables.iter().zip(&w.dims).enumerate() {
-                let col = it.exchange.cols[t];
-                for b in 0..batch {
-                    let (e, row) = owner(b);
-                    let at = (i * batch + b) as i64;
-                    let pooled = cell(&out, at, 0, dim);
-                    assert!(cell(&it.exchange.recv[e], row, col, dim).equal(&pooled));
-                    let grad = cell(&it.exchange.grads[e], row, col, dim);
-                    assert!(cell(&w.grad, at, 0, dim).equal(&grad));
-                    let padding = cell(&w.grad, at, dim, dmax - dim);
-                    assert_eq!(padding.abs().sum(Kind::Float).double_value(&[]), 0.0);
-                }
-            }
-
-            // Naive backward: every lookup adds its bag's gradient to its row.
-            let rows = Vec::<i64>::try_from(&fused_rows).unwrap();
-            let bags = Vec::<i64>::try_from(&fused_bags).unwrap();
-            let expect = Tensor::zeros(weight.size().as_slice(), F32);
-            for (&r, &b) in rows.iter().zip(&bags) {
-                let mut row = expect.get(r);
-                row += w.grad.get(b);
-            }
-            w.backward(&out).unwrap();
-            let delta = &weight - &before[d];
-            assert!(delta.allclose(&(expect * -LEARNING_RATE), 1e-4, 1e-7, false));
-        }
-        // A whole round later, the kept lookups are still the tables' own.
-        it.round().unwrap();
+        let mut sends = flat(&it.sends, |t| t.from);
+        let mut want = layout.forward_transfers();
+        let order = |t: &Transfer| (t.from, t.to);
+        sends.sort_by_key(order);
+        want.sort_by_key(order);
+        assert_eq!(sends, want);
+        let mut gathers = flat(&it.gathers, |t| t.to);
+        let mut want = layout.backward_transfers();
+        gathers.sort_by_key(order);
+        want.sort_by_key(order);
+        assert_eq!(gathers, want);
+        // Device 2 has no table: it sends nothing, but receives its samples.
+        assert!(it.sends[2].is_empty() && it.gathers[2].is_empty());
+        let phases = it.round().unwrap();
+        assert_eq!(
+            (phases[2].fwd, phases[2].bwd, phases[2].bwd_comm),
+            (0.0, 0.0, 0.0)
+        );
         for t in &tables {
             let kept = cache.get(t).unwrap().to_host().unwrap();
             let fresh = indices::for_table(c.seed, t, c.batch, c.max_rows, Device::Cpu).unwrap();
@@ -1075,73 +842,35 @@ mod tests {
         }
     }
 
-    /// FBGEMM's kernel in the `cpu` backend: its sample-major output is
-    /// each table's pooled lookups, the exchange moves each table's block
-    /// of it and of the gradient, the backward updates the weights, and a
-    /// measurement of it has the phases of one.
+    /// Both kernels measure a plan, and say which they are; FBGEMM's has no
+    /// Adam and says so when the oracle starts.
     #[test]
-    fn the_fbgemm_kernel_pools_exchanges_and_measures() {
+    fn both_kernels_measure_and_fbgemm_refuses_adam() {
         let tables = three_tables();
-        let c = CpuConfig {
-            max_rows: 25,
+        let p = plan(2, vec![1, 0, 1]);
+        for kernel in [Kernel::Torch, Kernel::Fbgemm] {
+            let c = CpuConfig { kernel, ..cfg(6) };
+            let mut o = CpuOracle::new(c, MemoryModel::default()).unwrap();
+            assert_eq!(o.kernel(), Some(kernel.name()));
+            let m = o.measure(&tables, &p).unwrap();
+            assert!(
+                m.devices.iter().all(|d| d.fwd_ms > 0.0 && d.bwd_ms > 0.0),
+                "{kernel:?}: {m:?}"
+            );
+        }
+        let adam = MemoryModel {
+            optimizer: common::Optimizer::Adam,
+            precision: Precision::Fp32,
+        };
+        let fbgemm = CpuConfig {
             kernel: Kernel::Fbgemm,
             ..cfg(6)
         };
-        let p = plan(2, vec![1, 0, 1]);
-        let weights = p.groups().iter().map(|_| None).collect();
-        let mut cache = LookupCache::new(c.seed, c.batch, c.max_rows, Device::Cpu, 1 << 20);
-        let mut it = Iteration::build(&tables, &p, &c, weights, &mut cache).unwrap();
-        let split = sample_split(c.batch, 2);
-        for w in it.devices.iter_mut() {
-            let w = w.as_mut().unwrap();
-            let DeviceKernel::Fbgemm { tbe, .. } = &w.kernel else {
-                panic!("the torch kernel");
-            };
-            let before: Vec<Tensor> = (0..w.tables.len())
-                .map(|i| tbe.table_weight(i).unwrap().copy())
-                .collect();
-            let out = w.forward().unwrap();
-            let width: u32 = w.tables.iter().map(|&t| tables[t].dim).sum();
-            assert_eq!(out.size(), [c.batch as i64, width as i64]);
-            for (i, &t) in w.tables.iter().enumerate() {
-                let l = cache.get(&tables[t]).unwrap();
-                let want = sum_bags(&before[i], &l.indices, &l.offsets).unwrap();
-                let got = w.block(&out, i, 0, c.batch as i64).unwrap();
-                assert!(got.allclose(&want, 1e-5, 1e-6, false), "table {t}");
-            }
-            it.exchange.send(w, &out).unwrap();
-            it.exchange.gather(w).unwrap();
-            for (i, &t) in w.tables.iter().enumerate() {
-                let dim = tables[t].dim as i64;
-                for (e, &(first, count)) in split.iter().enumerate() {
-                    let (first, count) = (first as i64, count as i64);
-                    let recv = it.exchange.recv[e].narrow(1, it.exchange.cols[t], dim);
-                    assert!(recv.equal(&w.block(&out, i, first, count).unwrap()));
-                    let grad = it.exchange.grads[e].narrow(1, it.exchange.cols[t], dim);
-                    assert!(grad.equal(&w.block(&w.grad, i, first, count).unwrap()));
-                }
-            }
-            w.backward(&out).unwrap();
-            let DeviceKernel::Fbgemm { tbe, .. } = &w.kernel else {
-                unreachable!()
-            };
-            let moved = (0..w.tables.len())
-                .map(|i| {
-                    (tbe.table_weight(i).unwrap() - &before[i])
-                        .abs()
-                        .sum(Kind::Float)
-                })
-                .map(|d| d.double_value(&[]))
-                .sum::<f64>();
-            assert!(moved > 0.0, "the backward updated nothing");
-        }
-        let mut o = CpuOracle::new(c, MemoryModel::default()).unwrap();
-        assert_eq!(o.kernel(), Some("fbgemm"));
-        let m = o.measure(&tables, &p).unwrap();
-        assert_eq!(m.devices.len(), 2);
+        let e = CpuOracle::new(fbgemm, adam).err().unwrap().to_string();
         assert!(
-            m.devices.iter().all(|d| d.fwd_ms > 0.0 && d.bwd_ms > 0.0),
-            "{m:?}"
+            e.contains("Adam") && e.contains("kernel = \"torch\""),
+            "{e}"
         );
+        assert!(CpuOracle::new(cfg(6), adam).is_ok());
     }
 }

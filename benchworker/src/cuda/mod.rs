@@ -2,10 +2,11 @@
 //! their gradients exchanged by NCCL all-to-all (DESIGN §6). Built with the
 //! `cuda` feature; see docs/gpu.md for running it.
 //!
-//! One iteration of a plan on `D` GPUs, each a [`FusedDevice`] (one fused
-//! `embedding_bag` per distinct dim over its tables of that dim for the
-//! whole batch, fp16 or fp32 weights as `memory.precision` says, the
-//! `memory.optimizer` update in the backward):
+//! One iteration of a plan on `D` GPUs, each a [`DeviceEngine`]: the
+//! measuring engine the `cpu` backend runs too, its tables in the kernel
+//! `cuda.kernel` names (FBGEMM's TBE, or libtorch's `embedding_bag` per
+//! dim), weights in `memory.precision`, the `memory.optimizer` step in the
+//! backward:
 //!
 //! | phase      | what runs on device `d`, timed by CUDA events on its stream |
 //! |------------|--------------------------------------------------------------|
@@ -46,7 +47,7 @@ use cudarc::nccl::result as nccl;
 use cudarc::nccl::sys as nccl_sys;
 use tch::{Device, Kind, Tensor};
 
-use crate::fused::{FusedDevice, FusedSpec};
+use crate::engine::{DeviceEngine, EngineSpec};
 use crate::group;
 use crate::indices::{self, Lookups};
 use crate::layout::{PlanLayout, Ranks, Transfer};
@@ -58,8 +59,6 @@ mod comms;
 use comms::{exchange, nccl_err, Comms, NcclGroup};
 
 const BACKEND: &str = "cuda";
-/// Value of the output gradients (it does not matter; a normal float).
-const GRAD_VALUE: f64 = 1e-3;
 /// Most lookups of one iteration on one GPU: it holds them with their bags,
 /// the backward's sort keys and pieces (a few tens of bytes each, more while
 /// they are generated), next to its weights.
@@ -188,6 +187,18 @@ fn open_gpus(cfg: &CudaConfig) -> Result<Vec<Gpu>, OracleError> {
         .collect()
 }
 
+/// How the `cuda` backend builds each GPU's work (the device is set per
+/// GPU), checked before any GPU is opened.
+fn engine_spec(cfg: &CudaConfig, mem: &MemoryModel) -> EngineSpec {
+    EngineSpec {
+        device: Device::Cpu,
+        kernel: cfg.kernel,
+        precision: mem.precision,
+        optimizer: mem.optimizer,
+        learning_rate: cfg.learning_rate,
+    }
+}
+
 /// A plan on `devices` devices fits a group of `total` GPUs.
 fn group_fits(devices: usize, total: usize) -> Result<(), OracleError> {
     if devices > total {
@@ -206,6 +217,9 @@ fn raw(stream: &CudaStream) -> nccl_sys::cudaStream_t {
 impl CudaOracle {
     /// All GPUs in this process (`cuda.gpus`, or every visible one).
     pub fn new(cfg: CudaConfig, mem: MemoryModel) -> Result<Self, OracleError> {
+        engine_spec(&cfg, &mem)
+            .check()
+            .map_err(|e| err(e.to_string()))?;
         let gpus = open_gpus(&cfg)?;
         let topology = Topology::Local {
             comms: HashMap::new(),
@@ -244,6 +258,9 @@ impl CudaOracle {
         devices: Vec<usize>,
         unique_id: &[u8],
     ) -> Result<Self, OracleError> {
+        engine_spec(&cfg, &mem)
+            .check()
+            .map_err(|e| err(e.to_string()))?;
         let gpus = open_gpus(&cfg)?;
         let ranks = Ranks { devices };
         if ranks.devices.get(rank) != Some(&gpus.len()) {
@@ -341,41 +358,22 @@ impl CudaOracle {
         let layout = PlanLayout::new(tables, plan, self.cfg.batch, self.cfg.max_rows);
         let local = self.local_devices(plan.devices);
         let (seed, batch) = (self.cfg.seed, self.cfg.batch);
-        let (precision, optimizer) = (self.mem.precision, self.mem.optimizer);
-        let learning_rate = self.cfg.learning_rate;
-        let spec = move |ordinal| FusedSpec {
-            device: Device::Cuda(ordinal),
-            precision,
-            optimizer,
-            learning_rate,
-        };
-        // Per local device: its fused work and its exchange buffers.
+        let spec = engine_spec(&self.cfg, &self.mem);
+        // Per local device: its engine, on its GPU.
         let mut work = Vec::with_capacity(local.len());
         for &(d, g) in &local {
             let dev = &layout.devices[d];
-            let ordinal = self.gpus[g].ordinal;
-            let on = (Kind::Float, Device::Cuda(ordinal));
+            let on = Device::Cuda(self.gpus[g].ordinal);
             // Each table's rows as the layout capped them.
             let lookups = dev
                 .tables
                 .iter()
                 .zip(&dev.rows)
-                .map(|(&t, &rows)| indices::for_table(seed, &tables[t], batch, rows, on.1))
+                .map(|(&t, &rows)| indices::for_table(seed, &tables[t], batch, rows, on))
                 .collect::<Result<Vec<Lookups>, _>>()
                 .map_err(tch_err)?;
-            let fused = if dev.is_empty() {
-                None
-            } else {
-                Some(FusedDevice::build(dev, lookups, batch, spec(ordinal)).map_err(tch_err)?)
-            };
-            let n = layout.exchanged_len(d) as i64;
-            work.push(DeviceBuffers {
-                fused,
-                recv: Tensor::f_zeros([n.max(1)], on).map_err(tch_err)?,
-                grad_out: Tensor::f_full([n.max(1)], GRAD_VALUE, on).map_err(tch_err)?,
-                grad_in: Tensor::f_zeros([(layout.output_len(d) as i64).max(1)], on)
-                    .map_err(tch_err)?,
-            });
+            let spec = EngineSpec { device: on, ..spec };
+            work.push(DeviceEngine::build(&layout, d, lookups, spec).map_err(tch_err)?);
         }
         let fwd = layout.forward_transfers();
         let bwd = layout.backward_transfers();
@@ -403,7 +401,7 @@ impl CudaOracle {
         &mut self,
         local: &[(usize, usize)],
         layout: &PlanLayout,
-        work: &mut [DeviceBuffers],
+        work: &mut [DeviceEngine],
         events: &[[CudaEvent; 5]],
         fwd: &[Transfer],
         bwd: &[Transfer],
@@ -426,12 +424,9 @@ impl CudaOracle {
         // Each device's events go right around its own work, so launching
         // another device's work is never timed.
         let mut outputs: Vec<Option<Tensor>> = Vec::with_capacity(local.len());
-        for (i, w) in work.iter().enumerate() {
+        for (i, w) in work.iter_mut().enumerate() {
             mark(i, 0)?;
-            outputs.push(match &w.fused {
-                Some(f) => Some(f.forward().map_err(tch_err)?),
-                None => None,
-            });
+            outputs.push(w.forward().map_err(tch_err)?);
             mark(i, 1)?;
         }
         let streams: Vec<nccl_sys::cudaStream_t> = own.iter().map(|s| raw(s)).collect();
@@ -456,9 +451,9 @@ impl CudaOracle {
             |i| Some(&work[i].grad_in),
         )?;
         (0..local.len()).try_for_each(|i| mark(i, 3))?;
-        for (i, w) in work.iter_mut().enumerate() {
-            if let Some(f) = &mut w.fused {
-                f.backward(&w.grad_in).map_err(tch_err)?;
+        for (i, (w, out)) in work.iter_mut().zip(&outputs).enumerate() {
+            if let Some(out) = out {
+                w.backward(out).map_err(tch_err)?;
             }
             mark(i, 4)?;
         }
@@ -660,24 +655,13 @@ impl CudaOracle {
     }
 }
 
-/// A local device's buffers for one plan.
-struct DeviceBuffers {
-    fused: Option<FusedDevice>,
-    /// Forward all-to-all: this device's samples of every table.
-    recv: Tensor,
-    /// Backward all-to-all: the gradients of those, sent back.
-    grad_out: Tensor,
-    /// This device's tables' output gradients, `[B, S_d]`.
-    grad_in: Tensor,
-}
-
 impl Oracle for CudaOracle {
     fn name(&self) -> &'static str {
         BACKEND
     }
 
     fn kernel(&self) -> Option<&'static str> {
-        Some("torch")
+        Some(self.cfg.kernel.name())
     }
 
     fn measure(&mut self, tables: &[Table], plan: &Plan) -> Result<Measurement, OracleError> {

@@ -13,13 +13,29 @@
 #include <cstring>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace {
 
-// The op: forward, and its backward with row-wise AdaGrad fused in.
-const char* const kOp = "fbgemm::split_embedding_codegen_lookup_rowwise_adagrad_function_pt2";
+// The ops, one per optimizer fused into the backward, in the order of
+// `EmbshardTbeArgs::optimizer`.
+const char* const kOps[] = {
+    "fbgemm::split_embedding_codegen_lookup_sgd_function_pt2",
+    "fbgemm::split_embedding_codegen_lookup_adagrad_function_pt2",
+    "fbgemm::split_embedding_codegen_lookup_rowwise_adagrad_function_pt2",
+};
+const int kSgd = 0;
+const int kAdagrad = 1;
+const int kRowwiseAdagrad = 2;
+
+const char* op_name(int optimizer) {
+  if (optimizer < 0 || optimizer > kRowwiseAdagrad) {
+    throw std::invalid_argument("no FBGEMM op for optimizer " + std::to_string(optimizer));
+  }
+  return kOps[optimizer];
+}
 
 void put(char* buf, size_t len, const std::string& text) {
   if (buf == nullptr || len == 0) return;
@@ -75,6 +91,8 @@ struct EmbshardTbeArgs {
   size_t n_momentum;
   at::Tensor* learning_rate;
   double eps;
+  // 0: SGD (no state), 1: AdaGrad, 2: row-wise AdaGrad.
+  int32_t optimizer;
 };
 
 // Loads a shared library with its symbols visible to those loaded later.
@@ -87,10 +105,11 @@ int embshard_dlopen(const char* path, char* err, size_t errlen) {
   return 0;
 }
 
-// The op's schema as FBGEMM registered it.
-int embshard_tbe_schema(char* out, size_t outlen, char* err, size_t errlen) {
+// The schema of the op for `optimizer` as FBGEMM registered it.
+int embshard_tbe_schema(int32_t optimizer, char* out, size_t outlen, char* err,
+                        size_t errlen) {
   return guarded(err, errlen, [&] {
-    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(kOp, "");
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(op_name(optimizer), "");
     std::ostringstream s;
     s << op.schema();
     put(out, outlen, s.str());
@@ -103,7 +122,7 @@ int embshard_tbe_forward(const EmbshardTbeArgs* a, at::Tensor** out, char* err,
                          size_t errlen) {
   return guarded(err, errlen, [&] {
     c10::AutoGradMode grad(true);
-    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(kOp, "");
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(op_name(a->optimizer), "");
     torch::jit::Stack stack;
     stack.emplace_back(*a->placeholder);
     stack.emplace_back(tensor_list(a->weights, a->n_weights));
@@ -135,10 +154,15 @@ int embshard_tbe_forward(const EmbshardTbeArgs* a, at::Tensor** out, char* err,
     c10::List<bool> flags({false, false, a->use_homogeneous_placements != 0, false, false,
                            a->stochastic_rounding != 0, true});
     stack.emplace_back(flags);
-    stack.emplace_back(tensor_list(a->momentum, a->n_momentum));
+    // The optimizer's arguments, as each op's schema lists them.
+    if (a->optimizer != kSgd) stack.emplace_back(tensor_list(a->momentum, a->n_momentum));
     stack.emplace_back(*a->learning_rate);
-    stack.emplace_back(std::vector<int64_t>{0});  // weight_decay_mode: none
-    stack.emplace_back(std::vector<double>{a->eps, 0.0, 0.0});  // eps, weight_decay, max_norm
+    if (a->optimizer == kAdagrad) {
+      stack.emplace_back(std::vector<double>{a->eps});
+    } else if (a->optimizer == kRowwiseAdagrad) {
+      stack.emplace_back(std::vector<int64_t>{0});  // weight_decay_mode: none
+      stack.emplace_back(std::vector<double>{a->eps, 0.0, 0.0});  // eps, weight_decay, max_norm
+    }
     stack.emplace_back(int64_t{-1});  // max_B
     stack.emplace_back(int64_t{-1});  // max_B_feature_rank
     stack.emplace_back(int64_t{-1});  // vbe_output_size

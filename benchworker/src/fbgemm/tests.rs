@@ -22,28 +22,58 @@ fn lookups(rows: i64, batch: i64, seed: i64) -> Lookups {
 
 fn assert_close(got: &Tensor, want: &Tensor, what: &str) {
     assert_eq!(got.size(), want.size(), "{what}: shapes");
+    // fp32 sums in another order: a relative tolerance.
     let err = (got - want).abs().max().double_value(&[]);
-    assert!(err <= 1e-6, "{what}: off by {err}");
+    let scale = want.abs().max().double_value(&[]).max(1.0);
+    assert!(
+        err <= 1e-6 * scale,
+        "{what}: off by {err} at a scale of {scale}"
+    );
+}
+
+fn spec(optimizer: TbeOptimizer, precision: Precision, learning_rate: f64) -> TbeSpec {
+    TbeSpec {
+        device: Device::Cpu,
+        precision,
+        optimizer,
+        learning_rate,
+    }
 }
 
 /// The forward is each table's `embedding_bag` (sum), side by side in
-/// table order; the backward sums each looked-up row's gradients and
-/// applies row-wise AdaGrad to those rows only, as FBGEMM documents:
-/// `m += mean(g²)`, `w -= lr · g / (√m + ε)`.
+/// table order; the backward sums each looked-up row's gradients `g` and
+/// applies the optimizer to those rows only, as FBGEMM documents: SGD
+/// `w -= lr · g`; AdaGrad `m += g²`, `w -= lr · g / (√m + ε)`; row-wise
+/// AdaGrad the same with `m += mean(g²)`, one `m` per row.
 #[test]
-fn forward_is_embedding_bag_and_backward_is_rowwise_adagrad() {
+fn forward_is_embedding_bag_and_backward_is_the_fused_optimizer() {
+    for optimizer in TbeOptimizer::ALL {
+        check_two_steps(optimizer);
+    }
+}
+
+fn check_two_steps(optimizer: TbeOptimizer) {
     let (rows, dims, batch, lr) = ([50i64, 80, 30], [8i64, 16, 4], 4i64, 0.05);
     let ls: Vec<Lookups> = (0..3).map(|t| lookups(rows[t], batch, t as i64)).collect();
-    let mut tbe = Tbe::build(Device::Cpu, &rows, &dims, &ls, batch, Precision::Fp32, lr).unwrap();
+    let mut tbe = Tbe::build(
+        &rows,
+        &dims,
+        &ls,
+        batch,
+        spec(optimizer, Precision::Fp32, lr),
+    )
+    .unwrap();
     // Every weight its own value, so that a row taken for another shows.
     for t in 0..3 {
         let w = tbe.table_weight(t).unwrap();
         let values = Tensor::arange(rows[t] * dims[t], tch::kind::FLOAT_CPU).sin();
         tch::no_grad(|| w.view([-1]).copy_(&values));
     }
-    let mut momentum: Vec<Tensor> = rows
-        .iter()
-        .map(|&r| Tensor::zeros([r], tch::kind::FLOAT_CPU))
+    let mut momentum: Vec<Tensor> = (0..3)
+        .map(|t| match optimizer {
+            TbeOptimizer::Adagrad => Tensor::zeros([rows[t], dims[t]], tch::kind::FLOAT_CPU),
+            _ => Tensor::zeros([rows[t]], tch::kind::FLOAT_CPU),
+        })
         .collect();
     for step in 0..2 {
         let weights: Vec<Tensor> = (0..3)
@@ -68,26 +98,64 @@ fn forward_is_embedding_bag_and_backward_is_rowwise_adagrad() {
                 &ls[t].indices,
                 &g,
             );
-            momentum[t] += rows_grad.square().mean_dim(1, false, Kind::Float);
-            let step = &rows_grad / (momentum[t].sqrt().unsqueeze(1) + EPS) * lr;
-            let want = &weights[t] - step;
-            assert_close(&tbe.table_momentum(t).unwrap(), &momentum[t], "momentum");
-            assert_close(&tbe.table_weight(t).unwrap(), &want, "weights");
+            let update = match optimizer {
+                TbeOptimizer::Sgd => &rows_grad * lr,
+                TbeOptimizer::Adagrad => {
+                    momentum[t] += rows_grad.square();
+                    &rows_grad / (momentum[t].sqrt() + EPS) * lr
+                }
+                TbeOptimizer::RowwiseAdagrad => {
+                    momentum[t] += rows_grad.square().mean_dim(1, false, Kind::Float);
+                    &rows_grad / (momentum[t].sqrt().unsqueeze(1) + EPS) * lr
+                }
+            };
+            let want = &weights[t] - update;
+            let what = format!("{optimizer:?}, table {t}, step {step}");
+            match tbe.table_momentum(t).unwrap() {
+                Some(m) => assert_close(&m, &momentum[t], &format!("momentum, {what}")),
+                None => assert_eq!(optimizer, TbeOptimizer::Sgd),
+            }
+            assert_close(
+                &tbe.table_weight(t).unwrap(),
+                &want,
+                &format!("weights, {what}"),
+            );
         }
     }
     // Rows nobody looked up keep their weights and no state.
     let looked: Vec<i64> = Vec::<i64>::try_from(&ls[0].indices).unwrap();
     let untouched = (0..rows[0]).find(|r| !looked.contains(r)).unwrap();
-    assert_eq!(
-        tbe.table_momentum(0).unwrap().double_value(&[untouched]),
-        0.0
-    );
+    if let Some(m) = tbe.table_momentum(0).unwrap() {
+        assert_eq!(
+            m.get(untouched).abs().sum(Kind::Float).double_value(&[]),
+            0.0
+        );
+    }
+}
+
+/// On a GPU the op takes `[dev, uvm, placements, offsets]` (and the
+/// weights' cache last); on the CPU `[host, placements, offsets]`.
+#[test]
+fn the_state_lists_are_laid_out_for_the_device() {
+    let state = Tensor::zeros([12], tch::kind::FLOAT_CPU);
+    let placements = Tensor::from_slice(&[DEVICE as i32, DEVICE as i32]);
+    let offsets = Tensor::from_slice(&[0i64, 8]);
+    let cache = || Some(Tensor::zeros([0, 0], tch::kind::FLOAT_CPU));
+    let cpu = state_list(&state, &placements, &offsets, cache(), false).unwrap();
+    assert_eq!(cpu.len(), 3);
+    let gpu = state_list(&state, &placements, &offsets, cache(), true).unwrap();
+    let sizes: Vec<Vec<i64>> = gpu.iter().map(|t| t.size()).collect();
+    assert_eq!(sizes, [vec![12], vec![0], vec![2], vec![2], vec![0, 0]]);
+    assert_eq!(gpu[1].kind(), Kind::Float);
+    let momentum = state_list(&state, &placements, &offsets, None, true).unwrap();
+    assert_eq!(momentum.len(), 4);
 }
 
 #[test]
 fn half_weights_give_a_float_output() {
     let ls = [lookups(20, 8, 1)];
-    let mut tbe = Tbe::build(Device::Cpu, &[20], &[12], &ls, 8, Precision::Fp16, 0.1).unwrap();
+    let opt = TbeOptimizer::RowwiseAdagrad;
+    let mut tbe = Tbe::build(&[20], &[12], &ls, 8, spec(opt, Precision::Fp16, 0.1)).unwrap();
     let w = tbe.table_weight(0).unwrap().to_kind(Kind::Float);
     let out = tbe.forward().unwrap();
     assert_eq!(out.kind(), Kind::Float);
@@ -120,19 +188,29 @@ fn a_missing_library_or_another_schema_says_what_to_install() {
         LIBRARIES[0],
         "fbgemm-gpu-cpu==1.8.0",
         DIR_VAR,
-        "cpu.kernel = \"torch\"",
+        "kernel = \"torch\" under [cpu] or [cuda]",
+        "--kernel torch",
     ] {
         assert!(e.contains(words), "{words:?} not in {e}");
     }
-    assert!(check_schema(SCHEMA).is_ok());
-    let other = SCHEMA.replace("int pooling_mode", "int pooling");
-    let e = check_schema(&other).unwrap_err().to_string();
-    assert!(e.contains(&other) && e.contains(SCHEMA), "{e}");
-    // A device the shim does not lay out, or lookups of another batch, is
-    // refused before any call.
+    for o in TbeOptimizer::ALL {
+        assert!(check_schema(o, &o.schema()).is_ok(), "{o:?}");
+    }
+    let rowwise = TbeOptimizer::RowwiseAdagrad;
+    let want = rowwise.schema();
+    let other = want.replace("int pooling_mode", "int pooling");
+    let e = check_schema(rowwise, &other).unwrap_err().to_string();
+    assert!(e.contains(&other) && e.contains(&want), "{e}");
+    // The op of one optimizer is not the schema of another.
+    assert!(check_schema(TbeOptimizer::Sgd, &want).is_err());
+    // Adam has no CPU kernel in FBGEMM: the error says what measures it.
+    let e = TbeOptimizer::of(Optimizer::Adam).unwrap_err().to_string();
+    assert!(
+        e.contains("Adam") && e.contains("kernel = \"torch\""),
+        "{e}"
+    );
+    // Lookups of another batch are refused before any call.
     let ls = [lookups(20, 4, 0)];
-    let e = Tbe::build(Device::Cuda(0), &[20], &[4], &ls, 4, Precision::Fp32, 0.1);
-    assert!(matches!(e, Err(FbgemmError::Device(_))), "{e:?}");
-    let e = Tbe::build(Device::Cpu, &[20], &[4], &ls, 5, Precision::Fp32, 0.1).unwrap_err();
+    let e = Tbe::build(&[20], &[4], &ls, 5, spec(rowwise, Precision::Fp32, 0.1)).unwrap_err();
     assert!(e.to_string().contains("4 bags for a batch of 5"), "{e}");
 }

@@ -196,8 +196,8 @@ impl Config {
     ///
     /// A setting whose default changed after it came in takes, where a run
     /// lacks it, what runs did before it existed: `train.measure_temperature`
-    /// (1; the default is 1000 since), `cpu.kernel` (`torch`: a cost log
-    /// keeps measurements of one kernel).
+    /// (1; the default is 1000 since), `cpu.kernel` and `cuda.kernel`
+    /// (`torch`: a cost log keeps measurements of one kernel).
     pub fn load_run(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let mut cfg = Config::from_toml(&text, path)?;
@@ -207,10 +207,13 @@ impl Config {
                 cfg.train.measure_temperature = 1.0;
                 *m = "train.measure_temperature = 1.0 (how runs before the setting sampled)".into();
             }
-            if m.starts_with("cpu.kernel =") {
-                cfg.cpu.kernel = Kernel::Torch;
-                *m = "cpu.kernel = \"torch\" (the kernel runs before the setting measured with)"
-                    .into();
+            for (key, kernel) in [("cpu", &mut cfg.cpu.kernel), ("cuda", &mut cfg.cuda.kernel)] {
+                if m.starts_with(&format!("{key}.kernel =")) {
+                    *kernel = Kernel::Torch;
+                    *m = format!(
+                        "{key}.kernel = \"torch\" (the kernel runs before the setting measured with)"
+                    );
+                }
             }
         }
         if !missing.is_empty() {
@@ -505,10 +508,18 @@ mod tests {
         );
         // A run from before cpu.kernel measured with libtorch's kernel, and
         // goes on so; one that names its kernel keeps it.
-        assert_eq!(Config::load_run(&path).unwrap().cpu.kernel, Kernel::Fbgemm);
+        let run = Config::load_run(&path).unwrap();
+        assert_eq!(
+            (run.cpu.kernel, run.cuda.kernel),
+            (Kernel::Fbgemm, Kernel::Fbgemm)
+        );
         let older = without("kernel");
         std::fs::write(&path, older).unwrap();
-        assert_eq!(Config::load_run(&path).unwrap().cpu.kernel, Kernel::Torch);
+        let run = Config::load_run(&path).unwrap();
+        assert_eq!(
+            (run.cpu.kernel, run.cuda.kernel),
+            (Kernel::Torch, Kernel::Torch)
+        );
         // A default config written out reads back the same, suites with a
         // memory share included.
         assert_eq!(Config::from_toml(&whole, &path).unwrap(), Config::default());

@@ -118,12 +118,13 @@ pub struct CpuConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kernel {
-    /// libtorch's `embedding_bag`, one fused call per device, SGD in the
-    /// backward: for hosts without FBGEMM.
+    /// libtorch's `embedding_bag`, one fused call per dim on a device, and
+    /// a backward of libtorch ops in FBGEMM's manner: for hosts without
+    /// FBGEMM.
     Torch,
-    /// FBGEMM's table-batched embedding, row-wise AdaGrad fused in its
+    /// FBGEMM's table-batched embedding, the optimizer fused in its
     /// backward: what TorchRec runs. Needs the `fbgemm-gpu-cpu` package
-    /// (`scripts/setup.sh` installs it).
+    /// (`scripts/setup.sh` installs it), or `fbgemm-gpu` on GPU hosts.
     #[default]
     Fbgemm,
 }
@@ -186,6 +187,9 @@ pub struct CudaConfig {
     /// benchworkers exit (NCCL's join cannot be interrupted), seconds.
     pub join_timeout_s: f64,
     pub seed: u64,
+    /// The kernel that runs each GPU's lookups (`fbgemm` needs the
+    /// `fbgemm-gpu` package: `EMBSHARD_CUDA=1 scripts/setup.sh`).
+    pub kernel: Kernel,
 }
 
 impl Default for CudaConfig {
@@ -201,6 +205,7 @@ impl Default for CudaConfig {
             learning_rate: 0.01,
             join_timeout_s: 300.0,
             seed: 0,
+            kernel: Kernel::Fbgemm,
         }
     }
 }

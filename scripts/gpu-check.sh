@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The real-GPU checks of the cuda backend (docs/gpu.md), on a host with at
 # least one NVIDIA GPU:
+#   0. the measuring engine's tests on the GPU (each test written once runs
+#      on the CPU and on GPU 0; a missing GPU fails them here);
 #   1. measures one plan of 20 tables on one GPU (D = 1: the compute phases
 #      and a one-rank NCCL all-to-all), next to sim's figures for it;
 #   2. the fusion sweep (one fused call over k tables vs k single-table
@@ -11,12 +13,17 @@
 #      measurements and the calibration in data/measured/GPU-NAME/.
 # Usage: scripts/gpu-check.sh [OUT_DIR]   (default runs/gpu-check)
 #
+# The kernel is FBGEMM's where python3 can import fbgemm_gpu, else
+# libtorch's (EMBSHARD_KERNEL=fbgemm|torch chooses); every figure names it.
+#
 # By default it sets up and builds here (scripts/setup.sh with the cuda
 # feature). With EMBSHARD_PREBUILT=DIR it runs the learner and benchworker
 # binaries in DIR instead, built elsewhere against the libtorch of this
 # host's python3 torch (docs/gpu.md, "Prebuilt binaries"), with that
-# libtorch and the NCCL of its wheel on the library path. DIR is taken from
-# where the script is called; OUT_DIR from the repository's root.
+# libtorch and the NCCL of its wheel on the library path; DIR/benchworker-tests,
+# the library's test binary, runs step 0 (skipped, and said, without it).
+# DIR is taken from where the script is called; OUT_DIR from the
+# repository's root.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ -n ${EMBSHARD_PREBUILT:-} ]]; then
@@ -30,15 +37,36 @@ if [[ -n ${EMBSHARD_PREBUILT:-} ]]; then
   ln -s "$NCCL" "$NCCL_LINK/libnccl.so"
   export LD_LIBRARY_PATH=$SITE/torch/lib:$NCCL_LINK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   python3 -c 'import torch; print("torch", torch.__version__)'
+  TESTS=$BIN/benchworker-tests
 else
   export EMBSHARD_CUDA=1
   . "$ROOT/scripts/setup.sh"
   BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
+  TESTS=$(cargo test --release -p embshard-benchworker --features cuda --lib --no-run \
+    --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
+        print(m["executable"])')
 fi
 cd "$ROOT"
 OUT=${1:-runs/gpu-check}
 mkdir -p "$OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.csv"
+if [[ -z ${EMBSHARD_KERNEL:-} ]]; then
+  if python3 -c 'import fbgemm_gpu' 2>/dev/null; then EMBSHARD_KERNEL=fbgemm; else EMBSHARD_KERNEL=torch; fi
+fi
+KERNEL=$EMBSHARD_KERNEL
+echo "gpu-check: the $KERNEL kernel" | tee "$OUT/kernel.txt"
+
+# 0. The engine's tests, on GPU 0 as on the CPU.
+if [[ -n ${TESTS:-} && -x $TESTS ]]; then
+  EMBSHARD_REQUIRE_GPU=1 "$TESTS" --test-threads 1 ::cuda 2>&1 | tee "$OUT/tests.txt" ||
+    echo "gpu-check: engine tests FAILED on the GPU (see $OUT/tests.txt); going on" >&2
+else
+  echo "gpu-check: no test binary (${TESTS:-none}): step 0 skipped" | tee "$OUT/tests.txt" >&2
+fi
 "$BIN/learner" generate --config configs/default.toml >/dev/null
 POOL=data/generated/pool.csv
 
@@ -50,19 +78,19 @@ head -n 21 "$POOL" >"$OUT/tables.csv"
   printf ']}\n'
 } >"$OUT/placement.json"
 for backend in sim cuda; do
-  "$BIN/benchworker" measure --backend "$backend" --tables "$OUT/tables.csv" \
+  "$BIN/benchworker" measure --backend "$backend" --kernel "$KERNEL" --tables "$OUT/tables.csv" \
     --placement "$OUT/placement.json" --json | tee "$OUT/plan-$backend.json"
 done
 
 # 2. The fusion sweep, same mixes (same seed) on both backends.
 for backend in sim cuda; do
-  "$BIN/benchworker" fusion --backend "$backend" --sizes "${FUSION_SIZES:-1,2,4,8,16,32}" \
+  "$BIN/benchworker" fusion --backend "$backend" --kernel "$KERNEL" --sizes "${FUSION_SIZES:-1,2,4,8,16,32}" \
     --mixes "${FUSION_MIXES:-3}" --save "$OUT/fusion-$backend.jsonl" | tee "$OUT/fusion-$backend.txt"
 done
 # 3. sim calibrated to this GPU, on one-device plans (one GPU or more).
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9.\n-' '_' || true)
-MEASURED=data/measured/${GPU_NAME:-unknown-gpu}
+MEASURED=data/measured/${GPU_NAME:-unknown-gpu}-$KERNEL
 mkdir -p "$MEASURED"
-"$BIN/benchworker" calibrate --backend cuda --plans "${CALIBRATE_PLANS:-400}" --max-devices 1 \
+"$BIN/benchworker" calibrate --backend cuda --kernel "$KERNEL" --plans "${CALIBRATE_PLANS:-400}" --max-devices 1 \
   --out "$MEASURED/calibration.toml" --save "$MEASURED/plans.jsonl" | tee "$OUT/calibrate.txt"
 echo "gpu-check: figures in $OUT, measurements and calibration in $MEASURED" >&2

@@ -601,6 +601,25 @@ mod tests {
         (t, p)
     }
 
+    /// Four generated tables, a plan of them on two devices, and its
+    /// placement JSON.
+    fn four_tables_on_two() -> (Vec<common::Table>, Plan, String) {
+        let tables = generate_pool(
+            &PoolGenConfig {
+                tables: 4,
+                ..Default::default()
+            },
+            0,
+        )
+        .unwrap();
+        let plan = Plan {
+            devices: 2,
+            assignment: vec![0, 1, 0, 1],
+        };
+        let placement = serde_json::to_string(&Placement::from_plan(&plan, &tables)).unwrap();
+        (tables, plan, placement)
+    }
+
     fn run_measure(t: PathBuf, p: PathBuf, json: bool) -> anyhow::Result<String> {
         run_measure_within(t, p, json, None)
     }
@@ -630,19 +649,7 @@ mod tests {
     #[test]
     fn measure_prints_json_with_cost_equal_to_the_slowest_device() {
         let dir = tempfile::tempdir().unwrap();
-        let tables = generate_pool(
-            &PoolGenConfig {
-                tables: 4,
-                ..Default::default()
-            },
-            0,
-        )
-        .unwrap();
-        let plan = Plan {
-            devices: 2,
-            assignment: vec![0, 1, 0, 1],
-        };
-        let placement = serde_json::to_string(&Placement::from_plan(&plan, &tables)).unwrap();
+        let (tables, plan, placement) = four_tables_on_two();
         let (t, p) = files(dir.path(), &placement);
         let text = run_measure(t, p, true).unwrap();
         let m: Measurement = serde_json::from_str(&text).unwrap();
@@ -681,19 +688,7 @@ mod tests {
     #[test]
     fn the_kernel_flag_picks_the_kernel_and_the_json_names_it() {
         let dir = tempfile::tempdir().unwrap();
-        let tables = generate_pool(
-            &PoolGenConfig {
-                tables: 4,
-                ..Default::default()
-            },
-            0,
-        )
-        .unwrap();
-        let plan = Plan {
-            devices: 2,
-            assignment: vec![0, 1, 0, 1],
-        };
-        let placement = serde_json::to_string(&Placement::from_plan(&plan, &tables)).unwrap();
+        let (_, _, placement) = four_tables_on_two();
         let (t, p) = files(dir.path(), &placement);
         let cfg = dir.path().join("small.toml");
         std::fs::write(&cfg, "[cpu]\nbatch = 64\nmax_rows = 1000\nrepeats = 1\n").unwrap();

@@ -213,6 +213,38 @@ fn mean_reuse_of(r: f64) -> f64 {
         .sum()
 }
 
+/// `r`, raised where needed so that a table of `rows` rows looked up
+/// `pooling` times per sample in batches of `batch` does not touch more
+/// unique rows than it has.
+fn consistent_reuse(r: f64, rows: u64, pooling: f64, batch: u64) -> f64 {
+    let needed = batch as f64 * pooling / rows as f64;
+    if mean_reuse_of(r) >= needed {
+        return r;
+    }
+    let (mut lo, mut hi) = (r, 0.999);
+    for _ in 0..60 {
+        let mid = 0.5 * (lo + hi);
+        if mean_reuse_of(mid) < needed {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    hi
+}
+
+/// The reuse ratio of the trace's aggregate: about half the unique rows
+/// used once, about 7 accesses per unique row.
+pub const TRACE_REUSE: f64 = 0.5;
+
+/// Reuse bins for a table whose own are unknown: the trace's aggregate
+/// ([`TRACE_REUSE`]), with more reuse where the table is too small for it
+/// at the trace's batch, as the generator does.
+pub fn default_bins(rows: u64, pooling: f64) -> [f64; NUM_BINS] {
+    let r = consistent_reuse(TRACE_REUSE, rows, pooling, published::BATCH);
+    geometric_bins(r).map(|b| (b * 1e6).round() / 1e6)
+}
+
 /// Unique rows a table touches in one batch: lookups / mean reuse, at most `rows`.
 pub fn unique_rows(t: &Table, batch: u64) -> f64 {
     (batch as f64 * t.pooling_factor / t.mean_reuse()).min(t.rows as f64)
@@ -260,21 +292,12 @@ pub fn generate_pool(cfg: &PoolGenConfig, seed: u64) -> Result<Vec<Table>, Inval
             }
             pick -= w;
         }
-        let mut r = rng.gen_range(cfg.reuse_min..=cfg.reuse_max);
-        // A table cannot touch more unique rows than it has.
-        let needed = cfg.batch as f64 * pf / rows as f64;
-        if mean_reuse_of(r) < needed {
-            let (mut lo, mut hi) = (r, 0.999);
-            for _ in 0..60 {
-                let mid = 0.5 * (lo + hi);
-                if mean_reuse_of(mid) < needed {
-                    lo = mid;
-                } else {
-                    hi = mid;
-                }
-            }
-            r = hi;
-        }
+        let r = consistent_reuse(
+            rng.gen_range(cfg.reuse_min..=cfg.reuse_max),
+            rows,
+            pf,
+            cfg.batch,
+        );
         tables.push(Table {
             name: format!("dlrm_{i:03}"),
             rows,

@@ -1,6 +1,15 @@
 //! The pool CSV format: `name,rows,dim,pooling_factor,bin_0,…,bin_16`, one
 //! table per line after the header. Reading validates every field and names
 //! the file, line and field of the first fault.
+//!
+//! A file may give only `name,rows,dim`, or `name,rows,dim,pooling_factor`:
+//! what users know of their tables. The missing columns take defaults, with
+//! one warning naming them: the pooling factor the trace's mean,
+//! [`crate::generate::published::mean_pooling`] (15.8 lookups per sample),
+//! and the reuse bins the trace's aggregate
+//! ([`crate::generate::default_bins`]: about half the unique rows used
+//! once), more reuse where a table is too small for that.
+//! `scripts/pool-from-trace.py` derives both from a lookup trace.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -72,6 +81,26 @@ pub fn header() -> Vec<String> {
     h
 }
 
+/// The columns a pool CSV may stop after: `name,rows,dim` and
+/// `name,rows,dim,pooling_factor`; the rest take defaults.
+const SHORT_HEADERS: [usize; 2] = [3, 4];
+
+/// What a file of `columns` columns lacks and what its tables take
+/// instead, for the warning.
+fn defaults_taken(columns: usize) -> String {
+    let bins = "the reuse bins of the trace's aggregate, about half the unique rows used once \
+                (more reuse where a table is too small for it)";
+    let fix = "scripts/pool-from-trace.py derives both from a lookup trace";
+    match columns {
+        3 => format!(
+            "no pooling_factor and no reuse bins (bin_0..bin_16): every table takes \
+             pooling_factor {:.1}, the mean of Meta's dlrm_datasets trace, and {bins}; {fix}",
+            crate::generate::published::mean_pooling()
+        ),
+        _ => format!("no reuse bins (bin_0..bin_16): every table takes {bins}; {fix}"),
+    }
+}
+
 /// Reads and validates a pool CSV.
 pub fn read(path: &Path) -> Result<Vec<Table>> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
@@ -99,25 +128,28 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
         .trim(csv::Trim::All)
         .flexible(true)
         .from_reader(text.as_slice());
-    let expected = header();
+    let full = header();
     let got = rdr
         .headers()
         .map_err(|e| csv_err(1, "header", e.to_string()))?
         .clone();
     let got: Vec<String> = got.iter().map(|s| s.to_string()).collect();
-    if got != expected {
+    let short = SHORT_HEADERS.contains(&got.len()) && got[..] == full[..got.len()];
+    if got != full && !short {
         return Err(csv_err(
             lines
                 .line_of(rdr.headers().ok().and_then(|h| h.position()))
                 .max(1),
             "header",
             format!(
-                "expected `{}`, found `{}`",
-                expected.join(","),
+                "expected `name,rows,dim`, optionally followed by `pooling_factor` or by \
+                 `pooling_factor,bin_0,…,bin_16`, found `{}` (scripts/pool-from-trace.py \
+                 writes every column from a lookup trace)",
                 got.join(",")
             ),
         ));
     }
+    let expected = got;
     let mut tables = Vec::new();
     let mut names = HashSet::new();
     for rec in rdr.records() {
@@ -139,27 +171,32 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
         let dim = parse_positive_int(&rec[2], MAX_DIM)
             .map_err(|m| csv_err(line, "dim", format!("`{}`: {m}", &rec[2])))?
             as u32;
-        let pooling = parse_finite(&rec[3])
-            .and_then(|v| {
-                if v > 0.0 && v <= MAX_POOLING {
-                    Ok(v)
-                } else {
-                    Err(BadNumber::OutOfRange(format!("(0, {MAX_POOLING}]")))
-                }
-            })
-            .map_err(|m| csv_err(line, "pooling_factor", format!("`{}`: {m}", &rec[3])))?;
-        let mut bins = [0.0; NUM_BINS];
-        for (k, bin) in bins.iter_mut().enumerate() {
-            let field = &rec[4 + k];
-            *bin = parse_finite(field)
+        let pooling = match rec.get(3) {
+            None => crate::generate::published::mean_pooling(),
+            Some(field) => parse_finite(field)
                 .and_then(|v| {
-                    if (0.0..=1.0).contains(&v) {
+                    if v > 0.0 && v <= MAX_POOLING {
                         Ok(v)
                     } else {
-                        Err(BadNumber::OutOfRange("[0, 1]".into()))
+                        Err(BadNumber::OutOfRange(format!("(0, {MAX_POOLING}]")))
                     }
                 })
-                .map_err(|m| csv_err(line, &format!("bin_{k}"), format!("`{field}`: {m}")))?;
+                .map_err(|m| csv_err(line, "pooling_factor", format!("`{field}`: {m}")))?,
+        };
+        let mut bins = crate::generate::default_bins(rows, pooling);
+        if rec.len() == full.len() {
+            for (k, bin) in bins.iter_mut().enumerate() {
+                let field = &rec[4 + k];
+                *bin = parse_finite(field)
+                    .and_then(|v| {
+                        if (0.0..=1.0).contains(&v) {
+                            Ok(v)
+                        } else {
+                            Err(BadNumber::OutOfRange("[0, 1]".into()))
+                        }
+                    })
+                    .map_err(|m| csv_err(line, &format!("bin_{k}"), format!("`{field}`: {m}")))?;
+            }
         }
         let sum: f64 = bins.iter().sum();
         if (sum - 1.0).abs() > BIN_SUM_TOLERANCE {
@@ -186,6 +223,9 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
     }
     if tables.is_empty() {
         return Err(csv_err(1, "record", "the pool holds no table".into()));
+    }
+    if expected.len() < full.len() {
+        tracing::warn!("{}: {}", path.display(), defaults_taken(expected.len()));
     }
     Ok(tables)
 }
@@ -392,9 +432,52 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("p.csv:1") && e.contains("header"), "{e}");
+        assert!(e.contains("expected `name,rows,dim`"), "{e}");
         let e = err_of("t0,10,8");
         assert!(e.contains("expected 21 fields, found 3"), "{e}");
         let e = err_of("");
         assert!(e.contains("no table"), "{e}");
+    }
+
+    /// `name,rows,dim` and `name,rows,dim,pooling_factor` are enough: the
+    /// rest take the trace's defaults, which a small table's bins bend.
+    #[test]
+    fn short_headers_take_the_trace_defaults() {
+        let p = Path::new("mine.csv");
+        let t = read_from(
+            "name,rows,dim\nuser,5000000,64\nitem,200,16\n".as_bytes(),
+            p,
+        )
+        .unwrap();
+        let mean = crate::generate::published::mean_pooling();
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            (t[0].rows, t[0].dim, t[0].pooling_factor),
+            (5_000_000, 64, mean)
+        );
+        assert_eq!(t[0].bins, crate::generate::default_bins(5_000_000, mean));
+        // The trace's aggregate: about half the unique rows used once.
+        assert!((t[0].bins[0] - 0.5).abs() < 0.01, "{:?}", t[0].bins);
+        // 200 rows cannot hold 65536 × 15.8 lookups at that reuse.
+        assert!(t[1].bins[0] < 0.2, "{:?}", t[1].bins);
+        assert!(t[1].mean_reuse() > 10.0 * t[0].mean_reuse());
+        for table in &t {
+            let sum: f64 = table.bins.iter().sum();
+            assert!((sum - 1.0).abs() < 1e-4, "{sum}");
+        }
+        let t = read_from("name,rows,dim,pooling_factor\nu,1000,8,2.5\n".as_bytes(), p).unwrap();
+        assert_eq!(t[0].pooling_factor, 2.5);
+        assert_eq!(t[0].bins, crate::generate::default_bins(1000, 2.5));
+        // Columns in another order, a bin missing, a line too short.
+        for (text, words) in [
+            ("rows,name,dim\n1,a,2\n", "found `rows,name,dim`"),
+            ("name,rows,dim,bin_0\na,1,2,1\n", "pool-from-trace.py"),
+            ("name,rows,dim\na,10\n", "expected 3 fields, found 2"),
+        ] {
+            let e = read_from(text.as_bytes(), p).unwrap_err().to_string();
+            assert!(e.contains(words), "{words:?} not in {e}");
+        }
+        assert!(defaults_taken(3).contains("pooling_factor 15.8"));
+        assert!(!defaults_taken(4).contains("pooling_factor"));
     }
 }

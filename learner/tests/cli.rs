@@ -461,3 +461,79 @@ fn pretrain_then_fine_tune_then_plan_verified_on_sim() {
         "the measured best is returned"
     );
 }
+
+/// A user who knows only `name,rows,dim`: one command places the tables
+/// with the shipped model, prints a summary per device, and with
+/// --compare --verify sim every candidate measured beside the chosen one;
+/// --method picks a heuristic. The estimate's devices read as a
+/// measurement's.
+#[test]
+fn three_columns_are_enough_to_place_and_compare() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("mine.csv");
+    std::fs::write(
+        &csv,
+        "name,rows,dim\nuser,20000000,64\nitem,5000000,128\ncountry,200,16\nage,100,8\n\
+         category,50000,32\nbrand,300000,32\n",
+    )
+    .unwrap();
+    let base = [
+        "plan",
+        "--tables",
+        csv.to_str().unwrap(),
+        "--devices",
+        "3",
+        "--memory-gb",
+        "16",
+    ];
+    let with = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        learner(&args)
+    };
+    let (ok, stdout, err) = with(&["--compare", "--verify", "sim"]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("no pooling_factor and no reuse bins") && err.contains("pool-from-trace.py"),
+        "{err}"
+    );
+    assert!(
+        err.contains("<- bottleneck") && err.contains("memory GB (cap)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("candidates on these tables (measured"),
+        "{err}"
+    );
+    for method in ["policy", "torchrec", "lookup", "size"] {
+        assert!(
+            err.contains(&format!("  {method} ")),
+            "{method} not in {err}"
+        );
+    }
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let devices = v["estimate"]["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 3);
+    let fields: Vec<&String> = devices[0].as_object().unwrap().keys().collect();
+    assert_eq!(
+        fields,
+        ["bwd_comm_ms", "bwd_ms", "fwd_comm_ms", "fwd_ms", "total_ms"]
+    );
+    // The largest predicted total is the composed iteration cost.
+    let total = |d: &serde_json::Value| d["total_ms"].as_f64().unwrap();
+    let slowest = devices.iter().map(total).fold(0.0, f64::max);
+    assert!(slowest > 0.0);
+    let (ok, stdout, err) = with(&["--method", "round_robin"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["method"], "round_robin");
+    let rr: Vec<u64> = v["assignment"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["device"].as_u64().unwrap())
+        .collect();
+    assert_eq!(rr.len(), 6);
+    let (ok, _, err) = with(&["--method", "lookup,size"]);
+    assert!(!ok && err.contains("one method, not a list"), "{err}");
+}

@@ -109,12 +109,14 @@ pub enum Command {
     Pretrain(TrainArgs),
     /// Place your tables with a trained model, in milliseconds, without a GPU.
     ///
-    /// Reads a pool CSV, places every table on one of --devices devices of
-    /// --memory-gb each with a trained model (the shipped pre-trained one,
-    /// models/pretrained, unless --checkpoint names another), and writes the
-    /// placement JSON with the cost network's estimate of each device's
-    /// times. With --format torchrec it writes `{"world_size": D, "ranks":
-    /// {table: rank}}` for TorchRec's table-wise sharding (see README).
+    /// Reads a pool CSV (`name,rows,dim` is enough: missing columns take the
+    /// defaults a warning names), places every table on one of --devices
+    /// devices of --memory-gb each with a trained model (the shipped
+    /// pre-trained one, models/pretrained, unless --checkpoint names
+    /// another), and writes the placement JSON with the cost network's
+    /// estimate of each device's times. With --format torchrec it writes
+    /// `{"world_size": D, "ranks": {table: rank}}` for TorchRec's table-wise
+    /// sharding (see README). A summary per device goes to stderr.
     ///
     /// The heuristics' plans always compete with the learned one. Where the
     /// model cannot be trusted (a table feature outside what it was trained
@@ -125,6 +127,8 @@ pub enum Command {
     ///
     /// Examples:
     ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16
+    ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16 --compare --verify sim
+    ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16 --method torchrec
     ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16 --checkpoint runs/first --verify sim
     Plan(PlanArgs),
 }
@@ -158,6 +162,17 @@ pub struct PlanArgs {
     /// process (`cuda` on a GPU host built with the cuda feature).
     #[arg(long, value_enum, value_name = "BACKEND")]
     pub verify: Option<benchworker::Backend>,
+    /// What places the tables: `policy` (the trained model, guarded by
+    /// the heuristics' plans), a heuristic (random, round_robin, size, dim,
+    /// lookup, size_lookup, torchrec), or `search` (local search measured on
+    /// --verify's oracle, else `sim`, from the policy's plan).
+    #[arg(long, value_parser = parse_method, default_value = "policy")]
+    pub method: model::baselines::Method,
+    /// Also print every candidate (the learned plan and the heuristics')
+    /// beside the chosen one on stderr: predicted, and measured with
+    /// --verify.
+    #[arg(long)]
+    pub compare: bool,
     /// What to write: the placement with the cost network's estimates, or
     /// TorchRec's rank per table.
     #[arg(long, value_enum, default_value = "placement")]
@@ -276,6 +291,14 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
 
 /// Training's progress bar (policy updates), with the key figures as its
 /// message; hidden when stderr is not a terminal.
+/// One placement method by name (`--method`).
+fn parse_method(s: &str) -> Result<model::baselines::Method, String> {
+    match model::baselines::Method::parse_list(s)?.as_slice() {
+        [m] if s.trim() != "all" => Ok(*m),
+        _ => Err(format!("`{s}`: one method, not a list")),
+    }
+}
+
 fn train_progress(len: u64) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();

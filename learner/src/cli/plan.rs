@@ -3,9 +3,14 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use common::DeviceCost;
+use model::baselines::Method;
+use model::guard::{Candidate, Guarded};
+use model::shapes::TrainedShapes;
+use rand::SeedableRng;
+
 use super::{PlanArgs, PlanFormat};
 use crate::run::RunDir;
-use model::shapes::TrainedShapes;
 
 pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     // One episode's tensors are tiny: a thread pool only adds latency.
@@ -36,14 +41,37 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let start = std::time::Instant::now();
     let mut guarded = model::guard::plan(&model, shapes.as_ref(), &task, &run_cfg.memory)?;
     let elapsed = start.elapsed();
-    warn_of_doubts(&guarded);
-    if let Some(backend) = args.verify {
-        let mut oracle = benchworker::build(backend, &run_cfg)?;
-        model::guard::verify(&mut guarded, &task.tables, oracle.as_mut())?;
-        log_verified(&guarded, backend);
+    if args.method == Method::Policy {
+        warn_of_doubts(&guarded);
+    }
+    // `search` measures as it goes: on --verify's oracle, else `sim`.
+    let backend = match (args.verify, args.method) {
+        (Some(b), _) => Some(b),
+        (None, Method::Search) => {
+            tracing::info!("`search` measures on `sim` (--verify BACKEND picks another)");
+            Some(benchworker::Backend::Sim)
+        }
+        (None, _) => None,
+    };
+    let mut oracle = backend
+        .map(|b| benchworker::build(b, &run_cfg))
+        .transpose()?;
+    if let (Some(o), Some(_)) = (oracle.as_mut(), args.verify) {
+        model::guard::verify(&mut guarded, &task.tables, o.as_mut())?;
+    }
+    if args.method == Method::Policy {
+        if let Some(b) = args.verify {
+            log_verified(&guarded, b);
+        }
+    } else {
+        let oracle = oracle
+            .as_mut()
+            .map(|o| o.as_mut() as &mut dyn benchworker::Oracle);
+        choose_method(&mut guarded, args.method, &task, &model, &run_cfg, oracle)?;
     }
     let plan = guarded.plan().clone();
     let (per_device, cost) = model.estimate(&task.tables, &plan);
+    let per_device = predicted_devices(&per_device);
     tracing::info!(
         "placed {} tables on {} devices with `{}` in {:.2} ms after a {:.2} ms warm-up \
          (estimated iteration {cost:.3} ms)",
@@ -53,6 +81,11 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         elapsed.as_secs_f64() * 1e3,
         warm.as_secs_f64() * 1e3
     );
+    let mut err = std::io::stderr().lock();
+    write!(err, "{}", summary(&task, &guarded, &per_device, &run_cfg))?;
+    if args.compare {
+        write!(err, "{}", comparison(&guarded))?;
+    }
     let doc = match args.format {
         PlanFormat::Placement => placement_document(&task, &guarded, &per_device, cost)?,
         PlanFormat::Torchrec => serde_json::json!({
@@ -100,7 +133,7 @@ fn user_task(args: &PlanArgs, mem: &common::MemoryModel) -> anyhow::Result<commo
 
 /// Says why the guard doubted the learned plan, and what lies outside
 /// the trained shapes.
-fn warn_of_doubts(guarded: &model::guard::Guarded) {
+fn warn_of_doubts(guarded: &Guarded) {
     for note in &guarded.notes {
         tracing::warn!(
             "{note}: its plans can lose to the heuristics this far out; `--verify sim` \
@@ -119,7 +152,7 @@ fn warn_of_doubts(guarded: &model::guard::Guarded) {
 }
 
 /// Logs the measured gain of the plan chosen over the best heuristic.
-fn log_verified(guarded: &model::guard::Guarded, backend: benchworker::Backend) {
+fn log_verified(guarded: &Guarded, backend: benchworker::Backend) {
     let chosen = &guarded.candidates[guarded.chosen];
     let Some(h) = guarded.best_heuristic() else {
         return;
@@ -137,26 +170,225 @@ fn log_verified(guarded: &model::guard::Guarded, backend: benchworker::Backend) 
     }
 }
 
+/// `--method` other than `policy`: the plan of that method becomes the
+/// chosen one. A heuristic's plan is the guard's candidate where it made
+/// one, else placed here; `search` starts from the guard's choice and
+/// measures on `oracle`.
+fn choose_method(
+    guarded: &mut Guarded,
+    method: Method,
+    task: &common::Task,
+    model: &model::Model,
+    cfg: &common::config::Config,
+    oracle: Option<&mut dyn benchworker::Oracle>,
+) -> anyhow::Result<()> {
+    if let Some(i) = guarded
+        .candidates
+        .iter()
+        .position(|c| c.method == method.name())
+    {
+        guarded.chosen = i;
+        return Ok(());
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(cfg.eval.seed);
+    let (plan, measured) = match method {
+        Method::Search => {
+            let oracle = oracle.ok_or_else(|| anyhow::anyhow!("`search` needs an oracle"))?;
+            let start = guarded.plan().clone();
+            let found = model::search::search(
+                oracle,
+                &task.tables,
+                &start,
+                task.cap_bytes(),
+                &cfg.memory,
+                cfg.eval.search_budget,
+                &mut rng,
+            )?;
+            tracing::info!(
+                "`search` spent {} measurements from `{}`'s plan: {:.3} ms, from {:.3} ms",
+                found.evaluations,
+                guarded.method(),
+                found.cost_ms,
+                found.start_cost_ms
+            );
+            (found.plan, Some(found.cost_ms))
+        }
+        m => {
+            let ctx = model::baselines::Context::for_task(task, &cfg.memory, model.batch);
+            let plan = model::baselines::place(m, &ctx, &mut rng).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "`{}` found no placement that fits {} GB per device",
+                    m.name(),
+                    task.memory_gb
+                )
+            })?;
+            let measured = match oracle {
+                Some(o) => Some(o.measure(&task.tables, &plan)?.cost_ms),
+                None => None,
+            };
+            (plan, measured)
+        }
+    };
+    let (_, predicted) = model.estimate(&task.tables, &plan);
+    guarded.candidates.push(Candidate {
+        method: method.name(),
+        plan,
+        predicted: vec![predicted],
+        measured,
+    });
+    guarded.chosen = guarded.candidates.len() - 1;
+    Ok(())
+}
+
+/// The cost network's per-device `[fwd, bwd, comm]` as the phases a
+/// measurement reports: the forward exchange waits for the slowest
+/// forward and moves the bytes the backward one does, so `fwd_comm = max
+/// fwd − fwd + comm` and the largest total is the composed iteration cost.
+/// A time is not negative: a prediction below 0 (for an empty device,
+/// where the network never learned) counts as 0.
+fn predicted_devices(per_device: &[[f64; 3]]) -> Vec<DeviceCost> {
+    let clamped: Vec<[f64; 3]> = per_device.iter().map(|d| d.map(|t| t.max(0.0))).collect();
+    let slowest = clamped.iter().map(|d| d[0]).fold(0.0, f64::max);
+    clamped
+        .iter()
+        .map(|&[fwd, bwd, comm]| DeviceCost::new(fwd, bwd, slowest - fwd + comm, comm))
+        .collect()
+}
+
+/// The plan summary, in the manner of TorchRec's planner stats: per device
+/// its tables, memory against the cap and predicted phases, the bottleneck
+/// marked; the method that won and by how much; what the model learned
+/// from.
+fn summary(
+    task: &common::Task,
+    guarded: &Guarded,
+    devices: &[DeviceCost],
+    cfg: &common::config::Config,
+) -> String {
+    use std::fmt::Write as _;
+    let plan = guarded.plan();
+    let used = plan.device_bytes(&task.tables, &cfg.memory);
+    let gb = |b: u64| b as f64 / common::table::BYTES_PER_GB;
+    let bottleneck = (0..devices.len()).max_by(|&a, &b| {
+        devices[a]
+            .total_ms
+            .total_cmp(&devices[b].total_ms)
+            .then(b.cmp(&a))
+    });
+    let mut tables = vec![0usize; plan.devices];
+    for &d in &plan.assignment {
+        tables[d] += 1;
+    }
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "plan: {} tables on {} devices, `{}`; predicted per device (ms):",
+        task.tables.len(),
+        plan.devices,
+        guarded.method()
+    );
+    let _ = writeln!(
+        s,
+        "  device  tables      memory GB (cap)      fwd  fwd_comm  bwd_comm      bwd    total"
+    );
+    for (d, c) in devices.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "  {d:>6}  {:>6}  {:>8.2} ({:>7.2})  {:>7.3}  {:>8.3}  {:>8.3}  {:>7.3}  {:>7.3}{}",
+            tables[d],
+            gb(used[d]),
+            task.memory_gb,
+            c.fwd_ms,
+            c.fwd_comm_ms,
+            c.bwd_comm_ms,
+            c.bwd_ms,
+            c.total_ms,
+            if Some(d) == bottleneck {
+                "  <- bottleneck"
+            } else {
+                ""
+            }
+        );
+    }
+    let chosen = &guarded.candidates[guarded.chosen];
+    if let Some(h) = guarded.best_heuristic().filter(|&h| h != guarded.chosen) {
+        let h = &guarded.candidates[h];
+        let (what, c, b) = match (chosen.measured, h.measured) {
+            (Some(c), Some(b)) => ("measured", c, b),
+            _ => ("predicted", chosen.mean(), h.mean()),
+        };
+        let _ = writeln!(
+            s,
+            "  `{}` {what} {c:.3} ms, {:+.2} % against the best heuristic, `{}` ({b:.3} ms)",
+            chosen.method,
+            (c / b - 1.0) * 100.0,
+            h.method
+        );
+    }
+    let backend = cfg.cluster.backend.unwrap_or(benchworker::Backend::Sim);
+    let kernel = match backend.name() {
+        "cpu" => format!(", the {} kernel", cfg.cpu.kernel.name()),
+        "cuda" => format!(", the {} kernel", cfg.cuda.kernel.name()),
+        _ => String::new(),
+    };
+    let _ = writeln!(
+        s,
+        "  the model learned its costs from the `{}` backend{kernel}",
+        backend.name()
+    );
+    s
+}
+
+/// `--compare`: every candidate's plan beside the chosen one, predicted
+/// and, with `--verify`, measured.
+fn comparison(guarded: &Guarded) -> String {
+    use std::fmt::Write as _;
+    let chosen = &guarded.candidates[guarded.chosen];
+    let measured = chosen.measured.is_some();
+    let key = |c: &Candidate| if measured { c.measured } else { Some(c.mean()) };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "candidates on these tables ({} cost against the chosen plan):",
+        if measured { "measured" } else { "predicted" }
+    );
+    let _ = writeln!(s, "  method        predicted ms  measured ms  vs chosen");
+    for (i, c) in guarded.candidates.iter().enumerate() {
+        let vs = match (key(c), key(chosen)) {
+            (Some(x), Some(y)) if y > 0.0 => format!("{:+.2} %", (x / y - 1.0) * 100.0),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            s,
+            "  {:<12}  {:>12.3}  {:>11}  {:>9}{}",
+            c.method,
+            c.mean(),
+            c.measured.map_or("-".into(), |m| format!("{m:.3}")),
+            vs,
+            if i == guarded.chosen {
+                "  (chosen)"
+            } else {
+                ""
+            }
+        );
+    }
+    s
+}
+
 /// The placement JSON with the plan's estimate, the method that won, the
 /// guard's doubts and every candidate.
 fn placement_document(
     task: &common::Task,
-    guarded: &model::guard::Guarded,
-    per_device: &[[f64; 3]],
+    guarded: &Guarded,
+    per_device: &[DeviceCost],
     cost: f64,
 ) -> anyhow::Result<serde_json::Value> {
     let plan = guarded.plan();
     let mut v = serde_json::to_value(common::Placement::from_plan(plan, &task.tables))?;
+    // The same fields as a measurement's (`benchworker measure --json`).
     v["estimate"] = serde_json::json!({
         "cost_ms": cost,
-        "devices": per_device
-            .iter()
-            // A time is not negative: the network's prediction below 0
-            // (for an empty device, where it never learned) is written
-            // as 0.
-            .map(|d| d.map(|t| t.max(0.0)))
-            .map(|d| serde_json::json!({"fwd_ms": d[0], "bwd_ms": d[1], "bwd_comm_ms": d[2]}))
-            .collect::<Vec<_>>(),
+        "devices": per_device,
     });
     v["method"] = serde_json::json!(guarded.method());
     v["doubts"] = serde_json::json!(guarded.doubts);

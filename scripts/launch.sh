@@ -420,8 +420,15 @@ else
   done
 fi
 
+# The learner's progress lines (it writes one every 30 s or twentieth of
+# its updates to its log), shown here until it ends.
+tail -c +"$((LOG_START + 1))" --pid="$LEARNER_PID" -F "$LOGS/learner.log" 2>/dev/null |
+  sed -u 's/\x1b\[[0-9;]*m//g' | grep --line-buffered -E 'INFO update [0-9]+/[0-9]+, round' >&2 &
+PROGRESS_PID=$!
+
 STATUS=0
 wait "$LEARNER_PID" || STATUS=$?
+wait "$PROGRESS_PID" 2>/dev/null || true
 LEARNER_PID=""
 trap - INT TERM
 cat "$LOGS/learner.out"

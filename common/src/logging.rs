@@ -2,14 +2,25 @@
 //! filtered by `RUST_LOG` (default `info`), so stdout stays free for results;
 //! coloured on a terminal only.
 
-/// Ends a binary: success, or the whole error chain on stderr and exit 1.
+/// A command that stopped on a signal after saving its work: it ends with
+/// the shell's status for that signal (130 after SIGINT, 143 after
+/// SIGTERM), so that `train && eval` in a batch script stops there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("interrupted (exit status {0})")]
+pub struct Interrupted(pub u8);
+
+/// Ends a binary: success; [`Interrupted`]'s status; or the whole error
+/// chain on stderr and exit 1.
 pub fn exit_code(result: anyhow::Result<()>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<Interrupted>() {
+            Some(Interrupted(status)) => std::process::ExitCode::from(*status),
+            None => {
+                eprintln!("error: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        },
     }
 }
 

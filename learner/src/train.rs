@@ -19,7 +19,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 /// One line of `metrics.jsonl`: written after every policy update.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Metrics {
     /// Policy updates so far (this one included).
     pub step: usize,

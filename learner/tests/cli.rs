@@ -261,6 +261,13 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     assert_no_negative_time(&stdout);
     let (ok, _, err) = eval_methods(&data.join("dlrm-12x3.test.json"), &run, "lookup,policy");
     assert!(ok && !err.contains("far outside"), "{err}");
+    // The run keeps the evaluation: the table and the JSON.
+    let saved = run.join("eval").join("dlrm-12x3.test-sim.json");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    assert!(v["methods"]["policy"].is_object() && v["methods"]["lookup"].is_object());
+    let table = std::fs::read_to_string(saved.with_extension("txt")).unwrap();
+    assert!(table.contains("policy"), "{table}");
     // A suite of 12 tables on one device, three times the density: said,
     // when the policy is among the methods.
     let dense = one_device_suite(&data, &tables[..12]);

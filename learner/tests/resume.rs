@@ -488,3 +488,51 @@ fn a_run_started_with_relative_paths_resumes_from_any_folder() {
     again.extend(one_thread);
     in_folder(elsewhere.path(), &again);
 }
+
+/// An interrupted `learner train` writes its checkpoint and exits with the
+/// shell's status for the signal: 130 after SIGINT, 143 after SIGTERM, so
+/// that `train && eval` stops there.
+#[test]
+fn an_interrupted_run_checkpoints_and_exits_with_the_signals_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _) = small_run_config(dir.path(), 400);
+    let run = dir.path().join("run");
+    for (signal, status) in [("-INT", 130), ("-TERM", 143)] {
+        let args: Vec<&str> = if run.join("config.toml").exists() {
+            vec!["train", "--run-dir", run.to_str().unwrap(), "--resume"]
+        } else {
+            train_args(&cfg, &run).to_vec()
+        };
+        let log = dir.path().join(format!("train{signal}.log"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_learner"))
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let before = learner::checkpoint::list(&run).len();
+        wait_for(
+            "a checkpoint of this session",
+            std::time::Duration::from_secs(60),
+            || learner::checkpoint::list(&run).len() > before,
+        );
+        let sent = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let exit = child.wait().unwrap();
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(exit.code(), Some(status), "{signal}: {text}");
+        assert!(
+            text.contains("checkpoint") && text.contains("--resume continues"),
+            "{text}"
+        );
+        assert!(!text.contains("error:"), "{text}");
+        // Off a terminal, progress comes as lines in the log.
+        assert!(
+            text.contains("measured, plans") && text.contains("env steps/s, eta"),
+            "{text}"
+        );
+    }
+}

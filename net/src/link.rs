@@ -374,15 +374,50 @@ pub fn seconds(what: &str, secs: f64) -> anyhow::Result<Duration> {
     }
 }
 
-/// A flag that Ctrl-C (SIGINT) or SIGTERM sets, for a clean stop. Only
-/// one handler may exist per process: later calls get a flag nothing sets.
+/// Which stop signals came: SIGINT's flag and SIGTERM's.
+static SIGNALLED: std::sync::OnceLock<[std::sync::Arc<AtomicBool>; 2]> = std::sync::OnceLock::new();
+
+/// A flag that Ctrl-C (SIGINT) or SIGTERM sets, for a clean stop. Each
+/// call gets its own flag; [`stop_signal`] says which signal came.
 pub fn stop_on_signal() -> std::sync::Arc<AtomicBool> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
     let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    if let Err(e) = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed)) {
-        tracing::debug!("no signal handler: {e}");
+    let signalled = SIGNALLED.get_or_init(|| {
+        let flags = [
+            std::sync::Arc::new(AtomicBool::new(false)),
+            std::sync::Arc::new(AtomicBool::new(false)),
+        ];
+        for (sig, flag) in [SIGINT, SIGTERM].into_iter().zip(&flags) {
+            if let Err(e) = signal_hook::flag::register(sig, flag.clone()) {
+                tracing::debug!("no handler for signal {sig}: {e}");
+            }
+        }
+        flags
+    });
+    for sig in [SIGINT, SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(sig, stop.clone()) {
+            tracing::debug!("no handler for signal {sig}: {e}");
+        }
+    }
+    // A signal that came before this call stops this flag's holder too.
+    if signalled.iter().any(|f| f.load(Ordering::Relaxed)) {
+        stop.store(true, Ordering::Relaxed);
     }
     stop
+}
+
+/// The exit status the shell gives a process a stop signal ended:
+/// 128 + the signal, 130 after SIGINT, 143 after SIGTERM (SIGTERM first
+/// where both came); `None` before either.
+pub fn stop_signal() -> Option<u8> {
+    let [int, term] = SIGNALLED.get()?;
+    if term.load(Ordering::Relaxed) {
+        Some(128 + signal_hook::consts::SIGTERM as u8)
+    } else if int.load(Ordering::Relaxed) {
+        Some(128 + signal_hook::consts::SIGINT as u8)
+    } else {
+        None
+    }
 }
 
 /// The environment variable that may hold the cluster token.

@@ -92,6 +92,11 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         } else {
             writeln!(out, "{report}")?;
         }
+        // The evaluated run keeps its results (the shipped model's folder
+        // is left as it is).
+        if let Some(run) = args.checkpoint.as_deref() {
+            save_report(run, &suite.path, args.backend, &report)?;
+        }
         let measured = |m: &crate::eval::MethodResult| m.per_task_ms.iter().any(Option::is_some);
         if !report.methods.values().any(measured) {
             nothing_measured.push(suite.path.display().to_string());
@@ -106,6 +111,34 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             nothing_measured.join(", ")
         );
     }
+    Ok(())
+}
+
+/// Writes `report` into `RUN/eval/` as `SUITE-BACKEND.txt` (the table) and
+/// `.json`, replacing an earlier evaluation of the same suite and oracle.
+fn save_report(
+    run: &std::path::Path,
+    suite: &std::path::Path,
+    backend: benchworker::Backend,
+    report: &Report,
+) -> anyhow::Result<()> {
+    let dir = run.join("eval");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let stem = suite
+        .file_name()
+        .map(|n| n.to_string_lossy().trim_end_matches(".json").to_string())
+        .unwrap_or_else(|| "suite".into());
+    let base = format!("{stem}-{}", backend.name());
+    let json = serde_json::to_string_pretty(report)? + "\n";
+    common::fs::write_atomic(&dir.join(format!("{base}.json")), json.as_bytes())?;
+    common::fs::write_atomic(
+        &dir.join(format!("{base}.txt")),
+        format!("{report}\n").as_bytes(),
+    )?;
+    tracing::info!(
+        "saved to {}",
+        dir.join(format!("{base}.{{txt,json}}")).display()
+    );
     Ok(())
 }
 

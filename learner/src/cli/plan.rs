@@ -282,7 +282,7 @@ fn summary(
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "plan: {} tables on {} devices, `{}`; predicted per device (ms):",
+        "plan: {} tables on {} devices, `{}`; predicted times in ms:",
         task.tables.len(),
         plan.devices,
         guarded.method()

@@ -157,11 +157,12 @@ fn stage_one(
         if stop.load(std::sync::atomic::Ordering::Relaxed) {
             checkpoint::save(stage1, &trainer, 2)?;
             bar.finish_and_clear();
-            anyhow::bail!(
+            tracing::info!(
                 "stopped in stage 1 at {at}/{steps} cost steps; checkpoint written: \
                  `learner pretrain --resume --run-dir {}` continues",
                 stage1.parent().unwrap_or(stage1).display()
             );
+            return super::train::interrupted(&stop, false);
         }
     }
     bar.finish_and_clear();

@@ -121,7 +121,18 @@ pub(super) fn train_with(
     }
     let secs = start.0.elapsed().as_secs_f64();
     let steps = trainer.counters.env_steps - start.1;
-    report(out, &trainer, run, steps, secs, updates.get(), lags)
+    report(out, &trainer, run, steps, secs, updates.get(), lags)?;
+    interrupted(&stop, trainer.done())
+}
+
+/// After a stop signal that cut the work short (its checkpoint written):
+/// [`common::logging::Interrupted`] with the signal's exit status.
+pub(super) fn interrupted(stop: &std::sync::atomic::AtomicBool, done: bool) -> anyhow::Result<()> {
+    if done || !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
+    let status = net::link::stop_signal().unwrap_or(130);
+    Err(common::logging::Interrupted(status).into())
 }
 
 /// A checkpoint of `trainer` in `run`, with the metrics written so far
@@ -200,6 +211,12 @@ fn metrics_writer<'a>(
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
     let t = &cfg.train;
+    let mut lines = ProgressLines::new(
+        (t.iterations * t.policy_steps) as u64,
+        t.iterations,
+        (t.iterations * t.measure_per_iteration) as u64,
+    );
+    let quiet = bar.is_hidden();
     Ok(move |m: &Metrics| {
         let now = (Instant::now(), m.env_steps as u64);
         updates.set(Some(
@@ -207,6 +224,11 @@ fn metrics_writer<'a>(
         ));
         writeln!(file, "{}", serde_json::to_string(m)?)
             .with_context(|| format!("writing {}", path.display()))?;
+        // Off a terminal (a log file, Slurm), a line now and then instead
+        // of the bar.
+        if let Some(line) = lines.line(m, Instant::now()).filter(|_| quiet) {
+            tracing::info!("{line}");
+        }
         bar.set_position(m.step as u64);
         let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2}"));
         bar.set_message(format!(
@@ -221,6 +243,81 @@ fn metrics_writer<'a>(
         ));
         Ok(())
     })
+}
+
+/// Progress lines for a log: one every [`ProgressLines::EVERY_S`] seconds
+/// or every twentieth of the run's updates, whichever comes first.
+struct ProgressLines {
+    total: u64,
+    rounds: usize,
+    measurements: u64,
+    /// This session's first line: when, at which update, at which env step.
+    first: Option<(Instant, u64, usize)>,
+    /// The last line written: when, at which update.
+    last: Option<(Instant, u64)>,
+}
+
+impl ProgressLines {
+    const EVERY_S: f64 = 30.0;
+
+    fn new(total: u64, rounds: usize, measurements: u64) -> Self {
+        ProgressLines {
+            total,
+            rounds,
+            measurements,
+            first: None,
+            last: None,
+        }
+    }
+
+    /// The line for `m` at `now`, if one is due: the update and round,
+    /// the measurements, measured against predicted cost, env steps per
+    /// second and the time left at this session's pace.
+    fn line(&mut self, m: &Metrics, now: Instant) -> Option<String> {
+        let step = m.step as u64;
+        let (t0, s0, e0) = *self.first.get_or_insert((now, step, m.env_steps));
+        let every = (self.total / 20).max(1);
+        let due = match self.last {
+            None => true,
+            Some((at, s)) => {
+                step >= s + every
+                    || now.duration_since(at).as_secs_f64() >= Self::EVERY_S
+                    || step >= self.total
+            }
+        };
+        if !due {
+            return None;
+        }
+        self.last = Some((now, step));
+        let secs = now.duration_since(t0).as_secs_f64();
+        let rate = if secs > 0.0 {
+            format!("{:.0}", (m.env_steps - e0) as f64 / secs)
+        } else {
+            "-".into()
+        };
+        let eta = match step.checked_sub(s0).filter(|&d| d > 0 && secs > 0.0) {
+            Some(done) => {
+                let left = self.total.saturating_sub(step) as f64 * secs / done as f64;
+                format!(
+                    "{}",
+                    indicatif::HumanDuration(std::time::Duration::from_secs_f64(left))
+                )
+            }
+            None => "-".into(),
+        };
+        let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2} ms"));
+        Some(format!(
+            "update {step}/{}, round {}/{}, {}/{} measured, plans {} measured against {} \
+             predicted, {rate} env steps/s, eta {eta}",
+            self.total,
+            m.iteration,
+            self.rounds,
+            m.measurements,
+            self.measurements,
+            ms(m.mean_measured_ms),
+            ms(m.mean_predicted_ms),
+        ))
+    }
 }
 
 /// The error of a run that stopped on `e` after training began, with what
@@ -416,4 +513,50 @@ fn sync_file(path: &std::path::Path) -> anyhow::Result<()> {
     std::fs::File::open(path)
         .and_then(|f| f.sync_data())
         .with_context(|| format!("syncing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(step: usize, env_steps: usize, measurements: usize) -> Metrics {
+        Metrics {
+            step,
+            iteration: step / 10,
+            env_steps,
+            measurements,
+            mean_measured_ms: Some(2.5),
+            ..Default::default()
+        }
+    }
+
+    /// A line on the first update, then every twentieth of the updates or
+    /// every 30 s, whichever first, and on the last; each names the
+    /// update, the round, the measurements, both costs, the rate and the
+    /// time left.
+    #[test]
+    fn progress_lines_come_every_twentieth_or_thirty_seconds() {
+        let mut p = ProgressLines::new(200, 20, 100);
+        let t0 = Instant::now();
+        let s = std::time::Duration::from_secs;
+        let first = p.line(&at(1, 50, 5), t0).unwrap();
+        assert!(
+            first.starts_with("update 1/200, round 0/20, 5/100 measured"),
+            "{first}"
+        );
+        assert!(
+            first.contains("plans 2.50 ms measured against - predicted"),
+            "{first}"
+        );
+        // Ten updates per line (200 / 20), or 30 s.
+        assert!(p.line(&at(5, 250, 5), t0 + s(5)).is_none());
+        let tenth = p.line(&at(11, 550, 10), t0 + s(10)).unwrap();
+        assert!(
+            tenth.contains("50 env steps/s") && tenth.contains("eta 3 minutes"),
+            "{tenth}"
+        );
+        assert!(p.line(&at(12, 600, 10), t0 + s(20)).is_none());
+        assert!(p.line(&at(13, 650, 10), t0 + s(41)).is_some());
+        assert!(p.line(&at(200, 9950, 100), t0 + s(42)).is_some());
+    }
 }

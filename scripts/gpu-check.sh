@@ -10,11 +10,13 @@
 #      (fusion-BACKEND.jsonl) for a side-by-side reading;
 #   3. calibrates sim to the cuda backend on one-device plans (CALIBRATE_PLANS,
 #      default 400: three in four fitted, the fourth held out) and keeps the
-#      measurements and the calibration in data/measured/GPU-NAME/.
+#      measurements and the calibration in data/measured/GPU-NAME-KERNEL/.
 # Usage: scripts/gpu-check.sh [OUT_DIR]   (default runs/gpu-check)
 #
-# The kernel is FBGEMM's where python3 can import fbgemm_gpu, else
-# libtorch's (EMBSHARD_KERNEL=fbgemm|torch chooses); every figure names it.
+# The kernel is FBGEMM's where the benchworker measures a probe plan with
+# it, else libtorch's, the reason saved (EMBSHARD_KERNEL=fbgemm|torch
+# chooses); every figure names it. A step that fails says so and the
+# script goes on to the next.
 #
 # By default it sets up and builds here (scripts/setup.sh with the cuda
 # feature). With EMBSHARD_PREBUILT=DIR it runs the learner and benchworker
@@ -36,39 +38,55 @@ if [[ -n ${EMBSHARD_PREBUILT:-} ]]; then
   trap 'rm -rf "$NCCL_LINK"' EXIT
   ln -s "$NCCL" "$NCCL_LINK/libnccl.so"
   export LD_LIBRARY_PATH=$SITE/torch/lib:$NCCL_LINK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # FBGEMM beside this host's torch, not where the binaries were built.
+  [[ -d $SITE/fbgemm_gpu ]] && export EMBSHARD_FBGEMM_DIR=${EMBSHARD_FBGEMM_DIR:-$SITE/fbgemm_gpu}
   python3 -c 'import torch; print("torch", torch.__version__)'
   TESTS=$BIN/benchworker-tests
 else
   export EMBSHARD_CUDA=1
   . "$ROOT/scripts/setup.sh"
   BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
+  TESTS_LOG=${TMPDIR:-/tmp}/gpu-check-tests-build.log
   TESTS=$(cargo test --release -p embshard-benchworker --features cuda --lib --no-run \
-    --message-format=json 2>/dev/null | python3 -c '
+    --message-format=json 2>"$TESTS_LOG" | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
-        print(m["executable"])')
+        print(m["executable"])') || { echo "gpu-check: building the tests failed (see $TESTS_LOG)" >&2; TESTS=""; }
 fi
 cd "$ROOT"
 OUT=${1:-runs/gpu-check}
 mkdir -p "$OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.csv"
+"$BIN/learner" generate --config configs/default.toml >/dev/null
+POOL=data/generated/pool.csv
+
+# The kernel: FBGEMM's if the benchworker measures a one-table plan with it.
 if [[ -z ${EMBSHARD_KERNEL:-} ]]; then
-  if python3 -c 'import fbgemm_gpu' 2>/dev/null; then EMBSHARD_KERNEL=fbgemm; else EMBSHARD_KERNEL=torch; fi
+  printf 'name,rows,dim\nprobe,1000,16\n' >"$OUT/probe.csv"
+  echo '{"devices": 1, "assignment": [{"table": "probe", "device": 0}]}' >"$OUT/probe.json"
+  if "$BIN/benchworker" measure --backend cuda --kernel fbgemm --tables "$OUT/probe.csv" \
+    --placement "$OUT/probe.json" >"$OUT/kernel-probe.txt" 2>&1; then
+    EMBSHARD_KERNEL=fbgemm
+  else
+    EMBSHARD_KERNEL=torch
+    echo "gpu-check: FBGEMM's kernel does not run here (see $OUT/kernel-probe.txt)" >&2
+  fi
 fi
 KERNEL=$EMBSHARD_KERNEL
 echo "gpu-check: the $KERNEL kernel" | tee "$OUT/kernel.txt"
 
-# 0. The engine's tests, on GPU 0 as on the CPU.
+# 0. The engine's tests, on GPU 0 as on the CPU; at least one must run.
 if [[ -n ${TESTS:-} && -x $TESTS ]]; then
-  EMBSHARD_REQUIRE_GPU=1 "$TESTS" --test-threads 1 ::cuda 2>&1 | tee "$OUT/tests.txt" ||
-    echo "gpu-check: engine tests FAILED on the GPU (see $OUT/tests.txt); going on" >&2
+  EMBSHARD_REQUIRE_GPU=1 EMBSHARD_KERNEL=$KERNEL "$TESTS" --test-threads 1 ::cuda \
+    >"$OUT/tests.txt" 2>&1 || true
+  cat "$OUT/tests.txt"
+  grep -qE 'test result: ok\. [1-9]' "$OUT/tests.txt" ||
+    echo "gpu-check: the engine's tests on the GPU FAILED or none ran (see $OUT/tests.txt); going on" >&2
 else
   echo "gpu-check: no test binary (${TESTS:-none}): step 0 skipped" | tee "$OUT/tests.txt" >&2
 fi
-"$BIN/learner" generate --config configs/default.toml >/dev/null
-POOL=data/generated/pool.csv
 
 # 1. One plan: the pool's first 20 tables, all on device 0.
 head -n 21 "$POOL" >"$OUT/tables.csv"
@@ -79,13 +97,15 @@ head -n 21 "$POOL" >"$OUT/tables.csv"
 } >"$OUT/placement.json"
 for backend in sim cuda; do
   "$BIN/benchworker" measure --backend "$backend" --kernel "$KERNEL" --tables "$OUT/tables.csv" \
-    --placement "$OUT/placement.json" --json | tee "$OUT/plan-$backend.json"
+    --placement "$OUT/placement.json" --json | tee "$OUT/plan-$backend.json" ||
+    echo "gpu-check: measuring the plan on $backend FAILED; going on" >&2
 done
 
 # 2. The fusion sweep, same mixes (same seed) on both backends.
 for backend in sim cuda; do
   "$BIN/benchworker" fusion --backend "$backend" --kernel "$KERNEL" --sizes "${FUSION_SIZES:-1,2,4,8,16,32}" \
-    --mixes "${FUSION_MIXES:-3}" --save "$OUT/fusion-$backend.jsonl" | tee "$OUT/fusion-$backend.txt"
+    --mixes "${FUSION_MIXES:-3}" --save "$OUT/fusion-$backend.jsonl" | tee "$OUT/fusion-$backend.txt" ||
+    echo "gpu-check: the fusion sweep on $backend FAILED; going on" >&2
 done
 # 3. sim calibrated to this GPU, on one-device plans (one GPU or more).
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9.\n-' '_' || true)

@@ -169,6 +169,8 @@ if EMBSHARD_TOKEN=stray "$TIMEOUT" 300 "$ROOT/scripts/launch.sh" --config "$T/sm
   check "local: training finished with $WANT measurements" trained "$T/local"
   check "local: a token of its own in DIR/token, not the environment's" \
     test -s "$T/local/token" -a "$(cat "$T/local/token" 2>/dev/null)" != stray
+  check "local: the learner's progress lines shown while it trained" \
+    grep -q "INFO update [0-9]*/[0-9]*, round" "$T/local.out"
 else
   tail -n 20 "$T/local.out" >&2
   fail "local mode with a stray EMBSHARD_TOKEN exited with an error"

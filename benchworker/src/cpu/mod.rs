@@ -654,7 +654,8 @@ mod tests {
     #[test]
     fn an_allocation_that_fails_is_an_error_not_a_panic() {
         // Past the check, should the estimate fall short: 2^58 bytes of
-        // weights, or of exchange buffers.
+        // weights, or 2^40 samples' lookups (the engine's tests refuse
+        // exchange buffers of that size).
         let huge = [crate::test_table("h", 1 << 40, 1 << 16, 1.0, &[(0, 1.0)])];
         let wide = [crate::test_table("w", 10, 1 << 16, 1.0, &[(0, 1.0)])];
         for kernel in [Kernel::Torch, Kernel::Fbgemm] {

@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::config::CudaConfig;
+use common::config::{CudaConfig, Kernel};
 use common::{Measurement, MemoryModel, Plan, Table};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
@@ -185,6 +185,20 @@ fn open_gpus(cfg: &CudaConfig) -> Result<Vec<Gpu>, OracleError> {
             })
         })
         .collect()
+}
+
+/// FBGEMM's CUDA kernel reads rows four floats at a time: a task with a
+/// dim that is not a multiple of 4 is refused before any GPU work, naming
+/// the table (a misaligned read would leave the GPU unusable).
+fn check_dims(tables: &[Table], kernel: Kernel) -> Result<(), OracleError> {
+    match tables.iter().find(|t| t.dim % 4 != 0) {
+        Some(t) if kernel == Kernel::Fbgemm => Err(err(format!(
+            "table `{}` has dim {}: FBGEMM's CUDA kernel needs every dim a multiple of 4; set \
+             cuda.kernel = \"torch\" (or --kernel torch) to measure it",
+            t.name, t.dim
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// How the `cuda` backend builds each GPU's work (the device is set per
@@ -673,6 +687,7 @@ impl Oracle for CudaOracle {
             ));
         }
         check_lookups(tables, plan, self.cfg.batch)?;
+        check_dims(tables, self.cfg.kernel)?;
         let leader = matches!(self.topology, Topology::Group { rank: 0, .. });
         // Before the job reaches the group: a plan too big for it would
         // fail in `comms` after the broadcast, and abort every communicator.
@@ -748,6 +763,20 @@ mod tests {
         // A pooling that is not a number draws nothing (as the generator).
         let odd = test_table("odd", 1000, 32, f64::NAN, &[(0, 1.0)]);
         assert!(check_lookups(&[small, odd], &plan(vec![0, 0]), 65536).is_ok());
+    }
+
+    #[test]
+    fn fbgemm_refuses_a_dim_that_is_not_a_multiple_of_4_naming_the_table() {
+        let ok = test_table("ok", 100, 12, 1.0, &[(0, 1.0)]);
+        let odd = test_table("odd", 100, 6, 1.0, &[(0, 1.0)]);
+        let both = [ok.clone(), odd];
+        let e = check_dims(&both, Kernel::Fbgemm).unwrap_err().to_string();
+        assert!(
+            e.contains("`odd` has dim 6") && e.contains("--kernel torch"),
+            "{e}"
+        );
+        assert!(check_dims(&both, Kernel::Torch).is_ok());
+        assert!(check_dims(&[ok], Kernel::Fbgemm).is_ok());
     }
 
     #[test]

@@ -193,6 +193,9 @@ pub fn copy_transfers<'t>(
     send: impl Fn(usize) -> Option<&'t Tensor>,
     recv: impl Fn(usize) -> Option<&'t Tensor>,
 ) -> Result<u64, TchError> {
+    // Copies out of FBGEMM's output (which requires grad) must not be
+    // recorded: the graph would grow every round.
+    let _no_grad = tch::no_grad_guard();
     let missing = |what: &str, d: usize| TchError::Kind(format!("no {what} buffer on device {d}"));
     let mut moved = 0;
     for t in transfers {

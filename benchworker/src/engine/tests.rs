@@ -39,7 +39,16 @@ fn kernels(device: Device) -> Vec<Kernel> {
     match crate::fbgemm::load() {
         Ok(()) => k.push(Kernel::Fbgemm),
         // Setup installs FBGEMM on every CPU host: its absence fails there.
-        Err(e) if device.is_cuda() => eprintln!("FBGEMM's kernel not tested on {device:?}: {e}"),
+        // A GPU host that must test it (gpu-check.sh on one with FBGEMM)
+        // sets EMBSHARD_KERNEL=fbgemm.
+        Err(e) if device.is_cuda() => {
+            let required = std::env::var("EMBSHARD_KERNEL").is_ok_and(|k| k == "fbgemm");
+            assert!(
+                !required,
+                "EMBSHARD_KERNEL=fbgemm, but FBGEMM does not load: {e}"
+            );
+            eprintln!("FBGEMM's kernel not tested on {device:?}: {e}");
+        }
         Err(e) => panic!("{e}"),
     }
     k
@@ -360,4 +369,25 @@ fn a_transfer_without_a_buffer_is_an_error() {
         copy_transfers(&t, |_| Some(&buf), |_| Some(&buf)).unwrap(),
         2
     );
+}
+
+/// Exchange buffers too large for memory are an error, not a panic: a
+/// device with no table still receives its samples of every table.
+#[test]
+fn exchange_buffers_that_cannot_be_allocated_are_an_error() {
+    let wide = crate::test_table("w", 10, 1 << 16, 1.0, &[(0, 1.0)]);
+    let plan = Plan {
+        devices: 2,
+        assignment: vec![0],
+    };
+    let layout = PlanLayout::new(&[wide], &plan, 1 << 40, 0);
+    let spec = EngineSpec {
+        device: Device::Cpu,
+        kernel: Kernel::Torch,
+        precision: Precision::Fp32,
+        optimizer: Optimizer::Sgd,
+        learning_rate: LR,
+    };
+    assert!(layout.devices[1].is_empty());
+    assert!(DeviceEngine::build(&layout, 1, Vec::new(), spec).is_err());
 }

@@ -134,7 +134,8 @@ pub enum FbgemmError {
     Load { path: PathBuf, why: String },
     #[error(
         "FBGEMM's TBE op has another schema than this build speaks (FBGEMM {VERSION}); install \
-         fbgemm-gpu-cpu=={VERSION}.\n  found:    {found}\n  expected: {expected}"
+         fbgemm-gpu-cpu=={VERSION} (fbgemm-gpu=={VERSION} on GPU hosts).\n  found:    \
+         {found}\n  expected: {expected}"
     )]
     Schema { found: String, expected: String },
     #[error("FBGEMM's TBE kernel: {0}")]
@@ -145,6 +146,11 @@ pub enum FbgemmError {
          measure its update with libtorch"
     )]
     Optimizer(Optimizer),
+    #[error(
+        "FBGEMM's CUDA kernel reads rows four floats at a time: the device's table {table} has \
+         dim {dim}, not a multiple of 4; set kernel = \"torch\" (or --kernel torch)"
+    )]
+    Dim { table: usize, dim: i64 },
 }
 
 #[repr(C)]
@@ -232,8 +238,14 @@ fn load_from(dir: &Path) -> Result<(), FbgemmError> {
         });
     }
     // FBGEMM's libraries need libtorch by name, which nothing on their
-    // search path finds: the one this binary runs on is loaded first.
-    let torch = Path::new(TORCH_LIB).join("libtorch.so");
+    // search path finds: the one this binary runs on is loaded first (by
+    // name, from the library path, for a binary built on another host).
+    let built = Path::new(TORCH_LIB).join("libtorch.so");
+    let torch = if built.is_file() {
+        built
+    } else {
+        PathBuf::from("libtorch.so")
+    };
     for path in std::iter::once(torch).chain(LIBRARIES.iter().map(|l| dir.join(l))) {
         let c =
             CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| FbgemmError::Load {
@@ -356,6 +368,14 @@ impl Tbe {
                 dims.len(),
                 lookups.len()
             ));
+        }
+        if spec.device.is_cuda() {
+            if let Some(t) = dims.iter().position(|d| d % 4 != 0) {
+                return Err(FbgemmError::Dim {
+                    table: t,
+                    dim: dims[t],
+                });
+            }
         }
         let info = info_bits(tables);
         if batch > info.1 {
@@ -550,7 +570,8 @@ fn table_major(lookups: &[Lookups], batch: i64) -> Result<(Tensor, Tensor), tch:
         offsets.push(l.offsets.f_add_scalar(start)?);
         start += l.len();
     }
-    offsets.push(Tensor::f_from_slice(&[start])?);
+    let device = lookups.first().map_or(Device::Cpu, |l| l.offsets.device());
+    offsets.push(Tensor::f_from_slice(&[start])?.f_to_device(device)?);
     let indices: Vec<&Tensor> = lookups.iter().map(|l| &l.indices).collect();
     Ok((Tensor::f_cat(&indices, 0)?, Tensor::f_cat(&offsets, 0)?))
 }

@@ -142,11 +142,21 @@ fn the_state_lists_are_laid_out_for_the_device() {
     let offsets = Tensor::from_slice(&[0i64, 8]);
     let cache = || Some(Tensor::zeros([0, 0], tch::kind::FLOAT_CPU));
     let cpu = state_list(&state, &placements, &offsets, cache(), false).unwrap();
-    assert_eq!(cpu.len(), 3);
+    let kinds = |l: &[Tensor]| l.iter().map(|t| t.kind()).collect::<Vec<_>>();
+    assert_eq!(kinds(&cpu), [Kind::Float, Kind::Int, Kind::Int64]);
     let gpu = state_list(&state, &placements, &offsets, cache(), true).unwrap();
     let sizes: Vec<Vec<i64>> = gpu.iter().map(|t| t.size()).collect();
     assert_eq!(sizes, [vec![12], vec![0], vec![2], vec![2], vec![0, 0]]);
-    assert_eq!(gpu[1].kind(), Kind::Float);
+    let five = [
+        Kind::Float,
+        Kind::Float,
+        Kind::Int,
+        Kind::Int64,
+        Kind::Float,
+    ];
+    assert_eq!(kinds(&gpu), five);
+    // The state itself first, not a copy.
+    assert_eq!(gpu[0].data_ptr(), state.data_ptr());
     let momentum = state_list(&state, &placements, &offsets, None, true).unwrap();
     assert_eq!(momentum.len(), 4);
 }
@@ -209,6 +219,15 @@ fn a_missing_library_or_another_schema_says_what_to_install() {
         e.contains("Adam") && e.contains("kernel = \"torch\""),
         "{e}"
     );
+    // A GPU's dims must be multiples of 4: refused before anything is
+    // made on the device (so this runs without one).
+    let ls = [lookups(20, 4, 0)];
+    let gpu = TbeSpec {
+        device: Device::Cuda(0),
+        ..spec(rowwise, Precision::Fp32, 0.1)
+    };
+    let e = Tbe::build(&[20], &[6], &ls, 4, gpu).unwrap_err();
+    assert!(matches!(e, FbgemmError::Dim { table: 0, dim: 6 }), "{e:?}");
     // Lookups of another batch are refused before any call.
     let ls = [lookups(20, 4, 0)];
     let e = Tbe::build(&[20], &[4], &ls, 5, spec(rowwise, Precision::Fp32, 0.1)).unwrap_err();

@@ -83,7 +83,7 @@ EVAL=1
 RESUME_ASKED=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --config) need $# --config; CONFIG=$(realpath "$2"); shift 2 ;;
+    --config) need $# --config; CONFIG=$(realpath -m "$2"); shift 2 ;;
     --backend) need $# --backend; BACKEND=$2; shift 2 ;;
     --search-budget) need $# --search-budget; BUDGET=$2; shift 2 ;;
     --run-dir) need $# --run-dir; RUN_DIR=$(realpath -m "$2"); RESUME_ASKED=0; shift 2 ;;
@@ -106,6 +106,13 @@ for n in "$ACTORS" "$BENCHES" ${ADD:+"$ADD"} ${PORT:+"$PORT"}; do
   [[ "$n" =~ ^[0-9]+$ ]] || die "'$n' is not a number"
 done
 [ -z "$PORT" ] || [ "$PORT" -le 65535 ] || die "--port $PORT: a port is 0..65535 (0: any free one)"
+# Checked before anything is built: the learner would refuse them only then.
+case "$BACKEND" in
+  ""|sim|cpu|cuda) ;;
+  *) die "--backend '$BACKEND': the backends are sim, cpu and cuda" ;;
+esac
+[ -z "$BUDGET" ] || [[ "$BUDGET" =~ ^[0-9]+$ ]] || die "--search-budget '$BUDGET' is not a number"
+[ -z "$CONFIG" ] || [ -f "$CONFIG" ] || die "--config $CONFIG: no such file"
 # An IPv4 address or one of this host's interfaces (ZeroMQ binds nothing
 # else; no IPv6: the learner's socket does not enable it).
 [ -z "$BIND_HOST" ] || [[ "$BIND_HOST" =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]] ||

@@ -214,6 +214,10 @@ check "refused: --hostfile and --slurm together" \
 check "refused: a --bind-host that is no IPv4 address or interface" \
   refused "neither an IPv4 address nor an interface" "$T/bin:$PATH" --bind-host example.com
 check "refused: a hostfile without hosts" refused "no hosts in" "$T/bin:$PATH" --hostfile "$T/comments"
+check "refused: an unknown --backend, before building" \
+  refused "the backends are sim, cpu and cuda" "$NO_SRUN" --backend gpu
+check "refused: a --config that does not exist" \
+  refused "no such file" "$NO_SRUN" --config "$T/missing.toml"
 check "refused: --slurm without srun" refused "srun not found" "$NO_SRUN" --slurm
 printf 'nodeA\ndown\n' >"$T/hosts-down"
 check "refused: a host that does not answer over ssh" \

@@ -48,3 +48,11 @@ pub use measurement::{DeviceCost, Measurement};
 pub use placement::{Placement, Plan};
 pub use suite::{Suite, Task};
 pub use table::{MemoryModel, Optimizer, Precision, Table, NUM_BINS, NUM_FEATURES};
+
+/// `n` and `noun`, plural unless `n` is 1: "1 task", "2 tasks".
+pub fn count(n: usize, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        _ => format!("{n} {noun}s"),
+    }
+}

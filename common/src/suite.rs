@@ -70,9 +70,15 @@ impl Task {
     /// device and all tables fit all devices. Returns the reason when not.
     pub fn infeasibility(&self, mem: &MemoryModel) -> Option<String> {
         let cap = self.cap_bytes();
-        if let Some(t) = self.tables.iter().find(|t| mem.table_bytes(t) > cap) {
+        let largest = self
+            .tables
+            .iter()
+            .max_by_key(|t| mem.table_bytes(t))
+            .filter(|t| mem.table_bytes(t) > cap);
+        if let Some(t) = largest {
             return Some(format!(
-                "table `{}` needs {:.3} GB, more than the {} GB of one device",
+                "table `{}`, the largest, needs {:.3} GB, more than the {} GB of one device: \
+                 give each device at least that",
                 t.name,
                 mem.table_gb(t),
                 self.memory_gb
@@ -83,11 +89,14 @@ impl Task {
             .iter()
             .fold(0u64, |s, t| s.saturating_add(mem.table_bytes(t)));
         if total > cap.saturating_mul(self.devices as u64) {
+            let gb = total as f64 / BYTES_PER_GB;
             return Some(format!(
-                "its tables need {:.3} GB in all, more than {} devices × {} GB",
-                total as f64 / BYTES_PER_GB,
-                self.devices,
-                self.memory_gb
+                "its tables need {gb:.3} GB in all, more than {} × {} GB: give each device at \
+                 least {:.3} GB, or use at least {} devices",
+                crate::count(self.devices, "device"),
+                self.memory_gb,
+                gb / self.devices as f64,
+                (gb / self.memory_gb).ceil() as u64
             ));
         }
         None
@@ -370,6 +379,40 @@ mod tests {
         (0..20)
             .map(|i| table(&format!("t{i}"), 1000 * (i + 1), 16, 1.0))
             .collect()
+    }
+
+    /// The largest table that does not fit is named, and what would fit
+    /// is said: the memory per device, or the devices.
+    #[test]
+    fn infeasibility_names_the_largest_table_and_what_fits() {
+        let gb = |t: &Table| mem().table_gb(t);
+        let big = table("big", 50_000_000, 64, 1.0);
+        let bigger = table("bigger", 90_000_000, 64, 1.0);
+        let task = |tables: Vec<Table>, devices, memory_gb| Task {
+            name: "t".into(),
+            devices,
+            memory_gb,
+            tables,
+        };
+        let cap = gb(&big) * 0.9;
+        let e = task(vec![big.clone(), bigger.clone()], 4, cap)
+            .infeasibility(&mem())
+            .unwrap();
+        assert!(
+            e.contains("`bigger`, the largest") && e.contains(&format!("{:.3} GB", gb(&bigger))),
+            "{e}"
+        );
+        let small: Vec<Table> = (0..10)
+            .map(|i| table(&format!("s{i}"), 1_000_000, 64, 1.0))
+            .collect();
+        let each = gb(&small[0]);
+        let e = task(small, 2, each * 2.0).infeasibility(&mem()).unwrap();
+        assert!(
+            e.contains("more than 2 devices ×") && e.contains("at least 5 devices"),
+            "{e}"
+        );
+        assert_eq!(crate::count(1, "task"), "1 task");
+        assert_eq!(crate::count(3, "device"), "3 devices");
     }
 
     #[test]

@@ -161,11 +161,11 @@ pub fn evaluate(
     }
     if guard_tally[0] + guard_tally[1] > 0 {
         tracing::info!(
-            "{}: `policy` returned the learned plan for {} tasks and a heuristic's for {} \
+            "{}: `policy` returned the learned plan for {} and a heuristic's for {} \
              ({} of them for a doubt of the cost network)",
             suite.path.display(),
-            guard_tally[0],
-            guard_tally[1],
+            common::count(guard_tally[0], "task"),
+            common::count(guard_tally[1], "task"),
             guard_tally[2]
         );
     }
@@ -249,9 +249,9 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "suite {} — {} tasks, backend {}",
+            "suite {} — {}, backend {}",
             self.suite,
-            self.tasks.len(),
+            common::count(self.tasks.len(), "task"),
             self.backend
         )?;
         writeln!(

@@ -31,6 +31,13 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Print the resolved configuration (defaults filled in, validated) as
+    /// TOML: a --config file's, a run's (--run), or the defaults.
+    ///
+    /// Examples:
+    ///   learner config --config configs/default.toml
+    ///   learner config --run runs/default
+    Config(ConfigArgs),
     /// Generate the DLRM-like pool, its train/test split and the task suites.
     ///
     /// Writes DIR/pool.csv, pool.train.csv, pool.test.csv, pool.stats.txt and
@@ -153,8 +160,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub memory_gb: f64,
     /// Run directory of a trained model (default: the shipped pre-trained
-    /// model, models/pretrained).
-    #[arg(long)]
+    /// model, models/pretrained). --checkpoint is the same.
+    #[arg(long = "run", visible_alias = "checkpoint", value_name = "DIR")]
     pub checkpoint: Option<PathBuf>,
     /// Measure the final candidates (the learned plan and the heuristics'
     /// plans) on this oracle and return the measured best, printing its
@@ -186,24 +193,67 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
+impl TrainArgs {
+    /// Sets `run_dir` and `resume` from `--run-dir DIR`, `--resume DIR` or
+    /// both (`--run-dir DIR --resume`), refusing two runs or none.
+    fn resolve(&mut self) -> anyhow::Result<()> {
+        let resume = self.resume_arg.take();
+        self.resume = resume.is_some();
+        let given = resume.filter(|p| !p.is_empty()).map(PathBuf::from);
+        self.run_dir = match (self.run_dir_arg.take(), given) {
+            (Some(a), Some(b)) if a != b => anyhow::bail!(
+                "--run-dir {} and --resume {} name two runs: give one",
+                a.display(),
+                b.display()
+            ),
+            (Some(dir), _) | (None, Some(dir)) => dir,
+            (None, None) => anyhow::bail!(
+                "which run? give --run-dir DIR (a new run), or --resume DIR to continue one"
+            ),
+        };
+        Ok(())
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ConfigArgs {
+    /// Configuration TOML; defaults when omitted.
+    #[arg(long, conflicts_with = "run")]
+    pub config: Option<PathBuf>,
+    /// A run's folder: its config.toml, what it trains with.
+    #[arg(long, value_name = "DIR")]
+    pub run: Option<PathBuf>,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
     /// Configuration TOML (its train, model, … sections); defaults when omitted.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Run directory: configuration, metrics and checkpoint go there.
-    #[arg(long)]
-    pub run_dir: PathBuf,
+    #[arg(long = "run-dir", value_name = "DIR")]
+    run_dir_arg: Option<PathBuf>,
     /// The oracle that measures plans (default: the config's
     /// cluster.backend, else sim; a resumed run, the one it measured with,
     /// recorded in its config.toml).
     #[arg(long, value_enum)]
     pub backend: Option<benchworker::Backend>,
-    /// Continue the run in --run-dir from its newest intact checkpoint, with
-    /// its own config.toml and every measurement of its cost-buffer log (a
-    /// run stopped before its first checkpoint: fresh networks, trained on
-    /// those measurements).
-    #[arg(long)]
+    /// Continue the run in DIR (or --run-dir) from its newest intact
+    /// checkpoint, with its own config.toml and every measurement of its
+    /// cost-buffer log (a run stopped before its first checkpoint: fresh
+    /// networks, trained on those measurements).
+    #[arg(
+        long = "resume",
+        value_name = "DIR",
+        num_args = 0..=1,
+        default_missing_value = ""
+    )]
+    resume_arg: Option<String>,
+    /// The run's folder, from --run-dir or --resume DIR.
+    #[arg(skip)]
+    pub run_dir: PathBuf,
+    /// Whether the run goes on (--resume).
+    #[arg(skip)]
     pub resume: bool,
     /// Also accept actors and benchworkers at this ZeroMQ endpoint, e.g.
     /// tcp://127.0.0.1:5555 (port 0: any free port). Each connection must
@@ -273,18 +323,34 @@ pub struct EvalArgs {
     /// Run directory of a trained model: adds the method `policy`, which
     /// is what `learner plan` returns (its network sizes come from the
     /// run's config.toml). Without it, `policy` (and `all`) use the shipped
-    /// pre-trained model, models/pretrained.
-    #[arg(long)]
+    /// pre-trained model, models/pretrained. --checkpoint is the same.
+    #[arg(long = "run", visible_alias = "checkpoint", value_name = "DIR")]
     pub checkpoint: Option<PathBuf>,
 }
 
 /// Runs a parsed command, writing results to `out`.
 pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     match cli.command {
+        Command::Config(args) => {
+            let cfg = match &args.run {
+                Some(run) => {
+                    common::config::Config::load_run(&run.join(crate::run::RunDir::CONFIG))?
+                }
+                None => common::config::Config::load(args.config.as_deref())?,
+            };
+            write!(out, "{}", toml::to_string_pretty(&cfg)?)?;
+            Ok(())
+        }
         Command::Generate(args) => eval::generate(args, out),
         Command::Eval(args) => eval::eval(args, out),
-        Command::Train(args) => train::train(args, out),
-        Command::Pretrain(args) => pretrain::pretrain(args, out),
+        Command::Train(mut args) => {
+            args.resolve()?;
+            train::train(args, out)
+        }
+        Command::Pretrain(mut args) => {
+            args.resolve()?;
+            pretrain::pretrain(args, out)
+        }
         Command::Plan(args) => plan::plan(args, out),
     }
 }
@@ -347,5 +413,60 @@ mod tests {
         assert!(
             Cli::try_parse_from(["learner", "pretrain", "--init", "x", "--run-dir", "r"]).is_ok()
         );
+    }
+
+    /// `--run-dir DIR`, `--resume DIR` and `--run-dir DIR --resume` name
+    /// the run; two different runs, or none, are refused.
+    #[test]
+    fn the_run_comes_from_run_dir_or_resume() {
+        let train = |argv: &[&str]| -> anyhow::Result<(PathBuf, bool)> {
+            let all = ["learner", "train"].iter().chain(argv);
+            let Command::Train(mut a) = Cli::try_parse_from(all)?.command else {
+                unreachable!()
+            };
+            a.resolve()?;
+            Ok((a.run_dir, a.resume))
+        };
+        let r = |s: &str| PathBuf::from(s);
+        assert_eq!(train(&["--run-dir", "a"]).unwrap(), (r("a"), false));
+        assert_eq!(train(&["--resume", "a"]).unwrap(), (r("a"), true));
+        assert_eq!(
+            train(&["--run-dir", "a", "--resume"]).unwrap(),
+            (r("a"), true)
+        );
+        assert_eq!(
+            train(&["--resume", "--run-dir", "a"]).unwrap(),
+            (r("a"), true)
+        );
+        assert_eq!(
+            train(&["--run-dir", "a", "--resume", "a"]).unwrap(),
+            (r("a"), true)
+        );
+        let e = train(&["--run-dir", "a", "--resume", "b"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("name two runs"), "{e}");
+        for argv in [&[][..], &["--resume"]] {
+            let e = train(argv).unwrap_err().to_string();
+            assert!(e.contains("which run?"), "{e}");
+        }
+        // plan and eval take --run, and --checkpoint as before.
+        for flag in ["--run", "--checkpoint"] {
+            let argv = [
+                "learner",
+                "plan",
+                "--tables",
+                "t.csv",
+                "--devices",
+                "2",
+                "--memory-gb",
+                "1",
+            ];
+            let cli = Cli::try_parse_from(argv.iter().copied().chain([flag, "r"])).unwrap();
+            let Command::Plan(p) = cli.command else {
+                unreachable!()
+            };
+            assert_eq!(p.checkpoint, Some(r("r")));
+        }
     }
 }

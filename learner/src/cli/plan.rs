@@ -73,10 +73,10 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let (per_device, cost) = model.estimate(&task.tables, &plan);
     let per_device = predicted_devices(&per_device);
     tracing::info!(
-        "placed {} tables on {} devices with `{}` in {:.2} ms after a {:.2} ms warm-up \
+        "placed {} on {} with `{}` in {:.2} ms after a {:.2} ms warm-up \
          (estimated iteration {cost:.3} ms)",
-        task.tables.len(),
-        args.devices,
+        common::count(task.tables.len(), "table"),
+        common::count(args.devices, "device"),
         guarded.method(),
         elapsed.as_secs_f64() * 1e3,
         warm.as_secs_f64() * 1e3
@@ -282,9 +282,9 @@ fn summary(
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "plan: {} tables on {} devices, `{}`; predicted times in ms:",
-        task.tables.len(),
-        plan.devices,
+        "plan: {} on {}, `{}`; predicted times in ms:",
+        common::count(task.tables.len(), "table"),
+        common::count(plan.devices, "device"),
         guarded.method()
     );
     let _ = writeln!(

@@ -179,10 +179,10 @@ fn resumed_trainer<'a>(
         return Ok(t);
     };
     tracing::info!(
-        "resuming from {} (iteration {}, {} measurements)",
+        "resuming from {} (iteration {}, {})",
         loaded.path.display(),
         loaded.counters.iteration,
-        read.samples.len()
+        common::count(read.samples.len(), "measurement")
     );
     let (cost_state, policy_state) = checkpoint::split_optimizer(loaded.optimizer);
     let mut counters = loaded.counters;

@@ -21,6 +21,7 @@ pub mod costlog;
 pub mod data;
 pub mod eval;
 pub mod pretrain;
+pub mod report;
 pub mod run;
 pub mod runlock;
 pub mod runtime;

@@ -261,6 +261,15 @@ fn train_then_plan_writes_a_placement_of_every_table() {
     assert_no_negative_time(&stdout);
     let (ok, _, err) = eval_methods(&data.join("dlrm-12x3.test.json"), &run, "lookup,policy");
     assert!(ok && !err.contains("far outside"), "{err}");
+    // The report: one page, charts inline, the evaluation in it.
+    let (ok, stdout, err) = learner(&["report", run.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let html = std::fs::read_to_string(stdout.trim()).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>") && html.matches("<svg").count() >= 5);
+    assert!(html.contains("dlrm-12x3.test-sim") && html.contains("compute (fwd + bwd)"));
+    assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
+    let (ok, _, err) = learner(&["report", dir.path().to_str().unwrap()]);
+    assert!(!ok && err.contains("holds no run"), "{err}");
     // The run keeps the evaluation: the table and the JSON.
     let saved = run.join("eval").join("dlrm-12x3.test-sim.json");
     let v: serde_json::Value =

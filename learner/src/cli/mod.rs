@@ -38,6 +38,14 @@ pub enum Command {
     ///   learner config --config configs/default.toml
     ///   learner config --run runs/default
     Config(ConfigArgs),
+    /// Write a run's report: one self-contained HTML file (charts inline,
+    /// nothing fetched) with the learning curves, every measured plan, the
+    /// per-device cost of the last one split into compute and
+    /// communication, and the run's evaluations.
+    ///
+    /// Example:
+    ///   learner report runs/default          # writes runs/default/report.html
+    Report(ReportArgs),
     /// Generate the DLRM-like pool, its train/test split and the task suites.
     ///
     /// Writes DIR/pool.csv, pool.train.csv, pool.test.csv, pool.stats.txt and
@@ -216,6 +224,15 @@ impl TrainArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// The run's folder.
+    pub run: PathBuf,
+    /// Where the HTML goes (default: RUN/report.html).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct ConfigArgs {
     /// Configuration TOML; defaults when omitted.
     #[arg(long, conflicts_with = "run")]
@@ -339,6 +356,13 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 None => common::config::Config::load(args.config.as_deref())?,
             };
             write!(out, "{}", toml::to_string_pretty(&cfg)?)?;
+            Ok(())
+        }
+        Command::Report(args) => {
+            let html = crate::report::render(&args.run)?;
+            let path = args.out.unwrap_or_else(|| args.run.join("report.html"));
+            common::fs::write_atomic(&path, html.as_bytes())?;
+            writeln!(out, "{}", path.display())?;
             Ok(())
         }
         Command::Generate(args) => eval::generate(args, out),

@@ -53,14 +53,18 @@ fn range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     Some((lo - pad, hi + pad))
 }
 
-/// A tick label: few digits, whatever the magnitude.
-fn tick(v: f64) -> String {
-    match v.abs() {
-        0.0 => "0".into(),
-        a if !(0.01..1000.0).contains(&a) => format!("{v:.1e}"),
-        a if a >= 10.0 => format!("{v:.0}"),
-        _ => format!("{v:.2}"),
+/// A tick label with as many decimals as ticks `step` apart need.
+fn tick(v: f64, step: f64) -> String {
+    let a = v.abs();
+    if a != 0.0 && !(1e-3..1e5).contains(&a) {
+        return format!("{v:.2e}");
     }
+    let decimals = if step > 0.0 {
+        (1.0 - step.log10().floor()).clamp(0.0, 6.0) as usize
+    } else {
+        2
+    };
+    format!("{v:.decimals$}")
 }
 
 /// The frame of a chart: title, axes with five ticks each, labels; and the
@@ -85,8 +89,8 @@ fn frame(
         let _ = write!(
             svg,
             r##"<text x="{x}" y="{ty}" text-anchor="middle" font-size="11">{}</text><text x="{tx}" y="{y}" text-anchor="end" font-size="11" dominant-baseline="middle">{}</text><line x1="{LEFT}" x2="{r}" y1="{y}" y2="{y}" stroke="#eee"/>"##,
-            tick(x0 + f * (x1 - x0)),
-            tick(y0 + f * (y1 - y0)),
+            tick(x0 + f * (x1 - x0), (x1 - x0) / 4.0),
+            tick(y0 + f * (y1 - y0), (y1 - y0) / 4.0),
             ty = TOP + h + 16.0,
             tx = LEFT - 6.0,
             r = LEFT + w,
@@ -372,6 +376,15 @@ mod tests {
         assert_eq!(xy[0].0, LEFT);
         let none = line_chart("t", &[], ("x", "y"), false);
         assert!(none.contains("nothing recorded yet"), "{none}");
+    }
+
+    #[test]
+    fn ticks_tell_close_values_apart() {
+        assert_eq!(tick(0.1002, 0.0001), "0.10020");
+        assert_eq!(tick(150.0, 75.0), "150");
+        assert_eq!(tick(0.5, 0.25), "0.50");
+        assert_eq!(tick(180000.0, 45000.0), "1.80e5");
+        assert_eq!(tick(0.0, 10.0), "0");
     }
 
     #[test]

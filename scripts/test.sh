@@ -3,8 +3,9 @@
 # (idempotent), `cargo fmt --check` and clippy with warnings as errors, then
 # every test of the workspace with the release profile the
 # binaries use, so libtorch's bindings compile once, then launch.sh's
-# multi-host modes (scripts/test-launch.sh) and the API docs. Arguments go
-# to `cargo test`.
+# multi-host modes (scripts/test-launch.sh) and the API docs. It installs
+# chromium from Debian's packages where it can, for the status page's
+# browser test. Arguments go to `cargo test`.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$EMBSHARD_ROOT"
@@ -22,6 +23,18 @@ if compgen -G "$VENV/lib/python3*/site-packages/torch/lib/libtorch_cuda.so" >/de
 else
   echo "test: this torch has no CUDA library: the cuda feature is not built" >&2
 fi
+# The status page's test renders it in a real headless browser: chromium,
+# from Debian's packages where apt-get can install it (as root); that test
+# then requires it.
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &&
+  [ "$(id -u)" = 0 ]; then
+  echo "test: installing chromium (Debian's) for the status page's test" >&2
+  { apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 ||
+    { apt-get update >/dev/null 2>&1 &&
+      apt-get install -y --no-install-recommends chromium >/dev/null 2>&1; }; } ||
+    echo "test: could not install chromium: the status page is not rendered" >&2
+fi
+if command -v chromium >/dev/null 2>&1; then export EMBSHARD_REQUIRE_BROWSER=1; fi
 cargo test --release --workspace "$@"
 # The API docs build without a broken link (rustdoc's warnings are errors).
 RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps --quiet

@@ -25,4 +25,5 @@ pub mod report;
 pub mod run;
 pub mod runlock;
 pub mod runtime;
+pub mod status;
 pub mod train;

@@ -279,6 +279,12 @@ pub struct TrainArgs {
     /// network you trust. The endpoint bound is written to DIR/endpoint.
     #[arg(long)]
     pub bind: Option<String>,
+    /// Serve a live status page at this port (on 127.0.0.1) or address
+    /// (0.0.0.0:8080 for every interface): `/` the curves and the peers,
+    /// `/status` JSON, `/metrics` for Prometheus. Off by default; its URL
+    /// is written to DIR/status.
+    #[arg(long, value_name = "PORT|ADDR")]
+    pub status: Option<String>,
     /// Actor threads beside the learner (default: the config's cluster.actors).
     /// A new run keeps them in its config.toml, so --resume runs as many;
     /// given with --resume, they hold for that session.

@@ -41,6 +41,24 @@ pub(super) fn train_with(
     // What measures plans and acts, set up before the run's state is
     // touched: a backend that cannot start stops the run here, before
     // training (and its checkpoint on error).
+    // The status page, before the run starts so that it shows all of it.
+    let status = match &args.status {
+        Some(addr) => {
+            let total = (setup.cfg.train.iterations * setup.cfg.train.policy_steps) as u64;
+            let run_name = setup.run.path().display().to_string();
+            let (server, feed) =
+                crate::status::serve(crate::status::listen_addr(addr)?, run_name, total)?;
+            let url = format!("http://{}/", server.addr);
+            tracing::info!("status page at {url}");
+            common::fs::write_atomic(
+                &setup.run.path().join("status"),
+                format!("{url}\n").as_bytes(),
+            )?;
+            Some((server, feed))
+        }
+        None => None,
+    };
+    let feed = status.as_ref().map(|(_, f)| f.clone());
     let mut workers = if setup.alone {
         Workers::Alone(benchworker::build(setup.backend, &setup.cfg)?)
     } else {
@@ -50,6 +68,7 @@ pub(super) fn train_with(
             actors: setup.cfg.cluster.actors,
             benchworkers: setup.cfg.cluster.benchworkers,
             backend: setup.backend,
+            status: feed.clone(),
         })
     };
     // A fine-tuned model is judged by its own training tasks alone:
@@ -83,7 +102,7 @@ pub(super) fn train_with(
     let mut began = false;
     let rounds = {
         let mut log = CostLog::open(&run.cost_log())?;
-        let mut on_line = metrics_writer(run, cfg, &updates, &bar)?;
+        let mut on_line = metrics_writer(run, cfg, &updates, &bar, feed.as_ref())?;
         let mut hooks = Hooks {
             measured: Box::new(|s| log.append(s)),
             metrics: Box::new(|m| on_line(m)),
@@ -204,6 +223,7 @@ fn metrics_writer<'a>(
     cfg: &'a Config,
     updates: &'a Updates,
     bar: &'a indicatif::ProgressBar,
+    status: Option<&'a crate::status::StatusFeed>,
 ) -> anyhow::Result<impl FnMut(&Metrics) -> anyhow::Result<()> + 'a> {
     let path = run.metrics();
     let mut file = std::fs::OpenOptions::new()
@@ -224,6 +244,9 @@ fn metrics_writer<'a>(
         ));
         writeln!(file, "{}", serde_json::to_string(m)?)
             .with_context(|| format!("writing {}", path.display()))?;
+        if let Some(feed) = status {
+            feed.point(m);
+        }
         // Off a terminal (a log file, Slurm), a line now and then instead
         // of the bar.
         if let Some(line) = lines.line(m, Instant::now()).filter(|_| quiet) {

@@ -21,6 +21,8 @@ pub struct ClusterRun {
     pub actors: usize,
     pub benchworkers: usize,
     pub backend: benchworker::Backend,
+    /// Where the peers are shown (`learner train --status`).
+    pub status: Option<crate::status::StatusFeed>,
 }
 
 impl ClusterRun {
@@ -32,6 +34,7 @@ impl ClusterRun {
             actors,
             benchworkers,
             backend,
+            status: None,
         }
     }
 }
@@ -92,7 +95,8 @@ pub fn train_cluster(
     // Checked (the messages fit a frame) before anyone is told where to
     // connect.
     let seed = trainer.config().train.seed;
-    let learner = Learner::new(trainer, &ctx, hub, run.token.clone())?;
+    let learner =
+        Learner::new(trainer, &ctx, hub, run.token.clone())?.with_status(run.status.clone());
     bound(&remote)?;
     let threads_stop = AtomicBool::new(false);
     let wait = Duration::from_secs(30);

@@ -569,6 +569,36 @@ impl Coordinator {
     /// `cluster.stall_timeout_s` and no measurement job out within
     /// `cluster.job_timeout_s` (peers that will not come are not waited
     /// for). `refused`: connections refused at their handshake so far.
+    /// The peers as the status page shows them, by id.
+    pub(super) fn peer_views(&self, now: Instant) -> Vec<crate::status::PeerView> {
+        let mut views: Vec<crate::status::PeerView> = self
+            .peers
+            .values()
+            .map(|p| {
+                let actor = p.role == Role::Actor;
+                let state = match (actor, p.job, p.ready) {
+                    (true, _, _) if p.credits > 0 => "acting".to_string(),
+                    (true, _, _) => "waiting for a credit".to_string(),
+                    (false, Some(job), _) => format!("measuring job {job}"),
+                    (false, None, false) => "setting up".to_string(),
+                    (false, None, true) if p.sidelined_until.is_some_and(|t| t > now) => {
+                        "set aside after failures".to_string()
+                    }
+                    (false, None, true) => "idle".to_string(),
+                };
+                crate::status::PeerView {
+                    role: if actor { "actor" } else { "benchworker" }.into(),
+                    id: p.id,
+                    state,
+                    seen_s_ago: now.saturating_duration_since(p.last_seen).as_secs_f64(),
+                    lag: actor.then(|| self.version.saturating_sub(p.version_sent)),
+                }
+            })
+            .collect();
+        views.sort_by_key(|v| v.id);
+        views
+    }
+
     pub(super) fn stalled(&self, now: Instant, refused: u64) -> Option<String> {
         let stall = self.setup.cluster.stall_timeout_s;
         if now.saturating_duration_since(self.last_progress) <= secs(stall) || self.measuring(now) {

@@ -29,6 +29,7 @@ pub struct Learner<'t, 'a> {
     ctx: zmq::Context,
     hub: Hub,
     setup: Setup,
+    status: Option<crate::status::StatusFeed>,
 }
 
 impl<'t, 'a> Learner<'t, 'a> {
@@ -74,7 +75,14 @@ impl<'t, 'a> Learner<'t, 'a> {
             ctx: ctx.clone(),
             hub,
             setup,
+            status: None,
         })
+    }
+
+    /// Shows the cluster's peers on `feed`'s status page.
+    pub fn with_status(mut self, feed: Option<crate::status::StatusFeed>) -> Self {
+        self.status = feed;
+        self
     }
 
     /// Trains until every configured round is done or `stop` is set; then,
@@ -93,6 +101,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             ctx,
             mut hub,
             setup,
+            status,
         } = self;
         let endpoint = format!("inproc://learner-wake-{:x}", rand::random::<u64>());
         let woken = ctx.socket(zmq::PULL)?;
@@ -106,7 +115,8 @@ impl<'t, 'a> Learner<'t, 'a> {
             // The thread owns its ends of the channels: when it stops, the
             // networks' thread hears of it.
             let io = s.spawn(move || {
-                let ended = serve(&mut core, &mut hub, &woken, &from_trainer, &to_trainer);
+                let ends = (&woken, &from_trainer, &to_trainer);
+                let ended = serve(&mut core, &mut hub, ends, status.as_ref());
                 (ended, core, hub)
             });
             let mut learn = Learn::new(trainer, to_io, wake, inbox);
@@ -137,6 +147,9 @@ impl<'t, 'a> Learner<'t, 'a> {
     }
 }
 
+/// How often the socket thread shows the peers on the status page.
+const STATUS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Fails naming `what` when `m` is bigger than a frame may be.
 fn fits(what: &str, m: &Message) -> anyhow::Result<()> {
     let header = Header {
@@ -162,11 +175,11 @@ fn fits(what: &str, m: &Message) -> anyhow::Result<()> {
 fn serve(
     core: &mut Coordinator,
     hub: &mut Hub,
-    woken: &zmq::Socket,
-    from_trainer: &Receiver<FromTrainer>,
-    to_trainer: &Sender<ToTrainer>,
+    (woken, from_trainer, to_trainer): (&zmq::Socket, &Receiver<FromTrainer>, &Sender<ToTrainer>),
+    status: Option<&crate::status::StatusFeed>,
 ) -> anyhow::Result<()> {
     let mut busy = false;
+    let mut shown: Option<Instant> = None;
     loop {
         if !busy {
             hub.wait_with(woken, IDLE_WAIT_MS)?;
@@ -199,6 +212,13 @@ fn serve(
         }
         core.tick(now);
         deliver(core, hub, to_trainer, now);
+        // The status page's peers, twice a second at most.
+        if let Some(feed) = status {
+            if shown.is_none_or(|t| now.saturating_duration_since(t) >= STATUS_EVERY) {
+                shown = Some(now);
+                feed.peers(core.peer_views(now));
+            }
+        }
         if let Some(why) = core.stalled(now, hub.refused_handshakes()) {
             anyhow::bail!(why);
         }

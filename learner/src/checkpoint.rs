@@ -144,6 +144,13 @@ pub fn save(run: &Path, trainer: &Trainer, keep: usize) -> anyhow::Result<PathBu
     for old in list(run).into_iter().skip(keep.max(1)) {
         let _ = std::fs::remove_dir_all(old);
     }
+    // Folders of writes a kill cut short: the run's lock says no other
+    // process writes here, so none of them is in progress.
+    for (name, p) in folders(&root) {
+        if name.ends_with(".tmp") {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
     Ok(dest)
 }
 

@@ -41,6 +41,10 @@ pub struct Read {
     pub samples: Vec<CostSample>,
     /// Lines dropped for a bad checksum or bad JSON.
     pub skipped: usize,
+    /// Lines dropped as a second measurement of a pick already read (a
+    /// line copied twice): counted once, the pick is not measured twice
+    /// nor another left out.
+    pub duplicates: usize,
 }
 
 impl CostLog {
@@ -108,6 +112,7 @@ impl CostLog {
             Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
         };
         let mut out = Read::default();
+        let mut picks = std::collections::HashSet::new();
         for (n, line) in BufReader::new(file).split(b'\n').enumerate() {
             let line = line.with_context(|| format!("reading {}", path.display()))?;
             // Bytes that are not UTF-8 (a damaged disk) fail like bad JSON.
@@ -118,6 +123,14 @@ impl CostLog {
                     .flatten()
             });
             match parsed {
+                Some(s) if s.pick.is_some_and(|p| !picks.insert(p)) => {
+                    tracing::warn!(
+                        "{}:{}: a second entry for a pick already read, skipped",
+                        path.display(),
+                        n + 1
+                    );
+                    out.duplicates += 1;
+                }
                 Some(s) => out.samples.push(s),
                 None => {
                     tracing::warn!(
@@ -169,6 +182,22 @@ mod tests {
             log.append(&sample(k)).unwrap();
         }
         (dir, p)
+    }
+
+    /// A line copied twice (a pick's measurement logged twice) is read
+    /// once: the resume then measures every pick it lacks.
+    #[test]
+    fn a_duplicated_line_counts_once() {
+        let (_dir, p) = log_of(4);
+        let text = std::fs::read_to_string(&p).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        // Sample 0 has a pick; sample 1 has none (an older log): two of it
+        // are two measurements of one plan, both kept.
+        let doubled = format!("{}\n{}\n{}\n{}\n", lines[0], lines[0], lines[1], lines[1]);
+        std::fs::write(&p, doubled).unwrap();
+        let r = CostLog::read(&p).unwrap();
+        assert_eq!((r.samples.len(), r.duplicates, r.skipped), (3, 1, 0));
+        assert_eq!(r.samples[0], sample(0));
     }
 
     #[test]

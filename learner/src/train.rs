@@ -128,6 +128,10 @@ pub struct Counters {
     /// Seconds of training up to this checkpoint, over every process of
     /// the run (the time between a crash and the resume not counted).
     pub training_s: f64,
+    /// Measurements the run had logged when this checkpoint was written:
+    /// a resume over a log with fewer says that some were lost (0 in
+    /// checkpoints from before it was kept).
+    pub measurements: usize,
 }
 
 impl Counters {
@@ -494,6 +498,7 @@ impl<'a> Trainer<'a> {
         Counters {
             rng_word_pos: self.rng.get_word_pos().to_string(),
             training_s: self.training_s(),
+            measurements: self.buffer.len(),
             ..self.counters.clone()
         }
     }
@@ -730,10 +735,16 @@ pub(crate) mod tests {
         trainer.counters.training_s += 60.0;
         assert_eq!(crate::checkpoint::save(&run, &trainer, 5).unwrap(), first);
         assert_eq!(crate::checkpoint::list(&run).len(), 1);
-        // A counter moved: a new checkpoint, its clock later.
+        // A counter moved: a new checkpoint, its clock later; the folders
+        // of writes a kill cut short are gone with it.
+        let torn = run.join("checkpoints").join("step-000000.7.tmp");
+        std::fs::create_dir_all(&torn).unwrap();
         trainer.counters.cost_steps += 1;
         let second = crate::checkpoint::save(&run, &trainer, 5).unwrap();
         assert_ne!(second, first);
+        assert!(!torn.exists(), "a half-written checkpoint left behind");
+        // It counts the measurements logged, for a resume to compare.
+        assert_eq!(newest(&run).measurements, trainer.buffer.len());
         let later = newest(&run);
         assert!(later.training_s > saved.training_s);
         // A resumed trainer's clock goes on from the checkpoint's.

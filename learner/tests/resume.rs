@@ -536,3 +536,32 @@ fn an_interrupted_run_checkpoints_and_exits_with_the_signals_status() {
         );
     }
 }
+
+/// A resume over a cost log with fewer measurements than its checkpoint
+/// saw (emptied, cut, replaced) stops and says so, rather than measure
+/// again what was lost and hide it.
+#[test]
+fn a_resume_over_a_cut_cost_log_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _) = small_run_config(dir.path(), 2);
+    let run = dir.path().join("run");
+    let (ok, _, err) = learner(&train_args(&cfg, &run));
+    assert!(ok, "{err}");
+    let log = run.join("cost_buffer.jsonl");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let kept: String = text.lines().take(1).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&log, &kept).unwrap();
+    let (ok, _, err) = resume(&run);
+    assert!(
+        !ok && err.contains("1 measurement, but checkpoint"),
+        "{err}"
+    );
+    assert!(err.contains("emptied, cut or replaced"), "{err}");
+    // Nothing was touched: the log is as it was left.
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), kept);
+    // A copied line is read once: the run resumes.
+    let doubled = format!("{text}{}\n", text.lines().next().unwrap());
+    std::fs::write(&log, doubled).unwrap();
+    let (ok, _, err) = resume(&run);
+    assert!(ok, "{err}");
+}

@@ -16,7 +16,7 @@ use crate::vtrace::{from_importance_weights, Clipping};
 
 /// A pick's round and its place in the round (the learner's
 /// `Trainer::pick_plan`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub struct PickId {
     pub round: usize,
     pub place: usize,

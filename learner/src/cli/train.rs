@@ -174,6 +174,12 @@ fn resumed_trainer<'a>(
     if read.skipped > 0 {
         tracing::warn!("{} damaged cost-buffer entries skipped", read.skipped);
     }
+    if read.duplicates > 0 {
+        tracing::warn!(
+            "{} duplicated cost-buffer entries read once",
+            read.duplicates
+        );
+    }
     // Before loading: a damaged checkpoint is set aside as it is found.
     let had_checkpoint = run.has_checkpoint();
     let Some(loaded) = checkpoint::load_latest(cfg, run.path())? else {
@@ -202,6 +208,18 @@ fn resumed_trainer<'a>(
         loaded.path.display(),
         loaded.counters.iteration,
         common::count(read.samples.len(), "measurement")
+    );
+    // A log with fewer measurements than the checkpoint saw lost some:
+    // training on would hide it, and measure again what was measured.
+    anyhow::ensure!(
+        read.samples.len() >= loaded.counters.measurements,
+        "{} holds {}, but checkpoint {} was written after {}: the log was emptied, cut or \
+         replaced. Restore it from a backup; or, to train on what is left, move the run's \
+         checkpoints/ folder aside and --resume (fresh networks on the measurements logged)",
+        run.cost_log().display(),
+        common::count(read.samples.len(), "measurement"),
+        loaded.path.display(),
+        common::count(loaded.counters.measurements, "measurement")
     );
     let (cost_state, policy_state) = checkpoint::split_optimizer(loaded.optimizer);
     let mut counters = loaded.counters;

@@ -393,7 +393,10 @@ fn ctrl_c_while_the_learner_waits_for_peers_stops_it_with_a_checkpoint() {
     let status = l.exited(Duration::from_secs(20));
     let err = std::fs::read_to_string(&l.err).unwrap();
     assert_eq!(status.code(), Some(130), "{err}");
-    assert!(err.contains("--resume continues") && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("--resume continues") && !err.contains("panicked"),
+        "{err}"
+    );
     assert_eq!(learner::checkpoint::list(&dir.path().join("run")).len(), 1);
 }
 

@@ -28,7 +28,7 @@
 //!    measured and the measured best is returned.
 //!
 //! A task of a shape far from training (tables per device) only warns: on
-//! the main job's model, such tasks still gained 5 to 7 % (README).
+//! the main job's model, such tasks still gained 5 to 7 % (docs/cluster.md).
 
 use common::oracle::Oracle;
 use common::{MemoryModel, Plan, Task};

@@ -75,6 +75,7 @@ fn frame(
     (x0, x1): (f64, f64),
     (y0, y1): (f64, f64),
     labels: (&str, &str),
+    x_ticks: bool,
 ) -> impl Fn(f64, f64) -> (f64, f64) {
     let (w, h) = (WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM);
     let _ = write!(
@@ -86,12 +87,18 @@ fn frame(
     for k in 0..=4 {
         let f = k as f64 / 4.0;
         let (x, y) = (LEFT + f * w, TOP + h - f * h);
+        if x_ticks {
+            let _ = write!(
+                svg,
+                r##"<text x="{x}" y="{ty}" text-anchor="middle" font-size="11">{}</text>"##,
+                tick(x0 + f * (x1 - x0), (x1 - x0) / 4.0),
+                ty = TOP + h + 16.0,
+            );
+        }
         let _ = write!(
             svg,
-            r##"<text x="{x}" y="{ty}" text-anchor="middle" font-size="11">{}</text><text x="{tx}" y="{y}" text-anchor="end" font-size="11" dominant-baseline="middle">{}</text><line x1="{LEFT}" x2="{r}" y1="{y}" y2="{y}" stroke="#eee"/>"##,
-            tick(x0 + f * (x1 - x0), (x1 - x0) / 4.0),
+            r##"<text x="{tx}" y="{y}" text-anchor="end" font-size="11" dominant-baseline="middle">{}</text><line x1="{LEFT}" x2="{r}" y1="{y}" y2="{y}" stroke="#eee"/>"##,
             tick(y0 + f * (y1 - y0), (y1 - y0) / 4.0),
-            ty = TOP + h + 16.0,
             tx = LEFT - 6.0,
             r = LEFT + w,
         );
@@ -123,7 +130,7 @@ pub fn line_chart(title: &str, series: &[Series], labels: (&str, &str), dots: bo
         );
     };
     let mut svg = String::new();
-    let at = frame(&mut svg, title, xr, yr, labels);
+    let at = frame(&mut svg, title, xr, yr, labels, true);
     for (i, s) in series.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
         let points: Vec<(f64, f64)> = s
@@ -176,8 +183,26 @@ pub fn device_bars(title: &str, devices: &[common::DeviceCost]) -> String {
     }
     let mut svg = String::new();
     let n = devices.len() as f64;
-    let at = frame(&mut svg, title, (0.0, n), (0.0, top), ("device", "ms"));
+    // Head room above the tallest bar for the legend.
+    let at = frame(
+        &mut svg,
+        title,
+        (0.0, n),
+        (0.0, top * 1.3),
+        ("device", "ms"),
+        false,
+    );
     let slot = (WIDTH - LEFT - RIGHT) / n;
+    // Each device's number under its bar (every k-th where they crowd).
+    let every = devices.len().div_ceil(16);
+    for d in (0..devices.len()).step_by(every) {
+        let (x, y) = at(d as f64 + 0.5, 0.0);
+        let _ = write!(
+            svg,
+            r##"<text x="{x:.1}" y="{:.1}" text-anchor="middle" font-size="11">{d}</text>"##,
+            y + 16.0
+        );
+    }
     for (d, c) in devices.iter().enumerate() {
         let compute = c.fwd_ms + c.bwd_ms;
         let comm = c.fwd_comm_ms + c.bwd_comm_ms;
@@ -401,6 +426,12 @@ mod tests {
         );
         assert!(svg.contains("device 0: compute 3.000 ms"), "{svg}");
         assert!(svg.contains("device 1: communication 1.500 ms"), "{svg}");
+        // Each device numbered under its bar, no fractional ticks.
+        assert!(
+            svg.contains(">0</text>") && svg.contains(">1</text>"),
+            "{svg}"
+        );
+        assert!(!svg.contains(">0.50</text>"), "{svg}");
         assert!(device_bars("plan", &[]).contains("no measured plan"));
     }
 }

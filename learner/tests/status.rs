@@ -1,7 +1,8 @@
 //! The live status page of a real `learner train --status 0`: `/metrics`
 //! parsed, and `/` rendered by a real headless browser (chromium from
-//! Debian's packages; `scripts/setup.sh` installs it where it can), whose
-//! DOM must hold the curves and the peers.
+//! Debian's packages; `scripts/test.sh` installs it where it can), whose
+//! DOM must hold the curves and the peers; then the run's `learner report`,
+//! rendered the same way.
 
 mod support;
 
@@ -15,6 +16,8 @@ use support::{small_run_config, train_args, wait_for};
 const REQUIRE: &str = "EMBSHARD_REQUIRE_BROWSER";
 /// Set to a file: the test saves its screenshot of the page there.
 const SHOT: &str = "EMBSHARD_STATUS_SHOT";
+/// Set to a file: the test saves its screenshot of the run's report there.
+const REPORT_SHOT: &str = "EMBSHARD_REPORT_SHOT";
 
 fn get(addr: &str, path: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
@@ -142,4 +145,36 @@ fn the_status_page_shows_curves_and_peers_in_a_browser() {
         .args(["-INT", &child.id().to_string()])
         .status();
     child.wait().unwrap();
+
+    // The run's report, rendered by the same browser.
+    let (ok, stdout, err) = support::learner(&["report", run.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let page = format!("file://{}", stdout.trim());
+    if let Some(b) = browser() {
+        let flags = ["--headless", "--no-sandbox", "--disable-gpu"];
+        let dom = Command::new(b)
+            .args(flags)
+            .args(["--dump-dom", &page])
+            .output()
+            .unwrap();
+        let dom = String::from_utf8_lossy(&dom.stdout);
+        assert!(dom.matches("<svg").count() >= 5, "charts drawn: {dom}");
+        assert!(dom.contains("compute (fwd + bwd)"), "{dom}");
+        let shot = std::env::var(REPORT_SHOT)
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| dir.path().join("report.png"));
+        let out = Command::new(b)
+            .args(flags)
+            .args(["--hide-scrollbars", "--window-size=1100,2600"])
+            .arg(format!("--screenshot={}", shot.display()))
+            .arg(&page)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(std::fs::metadata(&shot).unwrap().len() > 10_000);
+    }
 }

@@ -10,3 +10,4 @@
 
 pub mod link;
 pub mod protocol;
+pub mod warn;

@@ -84,6 +84,7 @@ pub struct Link {
     endpoint: String,
     /// Frames received and dropped, by reason.
     pub drops: DropCounts,
+    warner: crate::warn::Warner,
 }
 
 /// Checks an endpoint's form before libzmq sees it (libzmq says only
@@ -193,6 +194,7 @@ impl Link {
             last_sent: Instant::now(),
             endpoint: endpoint.to_string(),
             drops: DropCounts::default(),
+            warner: crate::warn::Warner::default(),
         })
     }
 
@@ -352,7 +354,9 @@ impl Link {
                     return Ok(Some(m));
                 }
                 Err(e) => {
-                    tracing::warn!("dropped a frame from the learner: {e}");
+                    let now = Instant::now();
+                    let said = || format!("dropped a frame from the learner: {e}");
+                    self.warner.warn(e.label(), now, said);
                     self.drops.add(e.label());
                 }
             }
@@ -535,6 +539,7 @@ pub struct Hub {
     envelope: Envelope,
     /// Frames received and dropped, by reason.
     pub drops: DropCounts,
+    warner: crate::warn::Warner,
 }
 
 impl Hub {
@@ -575,6 +580,7 @@ impl Hub {
                 seq: 0,
             },
             drops: DropCounts::default(),
+            warner: crate::warn::Warner::default(),
         };
         hub.bind_endpoint(endpoint)?;
         Ok(hub)
@@ -652,13 +658,26 @@ impl Hub {
             if !readable(&self.socket, timeout_ms)? {
                 return Ok(None);
             }
-            let mut parts = self.socket.recv_multipart(0)?;
-            if parts.len() != 2 {
+            // Part by part: a message of many parts is dropped as its parts
+            // come, never held whole (each part is capped, their number
+            // is not).
+            let from = self.socket.recv_bytes(0)?;
+            let frame = match self.socket.get_rcvmore()? {
+                true => self.socket.recv_bytes(0)?,
+                false => Vec::new(),
+            };
+            let mut parts = 2;
+            while self.socket.get_rcvmore()? {
+                drop(self.socket.recv_bytes(0)?);
+                parts += 1;
+            }
+            if parts != 2 || frame.is_empty() {
+                let now = Instant::now();
+                let said = || format!("dropped a message of {parts} parts (a peer sends 2)");
+                self.warner.warn("multipart", now, said);
                 self.drops.add("multipart");
                 continue;
             }
-            let frame = parts.pop().unwrap_or_default();
-            let from = parts.pop().unwrap_or_default();
             match decode(&frame) {
                 Ok((header, message)) => {
                     return Ok(Some(Incoming {
@@ -668,7 +687,9 @@ impl Hub {
                     }))
                 }
                 Err(e) => {
-                    tracing::warn!("dropped a frame: {e}");
+                    let now = Instant::now();
+                    self.warner
+                        .warn(e.label(), now, || format!("dropped a frame: {e}"));
                     self.drops.add(e.label());
                 }
             }
@@ -772,6 +793,13 @@ mod tests {
         assert_eq!(hub.drops.by_reason.get("bad_magic"), Some(&1));
         // A reply to a peer that never existed fails instead of vanishing.
         assert!(!hub.send(b"nobody", 0, &Message::Shutdown));
+        // A message of many parts is dropped part by part, counted; the
+        // next one gets through.
+        let parts: Vec<Vec<u8>> = vec![vec![7u8; 1 << 20]; 8];
+        raw.send_multipart(parts, 0).unwrap();
+        link.send(0, &Message::Heartbeat).unwrap();
+        assert_eq!(hub.recv(1000).unwrap().unwrap().message, Message::Heartbeat);
+        assert_eq!(hub.drops.by_reason.get("multipart"), Some(&1));
     }
 
     #[test]

@@ -93,6 +93,9 @@ pub(super) struct Setup {
 /// The learner's side of a cluster, without I/O.
 pub(super) struct Coordinator {
     pub(super) setup: Setup,
+    /// Per-message warnings, at most one of a kind every ten seconds: a
+    /// flood of bad messages must not fill the disk through the log.
+    pub(super) warner: net::warn::Warner,
     pub(super) peers: HashMap<Vec<u8>, Peer>,
     next_peer: u64,
     next_session: u64,
@@ -160,6 +163,7 @@ impl Peer {
 impl Coordinator {
     pub(super) fn new(setup: Setup, now: Instant) -> Coordinator {
         Coordinator {
+            warner: net::warn::Warner::default(),
             setup,
             peers: HashMap::new(),
             next_peer: 1,
@@ -271,7 +275,12 @@ impl Coordinator {
             }
             (_, Message::Heartbeat) => {}
             (_, Message::Shutdown) => self.forget(now, &from),
-            _ => self.report.unexpected += 1,
+            (role, other) => {
+                self.report.unexpected += 1;
+                let kind = other.kind();
+                let said = || format!("dropped a {kind:?} from a {role:?}: not a kind it sends");
+                self.warner.warn("unexpected kind", now, said);
+            }
         }
         Ok(())
     }
@@ -439,7 +448,8 @@ impl Coordinator {
         });
         let Some(session) = session else {
             self.report.uncredited_unrolls += 1;
-            tracing::warn!("an unroll sent without a credit dropped");
+            let said = || "an unroll sent without a credit dropped".to_string();
+            self.warner.warn("uncredited unroll", now, said);
             return;
         };
         let task = data.task as usize;
@@ -460,7 +470,8 @@ impl Coordinator {
             }
             Err(e) => {
                 self.report.bad_unrolls += 1;
-                tracing::warn!("malformed unroll dropped: {e}");
+                let said = || format!("malformed unroll dropped: {e}");
+                self.warner.warn("malformed unroll", now, said);
                 self.share_credits(now);
             }
         }

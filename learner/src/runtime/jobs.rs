@@ -88,11 +88,14 @@ impl Coordinator {
         // twice: the second result is not counted.
         let Some(j) = self.jobs.remove(&job) else {
             self.report.unexpected += 1;
+            let said = || format!("a measurement for job {job}, which is not out: dropped");
+            self.warner.warn("unknown job", now, said);
             return Ok(());
         };
         let devices = self.setup.task_devices[j.pick.task];
         if let Err(e) = measurement.validate(devices) {
-            tracing::warn!("job {job}: malformed measurement: {e}");
+            let said = || format!("job {job}: malformed measurement: {e}");
+            self.warner.warn("malformed measurement", now, said);
             return self.job_failed(now, j, e.to_string());
         }
         self.last_progress = now;

@@ -22,7 +22,8 @@ impl Coordinator {
     ) {
         if !tokens_match(token, &self.setup.token) {
             self.report.refused_peers += 1;
-            tracing::warn!("refused a {role:?}: wrong cluster token");
+            let said = || format!("refused a {role:?}: wrong cluster token");
+            self.warner.warn("wrong token", now, said);
             self.send(
                 &from,
                 Message::Refused {
@@ -68,6 +69,9 @@ impl Coordinator {
     ) -> Option<Role> {
         let Some(peer) = self.peers.get_mut(from) else {
             self.report.unexpected += 1;
+            let kind = message.kind();
+            let said = || format!("dropped a {kind:?} from a peer that never said hello");
+            self.warner.warn("no hello", now, said);
             self.send(
                 from,
                 Message::Refused {
@@ -82,19 +86,23 @@ impl Coordinator {
             || header.seq <= peer.last_seq
         {
             self.report.bad_envelopes += 1;
-            tracing::warn!(
-                "{:?} {}: dropped {:?} whose envelope does not match (sender {}, incarnation \
-                 {:#x}, seq {}; expected sender {}, incarnation {:#x}, seq above {})",
-                peer.role,
-                peer.id,
-                message.kind(),
-                header.sender,
-                header.incarnation,
-                header.seq,
-                peer.id,
-                peer.incarnation,
-                peer.last_seq
-            );
+            let said = || {
+                format!(
+                    "{:?} {}: dropped {:?} whose envelope does not match (sender {}, \
+                     incarnation {:#x}, seq {}; expected sender {}, incarnation {:#x}, seq \
+                     above {})",
+                    peer.role,
+                    peer.id,
+                    message.kind(),
+                    header.sender,
+                    header.incarnation,
+                    header.seq,
+                    peer.id,
+                    peer.incarnation,
+                    peer.last_seq
+                )
+            };
+            self.warner.warn("bad envelope", now, said);
             return None;
         }
         peer.last_seq = header.seq;

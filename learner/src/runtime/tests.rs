@@ -740,6 +740,59 @@ fn strangers_and_bad_envelopes_are_refused_and_counted() {
     assert!(b.core.peers.is_empty(), "a right one is acted on");
 }
 
+/// A peer flooding bad messages is counted in full but logged at most
+/// once a kind every ten seconds: it cannot fill the disk through the log
+/// (it once wrote 590 MB in 60 s).
+#[test]
+fn a_flood_of_bad_messages_is_counted_but_rate_limited_in_the_log() {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Log {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let (_dir, cfg, tasks) = small();
+    let mut b = Bench::new(&cfg, &tasks);
+    let id = b.hello("flood", Role::Actor);
+    let flood = |b: &mut Bench, from: u64| {
+        for k in 0..3000 {
+            // A replayed envelope; a kind the learner does not take; no hello.
+            b.send_as("flood", id, 7, 1, Message::Heartbeat);
+            b.send_as(
+                "flood",
+                id,
+                7,
+                from + k,
+                Message::Ready { max_devices: None },
+            );
+            b.send_as("nobody", 0, 1, k, Message::Heartbeat);
+        }
+    };
+    tracing::subscriber::with_default(subscriber, || {
+        flood(&mut b, 10);
+        b.pass(11.0);
+        flood(&mut b, 10_000);
+    });
+    assert_eq!(b.core.report.bad_envelopes, 6000);
+    assert_eq!(b.core.report.unexpected, 12_000);
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let lines = text.lines().filter(|l| l.contains("WARN")).count();
+    assert_eq!(lines, 6, "{text}");
+    assert_eq!(text.matches("and 2999 more like it").count(), 3, "{text}");
+}
+
 /// Rank 0 of a multi-host group posts its NCCL id; members that asked
 /// before or after get exactly that id, and never a job; a malformed id
 /// is refused; the id dies with rank 0.

@@ -26,6 +26,9 @@ use crate::error::InvalidSetting;
 use crate::pool::{MAX_DIM, MAX_POOLING, MAX_ROWS};
 use crate::table::{MemoryModel, Table, NUM_BINS};
 
+/// Most tables a generated pool may have (a thousand times the trace's).
+pub const MAX_TABLES: usize = 1 << 20;
+
 /// The published figures of `fbgemm_t856_bs65536` the generator is shaped like.
 pub mod published {
     pub const TABLES: usize = 856;
@@ -113,10 +116,23 @@ impl PoolGenConfig {
                 "generate.tables must be at least 1",
             ));
         }
-        if self.batch == 0 {
+        if self.batch == 0 || self.batch > crate::config::MAX_BATCH {
             return Err(InvalidSetting::new(
                 "generate.batch",
-                "generate.batch must be at least 1",
+                format!(
+                    "generate.batch = {} must lie in 1..={}",
+                    self.batch,
+                    crate::config::MAX_BATCH
+                ),
+            ));
+        }
+        if self.tables > MAX_TABLES {
+            return Err(InvalidSetting::new(
+                "generate.tables",
+                format!(
+                    "generate.tables = {} is more than {MAX_TABLES}",
+                    self.tables
+                ),
             ));
         }
         finite("max_pooling", self.max_pooling)?;

@@ -26,6 +26,9 @@ pub const MAX_ROWS: u64 = 1 << 40;
 pub const MAX_DIM: u64 = 1 << 16;
 /// Largest accepted pooling factor (lookups per sample).
 pub const MAX_POOLING: f64 = 1e5;
+/// Longest accepted table name, in bytes: a name of 256 MiB once took the
+/// learner's memory to 1.4 GB.
+pub const MAX_NAME_BYTES: usize = 1024;
 
 /// Line numbers of positions in a text, counted as editors do (`\n`,
 /// `\r\n` and a lone `\r` each end a line), incrementally: records are
@@ -165,6 +168,16 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
         let name = rec[0].to_string();
         if name.is_empty() {
             return Err(csv_err(line, "name", "empty table name".into()));
+        }
+        if name.len() > MAX_NAME_BYTES {
+            return Err(csv_err(
+                line,
+                "name",
+                format!(
+                    "a name of {} bytes, more than the {MAX_NAME_BYTES} a table name may have",
+                    name.len()
+                ),
+            ));
         }
         let rows: u64 = parse_positive_int(&rec[1], MAX_ROWS)
             .map_err(|m| csv_err(line, "rows", format!("`{}`: {m}", &rec[1])))?;
@@ -478,6 +491,13 @@ mod tests {
             assert!(e.contains(words), "{words:?} not in {e}");
         }
         assert!(defaults_taken(3).contains("pooling_factor 15.8"));
+        // A name too long to be one.
+        let long = format!("name,rows,dim\n{},10,8\n", "x".repeat(MAX_NAME_BYTES + 1));
+        let e = read_from(long.as_bytes(), p).unwrap_err().to_string();
+        assert!(
+            e.contains("mine.csv:2") && e.contains("more than the 1024"),
+            "{e}"
+        );
         assert!(!defaults_taken(4).contains("pooling_factor"));
     }
 }

@@ -295,6 +295,23 @@ pub fn missing_settings(text: &str) -> Vec<String> {
     out
 }
 
+/// Most samples a batch may have: 64 times DLRM's 65536. Costs modelled or
+/// measured far beyond it teach nothing and take memory without bound (a
+/// `sim.batch` of 1e18 made costs of 5e13 ms).
+pub const MAX_BATCH: u64 = 1 << 22;
+
+/// A batch size: positive, and at most [`MAX_BATCH`].
+fn batch(field: &str, v: u64) -> std::result::Result<(), InvalidSetting> {
+    positive(field, v as f64)?;
+    if v > MAX_BATCH {
+        return Err(InvalidSetting::new(
+            field,
+            format!("{field} = {v} is more than the {MAX_BATCH} samples a batch may have"),
+        ));
+    }
+    Ok(())
+}
+
 fn positive(field: &str, v: f64) -> std::result::Result<(), InvalidSetting> {
     if v.is_finite() && v > 0.0 {
         Ok(())
@@ -481,6 +498,26 @@ mod tests {
         c.train.extra_suites.clear();
         c.train.init = None;
         assert_eq!(c, Config::default());
+    }
+
+    /// Batches and pools without bound are refused, naming the setting.
+    #[test]
+    fn batches_and_pools_have_upper_bounds() {
+        let path = Path::new("c.toml");
+        for (text, words) in [
+            (
+                "[sim]\nbatch = 1000000000000000000\n",
+                "sim.batch = 1000000000000000000 is more",
+            ),
+            ("[cpu]\nbatch = 8388608\n", "cpu.batch"),
+            ("[cuda]\nbatch = 8388608\n", "cuda.batch"),
+            ("[generate]\nbatch = 8388608\n", "generate.batch"),
+            ("[generate]\ntables = 100000000\n", "generate.tables"),
+        ] {
+            let e = Config::from_toml(text, path).unwrap_err().to_string();
+            assert!(e.contains(words), "{words:?} not in {e}");
+        }
+        assert!(Config::from_toml("[sim]\nbatch = 4194304\n", path).is_ok());
     }
 
     #[test]

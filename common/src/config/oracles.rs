@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{non_negative, positive, seconds, unit};
+use super::{batch, non_negative, positive, seconds, unit};
 use crate::error::InvalidSetting;
 
 /// The `sim` oracle's constants (see `benchworker::sim` for their sources).
@@ -71,7 +71,7 @@ impl Default for SimConfig {
 
 impl SimConfig {
     pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
-        positive("sim.batch", self.batch as f64)?;
+        batch("sim.batch", self.batch)?;
         positive("sim.hbm_gibps", self.hbm_gibps)?;
         unit("sim.gather_efficiency", self.gather_efficiency)?;
         positive("sim.l2_mib", self.l2_mib)?;
@@ -155,7 +155,7 @@ impl Default for CpuConfig {
 
 impl CpuConfig {
     pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
-        positive("cpu.batch", self.batch as f64)?;
+        batch("cpu.batch", self.batch)?;
         positive("cpu.max_rows", self.max_rows as f64)?;
         positive("cpu.repeats", self.repeats as f64)
     }
@@ -212,7 +212,7 @@ impl Default for CudaConfig {
 
 impl CudaConfig {
     pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
-        positive("cuda.batch", self.batch as f64)?;
+        batch("cuda.batch", self.batch)?;
         // The first iteration makes NCCL's connections: never timed.
         positive("cuda.warmup", self.warmup as f64)?;
         positive("cuda.repeats", self.repeats as f64)?;

@@ -33,8 +33,14 @@ fn routing_id(incarnation: u64) -> Vec<u8> {
     id
 }
 
+/// A connection that has not finished its handshake this long after it
+/// opened is closed (libzmq's default is 30 s): connections that say
+/// nothing cannot pile up and take the learner's file descriptors.
+pub const HANDSHAKE_MS: i32 = 5000;
+
 fn configure(socket: &zmq::Socket) -> anyhow::Result<()> {
     socket.set_linger(0)?;
+    socket.set_handshake_ivl(HANDSHAKE_MS)?;
     // libzmq closes a tcp connection whose peer sends a bigger message.
     socket.set_maxmsgsize(MAX_FRAME_BYTES as i64)?;
     Ok(())
@@ -376,6 +382,22 @@ pub fn seconds(what: &str, secs: f64) -> anyhow::Result<Duration> {
             u64::MAX as f64
         ),
     }
+}
+
+/// Raises this process's soft limit on open files to its hard limit: a
+/// learner holds a descriptor per connection, and the common soft limit of
+/// 1024 was exhausted by about 1000 idle connections, which stopped
+/// training. Returns the limit now in force (`None`: unknown, unlimited).
+pub fn raise_open_files() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit.clone()) {
+            tracing::debug!("the open-files limit stays: {e}");
+        }
+    }
+    getrlimit(Resource::Nofile).current
 }
 
 /// Which stop signals came: SIGINT's flag and SIGTERM's.
@@ -734,6 +756,14 @@ mod tests {
                 assert!(e.contains(w), "{bad}: {w:?} not in {e}");
             }
         }
+    }
+
+    #[test]
+    fn the_open_files_limit_is_raised_to_the_hard_one() {
+        use rustix::process::{getrlimit, Resource};
+        let now = raise_open_files();
+        assert_eq!(now, getrlimit(Resource::Nofile).current);
+        assert_eq!(now, getrlimit(Resource::Nofile).maximum);
     }
 
     #[test]

@@ -268,17 +268,32 @@ pub fn legal_devices(
     fits.clear();
     fits.extend_from_slice(legal);
     let mut some = false;
+    // The free memory less what is to come: packing a table takes its
+    // bytes from both, so this slack stays as it is while the packing
+    // goes on. Once `D − 1` times the next table is within it, the rest
+    // fits whatever the packing (the cheap path's argument above): the
+    // packing stops there, with the answer it would have reached. Only
+    // the few tables larger than that are packed, which keeps a step of a
+    // large task on tight memory from growing with the tables to come.
+    let others = used.len() as u128 - 1;
+    let slack = free_after as i128 - rest.total as i128;
+    // Descending: the tables to pack are a prefix.
+    let big = match u128::try_from(slack) {
+        Ok(slack) => rest.bytes.partition_point(|&b| others * b as u128 > slack),
+        Err(_) => rest.bytes.len(),
+    };
     for d in (0..used.len()).filter(|&d| fits[d]) {
         free.clear();
         free.extend(used.iter().map(|&u| room(u)));
         free[d] -= need;
-        legal[d] = rest.bytes.iter().all(|&b| {
-            // Best fit: the device with the least room that still takes it.
-            let best = (0..free.len())
-                .filter(|&x| free[x] >= b)
-                .min_by_key(|&x| free[x]);
-            best.map(|x| free[x] -= b).is_some()
-        });
+        legal[d] = slack >= 0
+            && rest.bytes[..big].iter().all(|&b| {
+                // Best fit: the device with the least room that still takes it.
+                let best = (0..free.len())
+                    .filter(|&x| free[x] >= b)
+                    .min_by_key(|&x| free[x]);
+                best.map(|x| free[x] -= b).is_some()
+            });
         some |= legal[d];
     }
     if !some {

@@ -126,7 +126,7 @@ pub struct BenchArgs {
     pub config: Option<PathBuf>,
     /// The kernel of the `cpu` and `cuda` backends: `fbgemm` (FBGEMM's
     /// table-batched embedding) or `torch` (libtorch's `embedding_bag`);
-    /// overrides the config's `kernel` under [cpu] and [cuda].
+    /// overrides the config's cpu.kernel and cuda.kernel.
     #[arg(long, value_parser = parse_kernel)]
     pub kernel: Option<Kernel>,
     /// Seed of the pool and the plans.
@@ -150,7 +150,7 @@ pub struct FusionArgs {
     pub config: Option<PathBuf>,
     /// The kernel of the `cpu` and `cuda` backends: `fbgemm` (FBGEMM's
     /// table-batched embedding) or `torch` (libtorch's `embedding_bag`);
-    /// overrides the config's `kernel` under [cpu] and [cuda].
+    /// overrides the config's cpu.kernel and cuda.kernel.
     #[arg(long, value_parser = parse_kernel)]
     pub kernel: Option<Kernel>,
     /// Seed of the pool and the mixes.
@@ -184,7 +184,7 @@ pub struct MeasureArgs {
     pub config: Option<PathBuf>,
     /// The kernel of the `cpu` and `cuda` backends: `fbgemm` (FBGEMM's
     /// table-batched embedding) or `torch` (libtorch's `embedding_bag`);
-    /// overrides the config's `kernel` under [cpu] and [cuda].
+    /// overrides the config's cpu.kernel and cuda.kernel.
     #[arg(long, value_parser = parse_kernel)]
     pub kernel: Option<Kernel>,
     /// Memory of each device in GB: a plan that puts more on a device (weights
@@ -219,7 +219,7 @@ pub struct CalibrateArgs {
     pub config: Option<PathBuf>,
     /// The kernel of the `cpu` and `cuda` backends: `fbgemm` (FBGEMM's
     /// table-batched embedding) or `torch` (libtorch's `embedding_bag`);
-    /// overrides the config's `kernel` under [cpu] and [cuda].
+    /// overrides the config's cpu.kernel and cuda.kernel.
     #[arg(long, value_parser = parse_kernel)]
     pub kernel: Option<Kernel>,
     /// Seed of the pool and the plans.

@@ -7,6 +7,7 @@
 mod support;
 
 use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -29,6 +30,39 @@ fn get(addr: &str, path: &str) -> String {
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     text.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// `url` in the headless browser `b`, its scripts run: the DOM, and a
+/// screenshot of `size` saved where the variable `shot` says, else at
+/// `fallback`.
+fn render(b: &str, url: &str, size: (u32, u32), shot: &str, fallback: &Path) -> String {
+    let flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--virtual-time-budget=5000",
+    ];
+    let dom = Command::new(b)
+        .args(flags)
+        .args(["--dump-dom", url])
+        .output()
+        .unwrap();
+    let path = std::env::var(shot).map_or_else(|_| fallback.to_path_buf(), PathBuf::from);
+    let out = Command::new(b)
+        .args(flags)
+        .arg("--hide-scrollbars")
+        .arg(format!("--window-size={},{}", size.0, size.1))
+        .arg(format!("--screenshot={}", path.display()))
+        .arg(url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::metadata(&path).unwrap().len() > 10_000);
+    String::from_utf8_lossy(&dom.stdout).into_owned()
 }
 
 fn browser() -> Option<&'static str> {
@@ -98,40 +132,13 @@ fn the_status_page_shows_curves_and_peers_in_a_browser() {
 
     match browser() {
         Some(b) => {
-            let flags = [
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--virtual-time-budget=5000",
-            ];
-            let dom = Command::new(b)
-                .args(flags)
-                .args(["--dump-dom", &url])
-                .output()
-                .unwrap();
-            let dom = String::from_utf8_lossy(&dom.stdout);
+            let dom = render(b, &url, (1000, 1300), SHOT, &dir.path().join("status.png"));
             assert!(dom.matches("<polyline").count() >= 3, "curves drawn: {dom}");
             assert!(
                 dom.contains("class=\"peer\"") && dom.contains("benchworker"),
                 "{dom}"
             );
             assert!(dom.contains("measured plans"), "{dom}");
-            let shot = std::env::var(SHOT)
-                .map(std::path::PathBuf::from)
-                .unwrap_or_else(|_| dir.path().join("status.png"));
-            let out = Command::new(b)
-                .args(flags)
-                .args(["--hide-scrollbars", "--window-size=1000,1300"])
-                .arg(format!("--screenshot={}", shot.display()))
-                .arg(&url)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert!(std::fs::metadata(&shot).unwrap().len() > 10_000);
         }
         None => {
             assert!(
@@ -151,30 +158,14 @@ fn the_status_page_shows_curves_and_peers_in_a_browser() {
     assert!(ok, "{err}");
     let page = format!("file://{}", stdout.trim());
     if let Some(b) = browser() {
-        let flags = ["--headless", "--no-sandbox", "--disable-gpu"];
-        let dom = Command::new(b)
-            .args(flags)
-            .args(["--dump-dom", &page])
-            .output()
-            .unwrap();
-        let dom = String::from_utf8_lossy(&dom.stdout);
+        let dom = render(
+            b,
+            &page,
+            (1100, 2600),
+            REPORT_SHOT,
+            &dir.path().join("report.png"),
+        );
         assert!(dom.matches("<svg").count() >= 5, "charts drawn: {dom}");
         assert!(dom.contains("compute (fwd + bwd)"), "{dom}");
-        let shot = std::env::var(REPORT_SHOT)
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|_| dir.path().join("report.png"));
-        let out = Command::new(b)
-            .args(flags)
-            .args(["--hide-scrollbars", "--window-size=1100,2600"])
-            .arg(format!("--screenshot={}", shot.display()))
-            .arg(&page)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(std::fs::metadata(&shot).unwrap().len() > 10_000);
     }
 }

@@ -640,6 +640,12 @@ impl Hub {
         self.zap.as_ref().map_or(0, auth::ZapHandler::refused)
     }
 
+    /// Connections open now over `tcp://` and `ipc://`, said hello or not
+    /// (`inproc://` ones are not counted).
+    pub fn open_connections(&self) -> u64 {
+        self.zap.as_ref().map_or(0, auth::ZapHandler::open)
+    }
+
     /// Sends to one peer; false when the peer is gone.
     pub fn send(&mut self, to: &[u8], policy_version: u64, message: &Message) -> bool {
         let frame = encode(&self.envelope.next(policy_version), message);
@@ -764,6 +770,39 @@ mod tests {
         let now = raise_open_files();
         assert_eq!(now, getrlimit(Resource::Nofile).current);
         assert_eq!(now, getrlimit(Resource::Nofile).maximum);
+    }
+
+    /// Connections that open and say nothing are counted, and closed once
+    /// their handshake has waited [`HANDSHAKE_MS`]: they cannot pile up and
+    /// take the learner's file descriptors.
+    #[test]
+    fn idle_connections_are_counted_and_closed_after_the_handshake_timeout() {
+        let ctx = zmq::Context::new();
+        let mut hub = Hub::bind(&ctx, "inproc://idle-test", Some("t")).unwrap();
+        let endpoint = hub.bind_also("tcp://127.0.0.1:0").unwrap();
+        let addr = endpoint.trim_start_matches("tcp://").to_string();
+        let idle: Vec<std::net::TcpStream> = (0..20)
+            .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+            .collect();
+        let start = Instant::now();
+        while hub.open_connections() < 20 {
+            assert!(
+                start.elapsed() < Duration::from_secs(4),
+                "{}",
+                hub.open_connections()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        while hub.open_connections() > 0 {
+            let waited = start.elapsed();
+            assert!(
+                waited < Duration::from_secs(15),
+                "still open after {waited:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(start.elapsed() >= Duration::from_millis(HANDSHAKE_MS as u64 - 500));
+        drop(idle);
     }
 
     #[test]

@@ -120,6 +120,8 @@ pub(super) struct ZapHandler {
     stop: Arc<AtomicBool>,
     /// Connections refused so far.
     refused: Arc<AtomicU64>,
+    /// Connections open now (over `tcp://` and `ipc://`).
+    open: Arc<AtomicU64>,
     /// The thread, joined when dropped.
     thread: Option<JoinHandle<()>>,
 }
@@ -146,16 +148,22 @@ impl ZapHandler {
         let events = monitor(
             ctx,
             router,
-            &[zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL],
+            &[
+                zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL,
+                zmq::SocketEvent::ACCEPTED,
+                zmq::SocketEvent::DISCONNECTED,
+            ],
             "the learner's handshakes",
         )?;
         let stop = Arc::new(AtomicBool::new(false));
         let refused = Arc::new(AtomicU64::new(0));
+        let open = Arc::new(AtomicU64::new(0));
         let (s, r, t) = (stop.clone(), refused.clone(), token.to_string());
+        let o = open.clone();
         let thread = std::thread::Builder::new()
             .name("zap".into())
             .spawn(move || {
-                serve(&socket, &events, &t, &s, &r);
+                serve(&socket, &events, &t, &s, (&r, &o));
                 // Free at once for another handler on this context (closing
                 // the socket frees it later, in libzmq's own time).
                 let _ = socket.unbind(ZAP_ENDPOINT);
@@ -164,6 +172,7 @@ impl ZapHandler {
         Ok(ZapHandler {
             stop,
             refused,
+            open,
             thread: Some(thread),
         })
     }
@@ -173,6 +182,48 @@ impl ZapHandler {
     /// a malformed handshake).
     pub(super) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Connections open now over `tcp://` and `ipc://`, said hello or not.
+    pub(super) fn open(&self) -> u64 {
+        self.open.load(Ordering::Relaxed)
+    }
+}
+
+/// Open connections from which a warning says how many there are, then
+/// at each doubling (each holds a file descriptor of the learner's).
+const MANY_CONNECTIONS: u64 = 256;
+
+/// Counts the connections open and says so when they grow past
+/// [`MANY_CONNECTIONS`] and at each doubling beyond.
+#[derive(Debug)]
+struct Connections {
+    next_warning: u64,
+}
+
+impl Connections {
+    fn accepted(&mut self, open: &AtomicU64) {
+        let n = open.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= self.next_warning {
+            tracing::warn!(
+                "{n} connections open to the learner, each a file descriptor (one that has not \
+                 finished its handshake after {} s is closed)",
+                super::HANDSHAKE_MS / 1000
+            );
+            self.next_warning = n.saturating_mul(2);
+        }
+    }
+
+    fn closed(&mut self, open: &AtomicU64) {
+        let n = open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            })
+            .map_or(0, |n| n.saturating_sub(1));
+        // Fewer again: the next growth is said from a lower mark.
+        while self.next_warning > MANY_CONNECTIONS && n < self.next_warning / 4 {
+            self.next_warning /= 2;
+        }
     }
 }
 
@@ -278,9 +329,14 @@ fn serve(
     events: &zmq::Socket,
     token: &str,
     stop: &AtomicBool,
-    refused: &AtomicU64,
+    (refused, open): (&AtomicU64, &AtomicU64),
 ) {
     let mut log = RefusalLog::default();
+    let mut connections = Connections {
+        next_warning: MANY_CONNECTIONS,
+    };
+    let accepted = zmq::SocketEvent::ACCEPTED.to_raw();
+    let disconnected = zmq::SocketEvent::DISCONNECTED.to_raw();
     while !stop.load(Ordering::Relaxed) {
         let mut items = [
             zap.as_poll_item(zmq::POLLIN),
@@ -304,6 +360,8 @@ fn serve(
         if failures {
             loop {
                 match next_event(events) {
+                    Ok(Some((event, _, _))) if event == accepted => connections.accepted(open),
+                    Ok(Some((event, _, _))) if event == disconnected => connections.closed(open),
                     Ok(Some((_, value, endpoint))) => {
                         let n = refused.fetch_add(1, Ordering::Relaxed) + 1;
                         let (from, why) = if value == MECHANISM_MISMATCH {

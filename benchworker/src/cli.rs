@@ -121,14 +121,8 @@ pub struct BenchArgs {
     /// Random plans to measure.
     #[arg(long, default_value_t = 10000)]
     pub plans: usize,
-    /// Configuration TOML; defaults when omitted.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// The kernel of the `cpu` and `cuda` backends: `fbgemm` (FBGEMM's
-    /// table-batched embedding) or `torch` (libtorch's `embedding_bag`);
-    /// overrides the config's cpu.kernel and cuda.kernel.
-    #[arg(long, value_parser = parse_kernel)]
-    pub kernel: Option<Kernel>,
+    #[command(flatten)]
+    pub setup: Setup,
     /// Seed of the pool and the plans.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -145,14 +139,8 @@ pub struct FusionArgs {
     /// Random mixes per size.
     #[arg(long, default_value_t = 3)]
     pub mixes: usize,
-    /// Configuration TOML; defaults when omitted.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// The kernel of the `cpu` and `cuda` backends: `fbgemm` (FBGEMM's
-    /// table-batched embedding) or `torch` (libtorch's `embedding_bag`);
-    /// overrides the config's cpu.kernel and cuda.kernel.
-    #[arg(long, value_parser = parse_kernel)]
-    pub kernel: Option<Kernel>,
+    #[command(flatten)]
+    pub setup: Setup,
     /// Seed of the pool and the mixes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -179,14 +167,8 @@ pub struct MeasureArgs {
     /// {"world_size": D, "ranks": {NAME: rank}} is read as well.
     #[arg(long)]
     pub placement: PathBuf,
-    /// Configuration TOML (its memory, sim and cpu sections); defaults when omitted.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// The kernel of the `cpu` and `cuda` backends: `fbgemm` (FBGEMM's
-    /// table-batched embedding) or `torch` (libtorch's `embedding_bag`);
-    /// overrides the config's cpu.kernel and cuda.kernel.
-    #[arg(long, value_parser = parse_kernel)]
-    pub kernel: Option<Kernel>,
+    #[command(flatten)]
+    pub setup: Setup,
     /// Memory of each device in GB: a plan that puts more on a device (weights
     /// and optimizer state, as `[memory]` in the config counts them) is
     /// refused, naming the device. Unchecked when omitted.
@@ -213,15 +195,8 @@ pub struct CalibrateArgs {
     /// Most devices per plan (the `cuda` backend: at most its GPUs).
     #[arg(long, default_value_t = 4)]
     pub max_devices: usize,
-    /// Configuration TOML (its generate, sim and backend sections);
-    /// defaults when omitted.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// The kernel of the `cpu` and `cuda` backends: `fbgemm` (FBGEMM's
-    /// table-batched embedding) or `torch` (libtorch's `embedding_bag`);
-    /// overrides the config's cpu.kernel and cuda.kernel.
-    #[arg(long, value_parser = parse_kernel)]
-    pub kernel: Option<Kernel>,
+    #[command(flatten)]
+    pub setup: Setup,
     /// Seed of the pool and the plans.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -242,15 +217,32 @@ fn parse_kernel(s: &str) -> Result<Kernel, String> {
     }
 }
 
-/// The configuration at `path` (defaults without one), with `kernel`
-/// for both real backends where given.
-fn load_config(path: Option<&std::path::Path>, kernel: Option<Kernel>) -> anyhow::Result<Config> {
-    let mut cfg = Config::load(path)?;
-    if let Some(k) = kernel {
-        cfg.cpu.kernel = k;
-        cfg.cuda.kernel = k;
+/// The configuration and the kernel, as `bench`, `fusion`, `measure` and
+/// `calibrate` take them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Setup {
+    /// Configuration TOML (its generate, memory, sim and backend sections);
+    /// defaults when omitted.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The kernel of the `cpu` and `cuda` backends: `fbgemm` (FBGEMM's
+    /// table-batched embedding) or `torch` (libtorch's `embedding_bag`);
+    /// overrides the config's cpu.kernel and cuda.kernel.
+    #[arg(long, value_parser = parse_kernel)]
+    pub kernel: Option<Kernel>,
+}
+
+impl Setup {
+    /// The configuration (defaults without one), with `kernel` for both
+    /// real backends where given.
+    fn load(&self) -> anyhow::Result<Config> {
+        let mut cfg = Config::load(self.config.as_deref())?;
+        if let Some(k) = self.kernel {
+            cfg.cpu.kernel = k;
+            cfg.cuda.kernel = k;
+        }
+        Ok(cfg)
     }
-    Ok(cfg)
 }
 
 /// Runs a parsed command, writing results to `out`.
@@ -271,7 +263,7 @@ fn calibrate(args: CalibrateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "--plans must be at least 8 (a quarter is held out)"
     );
     anyhow::ensure!(args.max_tables >= 1, "--max-tables must be at least 1");
-    let cfg = load_config(args.config.as_deref(), args.kernel)?;
+    let cfg = args.setup.load()?;
     let pool = common::generate::generate_pool(&cfg.generate, args.seed)
         .map_err(|e| anyhow::anyhow!(e))?;
     let mut oracle = build(args.backend, &cfg)?;
@@ -404,7 +396,7 @@ fn bench(args: BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     anyhow::ensure!(args.tables > 0, "--tables must be at least 1");
     anyhow::ensure!(args.devices > 0, "--devices must be at least 1");
     anyhow::ensure!(args.plans > 0, "--plans must be at least 1");
-    let cfg = load_config(args.config.as_deref(), args.kernel)?;
+    let cfg = args.setup.load()?;
     let gen = common::generate::PoolGenConfig {
         tables: args.tables,
         ..cfg.generate.clone()
@@ -447,7 +439,7 @@ fn fusion(args: FusionArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         !args.sizes.is_empty() && !args.sizes.contains(&0),
         "--sizes: every size must be at least 1"
     );
-    let cfg = load_config(args.config.as_deref(), args.kernel)?;
+    let cfg = args.setup.load()?;
     let pool = common::generate::generate_pool(&cfg.generate, args.seed)
         .map_err(|e| anyhow::anyhow!(e))?;
     let mut oracle = build(args.backend, &cfg)?;
@@ -510,7 +502,7 @@ fn fusion(args: FusionArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 fn measure(args: MeasureArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let cfg = load_config(args.config.as_deref(), args.kernel)?;
+    let cfg = args.setup.load()?;
     let tables = pool::read(&args.tables)?;
     let plan = Placement::read(&args.placement)?.resolve(&tables, &args.placement)?;
     if let Some(gb) = args.memory_gb {
@@ -635,8 +627,10 @@ mod tests {
                 backend: Backend::Sim,
                 tables: t,
                 placement: p,
-                config: None,
-                kernel: None,
+                setup: Setup {
+                    config: None,
+                    kernel: None,
+                },
                 memory_gb,
                 json,
             }),
@@ -751,8 +745,10 @@ mod tests {
                 backend: Backend::Sim,
                 sizes: vec![1, 3],
                 mixes: 2,
-                config: None,
-                kernel: None,
+                setup: Setup {
+                    config: None,
+                    kernel: None,
+                },
                 seed: 0,
                 json: false,
                 save: Some(save.clone()),
@@ -787,8 +783,10 @@ mod tests {
                 plans,
                 max_tables: 6,
                 max_devices: 3,
-                config: None,
-                kernel: None,
+                setup: Setup {
+                    config: None,
+                    kernel: None,
+                },
                 seed: 1,
                 out: out_file.clone(),
                 save,

@@ -550,6 +550,15 @@ mod tests {
         CpuOracle::new(cfg(batch), MemoryModel::default()).unwrap()
     }
 
+    /// Three tables of three dims, the second capped at `cfg`'s 5000 rows.
+    fn three_sizes() -> Vec<Table> {
+        vec![
+            table("a", 3000, 16, 4.0),
+            table("b", 9000, 64, 2.0),
+            table("c", 500, 32, 8.0),
+        ]
+    }
+
     fn plan(devices: usize, assignment: Vec<usize>) -> Plan {
         Plan {
             devices,
@@ -559,11 +568,7 @@ mod tests {
 
     #[test]
     fn a_plan_gives_positive_phases_and_cost_is_the_max_total() {
-        let tables = vec![
-            table("a", 3000, 16, 4.0),
-            table("b", 9000, 64, 2.0),
-            table("c", 500, 32, 8.0),
-        ];
+        let tables = three_sizes();
         let mut o = oracle(128);
         let m = o.measure(&tables, &plan(2, vec![0, 1, 1])).unwrap();
         assert_eq!(m.devices.len(), 2);
@@ -688,11 +693,7 @@ mod tests {
 
     #[test]
     fn the_footprint_counts_weights_outputs_and_lookups() {
-        let tables = vec![
-            table("a", 3000, 16, 4.0),
-            table("b", 9000, 64, 2.0),
-            table("c", 500, 32, 8.0),
-        ];
+        let tables = three_sizes();
         let p = plan(2, vec![0, 1, 1]);
         let c = cfg(128); // rows capped at 5000
         let mem = MemoryModel::default();

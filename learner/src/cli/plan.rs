@@ -326,10 +326,10 @@ fn summary(
         );
     }
     let backend = cfg.cluster.backend.unwrap_or(benchworker::Backend::Sim);
-    let kernel = match backend.name() {
-        "cpu" => format!(", the {} kernel", cfg.cpu.kernel.name()),
-        "cuda" => format!(", the {} kernel", cfg.cuda.kernel.name()),
-        _ => String::new(),
+    let kernel = match backend {
+        benchworker::Backend::Cpu => format!(", the {} kernel", cfg.cpu.kernel.name()),
+        benchworker::Backend::Cuda => format!(", the {} kernel", cfg.cuda.kernel.name()),
+        benchworker::Backend::Sim => String::new(),
     };
     let _ = writeln!(
         s,

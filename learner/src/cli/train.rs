@@ -59,6 +59,12 @@ pub(super) fn train_with(
         None => None,
     };
     let feed = status.as_ref().map(|(_, f)| f.clone());
+    // A descriptor per remote connection: the common soft limit of 1024
+    // is not enough for a learner others connect to.
+    if args.bind.is_some() {
+        let files = net::link::raise_open_files();
+        tracing::debug!("open files allowed: {files:?}");
+    }
     let mut workers = if setup.alone {
         Workers::Alone(benchworker::build(setup.backend, &setup.cfg)?)
     } else {

@@ -3,7 +3,8 @@
 # (idempotent), `cargo fmt --check` and clippy with warnings as errors, then
 # every test of the workspace with the release profile the
 # binaries use, so libtorch's bindings compile once, then launch.sh's
-# multi-host modes (scripts/test-launch.sh) and the API docs. It installs
+# multi-host modes (scripts/test-launch.sh), the API docs and a short
+# run of the fuzz-and-kill script (scripts/fuzz.py --quick). It installs
 # chromium from Debian's packages where it can, for the status page's
 # browser test. Arguments go to `cargo test`.
 set -euo pipefail
@@ -41,3 +42,6 @@ RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps --quiet
 # launch.sh's ssh and Slurm modes, through stand-ins for ssh and srun (about
 # 35 s); skipped when arguments pick some cargo tests.
 [ $# -gt 0 ] || "$EMBSHARD_ROOT/scripts/test-launch.sh"
+# A short run of the fuzz-and-kill script (about a minute): a learner under
+# a flood on loopback, killed and resumed, fed malformed files.
+[ $# -gt 0 ] || python3 "$EMBSHARD_ROOT/scripts/fuzz.py" --quick

@@ -14,6 +14,8 @@
 
 mod auth;
 
+pub use auth::RESERVED_FILES;
+
 pub use auth::MAX_TOKEN_BYTES;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -646,6 +648,28 @@ impl Hub {
         self.zap.as_ref().map_or(0, auth::ZapHandler::open)
     }
 
+    /// Connections closed as they came because the cap was reached.
+    pub fn shed_connections(&self) -> u64 {
+        self.zap.as_ref().map_or(0, auth::ZapHandler::shed)
+    }
+
+    /// The most connections over `tcp://` and `ipc://` kept open: by
+    /// default the open-files limit in force less
+    /// [`RESERVED_FILES`], so that a flood of connections never
+    /// takes the descriptors the learner's own files need. A connection
+    /// beyond it is closed as it comes (a peer of the cluster connects
+    /// again by itself). `None` without a token (`inproc://` only).
+    pub fn connection_cap(&self) -> Option<u64> {
+        self.zap.as_ref().map(auth::ZapHandler::cap)
+    }
+
+    /// Sets the cap of [`Hub::connection_cap`] (0: the default).
+    pub fn set_connection_cap(&self, cap: u64) {
+        if let Some(zap) = &self.zap {
+            zap.set_cap(cap);
+        }
+    }
+
     /// Sends to one peer; false when the peer is gone.
     pub fn send(&mut self, to: &[u8], policy_version: u64, message: &Message) -> bool {
         let frame = encode(&self.envelope.next(policy_version), message);
@@ -805,6 +829,64 @@ mod tests {
         drop(idle);
     }
 
+    /// Connections beyond the cap are closed as they come, long before the
+    /// handshake timeout, and counted: a flood of them cannot take the
+    /// descriptors the learner's own files need.
+    #[test]
+    fn connections_beyond_the_cap_are_closed_at_once() {
+        use std::io::Read as _;
+        let ctx = zmq::Context::new();
+        let hub = Hub::bind(&ctx, "inproc://cap-test", Some("t")).unwrap();
+        let default = hub.connection_cap().unwrap();
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+        assert_eq!(
+            default,
+            limit.map_or(u64::MAX, |n| n.saturating_sub(RESERVED_FILES).max(64))
+        );
+        hub.set_connection_cap(10);
+        assert_eq!(hub.connection_cap(), Some(10));
+        let mut hub = hub;
+        let endpoint = hub.bind_also("tcp://127.0.0.1:0").unwrap();
+        let addr = endpoint.trim_start_matches("tcp://").to_string();
+        let start = Instant::now();
+        let mut idle: Vec<std::net::TcpStream> = (0..30)
+            .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+            .collect();
+        while hub.shed_connections() < 20 {
+            assert!(
+                start.elapsed() < Duration::from_millis(HANDSHAKE_MS as u64 / 2),
+                "{} shed, {} open",
+                hub.shed_connections(),
+                hub.open_connections()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(hub.shed_connections(), 20);
+        while hub.open_connections() > 10 {
+            assert!(start.elapsed() < Duration::from_millis(HANDSHAKE_MS as u64 / 2));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The shed ones read the end of their stream; the others are open.
+        let mut ended = 0;
+        for s in &mut idle {
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let mut buf = [0u8; 256];
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) => {
+                        ended += 1;
+                        break;
+                    }
+                    Ok(_) => continue,
+                    Err(_) => break,
+                }
+            }
+        }
+        assert_eq!(ended, 20);
+        assert!(start.elapsed() < Duration::from_millis(HANDSHAKE_MS as u64));
+    }
+
     #[test]
     fn tokens_match_only_themselves() {
         assert!(tokens_match("s3cret", "s3cret"));
@@ -835,6 +917,13 @@ mod tests {
         let e = format!("{:#}", read_token(Some(&path)).unwrap_err());
         assert!(
             e.contains(path.to_str().unwrap()) && e.contains("1 to 255"),
+            "{e}"
+        );
+        // Two tokens in one file: a mistake, named.
+        std::fs::write(&path, "one-token\nanother\n").unwrap();
+        let e = format!("{:#}", read_token(Some(&path)).unwrap_err());
+        assert!(
+            e.contains(path.to_str().unwrap()) && e.contains("one line"),
             "{e}"
         );
     }

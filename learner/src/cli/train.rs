@@ -512,20 +512,23 @@ fn run_rounds(
         report.refused_handshakes,
         report.bad_envelopes,
         report.unexpected,
+        report.shed_connections,
     ];
     if refused.iter().sum::<u64>() > 0 {
         tracing::warn!(
             "{} malformed unrolls, {} unrolls sent without a credit, {} undecodable frames, \
              {} refused peers, {} connections refused at their handshake (no cluster token, or \
              another), {} messages with a mismatched envelope, {} messages from peers that \
-             never said hello, for jobs not out, or of a kind the learner does not take",
+             never said hello, for jobs not out, or of a kind the learner does not take, {} \
+             connections closed at the cap on open connections",
             refused[0],
             refused[1],
             refused[2],
             refused[3],
             refused[4],
             refused[5],
-            refused[6]
+            refused[6],
+            refused[7]
         );
     }
     if report.resyncs > 0 {

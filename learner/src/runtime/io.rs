@@ -142,6 +142,7 @@ impl<'t, 'a> Learner<'t, 'a> {
             report.stale_unrolls = stale;
             report.drops = hub.drops.clone();
             report.refused_handshakes = hub.refused_handshakes();
+            report.shed_connections = hub.shed_connections();
             Ok(report)
         })
     }

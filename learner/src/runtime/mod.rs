@@ -126,6 +126,9 @@ pub struct RuntimeReport {
     /// that gave another cluster token, and each that gave none where
     /// libzmq reports it. None of their messages reached the learner.
     pub refused_handshakes: u64,
+    /// Connections closed as they came because the learner's cap on open
+    /// connections was reached (`Hub::connection_cap`).
+    pub shed_connections: u64,
     pub failed_jobs: u64,
     /// Jobs handed to another benchworker (theirs went away or timed out).
     pub requeued_jobs: u64,

@@ -41,13 +41,21 @@ const WARNED_ADDRESSES: usize = 1024;
 /// flag again, in milliseconds.
 const POLL_MS: i64 = 100;
 
-/// An error unless `token` can be a PLAIN password (1 to 255 bytes).
+/// An error unless `token` can be a PLAIN password (1 to 255 bytes) and
+/// is one line without control characters (a file of two tokens, or a
+/// binary file, is a mistake to name, not a token).
 pub(super) fn check_token(token: &str) -> anyhow::Result<()> {
     anyhow::ensure!(
         !token.is_empty() && token.len() <= MAX_TOKEN_BYTES,
         "the cluster token has {} bytes: ZeroMQ's PLAIN handshake carries 1 to {MAX_TOKEN_BYTES}",
         token.len()
     );
+    if let Some(c) = token.chars().find(|c| c.is_control()) {
+        anyhow::bail!(
+            "the cluster token holds the control character {c:?}: a token is one line of \
+             printable text"
+        );
+    }
     Ok(())
 }
 
@@ -122,6 +130,11 @@ pub(super) struct ZapHandler {
     refused: Arc<AtomicU64>,
     /// Connections open now (over `tcp://` and `ipc://`).
     open: Arc<AtomicU64>,
+    /// The most connections kept open; 0: the open-files limit less
+    /// [`RESERVED_FILES`].
+    cap: Arc<AtomicU64>,
+    /// Connections closed at once because the cap was reached.
+    shed: Arc<AtomicU64>,
     /// The thread, joined when dropped.
     thread: Option<JoinHandle<()>>,
 }
@@ -158,12 +171,19 @@ impl ZapHandler {
         let stop = Arc::new(AtomicBool::new(false));
         let refused = Arc::new(AtomicU64::new(0));
         let open = Arc::new(AtomicU64::new(0));
-        let (s, r, t) = (stop.clone(), refused.clone(), token.to_string());
-        let o = open.clone();
+        let cap = Arc::new(AtomicU64::new(0));
+        let shed = Arc::new(AtomicU64::new(0));
+        let (s, t) = (stop.clone(), token.to_string());
+        let counts = Counts {
+            refused: refused.clone(),
+            open: open.clone(),
+            cap: cap.clone(),
+            shed: shed.clone(),
+        };
         let thread = std::thread::Builder::new()
             .name("zap".into())
             .spawn(move || {
-                serve(&socket, &events, &t, &s, (&r, &o));
+                serve(&socket, &events, &t, &s, &counts);
                 // Free at once for another handler on this context (closing
                 // the socket frees it later, in libzmq's own time).
                 let _ = socket.unbind(ZAP_ENDPOINT);
@@ -173,6 +193,8 @@ impl ZapHandler {
             stop,
             refused,
             open,
+            cap,
+            shed,
             thread: Some(thread),
         })
     }
@@ -188,6 +210,49 @@ impl ZapHandler {
     pub(super) fn open(&self) -> u64 {
         self.open.load(Ordering::Relaxed)
     }
+
+    /// Connections closed at once because [`ZapHandler::cap`] were open.
+    pub(super) fn shed(&self) -> u64 {
+        self.shed.load(Ordering::Relaxed)
+    }
+
+    /// The most connections kept open now.
+    pub(super) fn cap(&self) -> u64 {
+        connection_cap(&self.cap)
+    }
+
+    /// Keeps at most `cap` connections open from now on (0: the open-files
+    /// limit less [`RESERVED_FILES`], the default).
+    pub(super) fn set_cap(&self, cap: u64) {
+        self.cap.store(cap, Ordering::Relaxed);
+    }
+}
+
+/// File descriptors kept for the learner's own files and ZeroMQ's own
+/// sockets: connections beyond the open-files limit less these are closed
+/// as they come.
+pub const RESERVED_FILES: u64 = 256;
+
+/// The fewest connections the cap from the open-files limit allows.
+const MIN_CAP: u64 = 64;
+
+/// The most connections kept open: `set` where not 0, else the open-files
+/// limit in force now less [`RESERVED_FILES`] (at least [`MIN_CAP`]).
+fn connection_cap(set: &AtomicU64) -> u64 {
+    match set.load(Ordering::Relaxed) {
+        0 => rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .map_or(u64::MAX, |n| n.saturating_sub(RESERVED_FILES).max(MIN_CAP)),
+        n => n,
+    }
+}
+
+/// The handler's counters, shared with the [`ZapHandler`].
+struct Counts {
+    refused: Arc<AtomicU64>,
+    open: Arc<AtomicU64>,
+    cap: Arc<AtomicU64>,
+    shed: Arc<AtomicU64>,
 }
 
 /// Open connections from which a warning says how many there are, then
@@ -195,15 +260,32 @@ impl ZapHandler {
 const MANY_CONNECTIONS: u64 = 256;
 
 /// Counts the connections open and says so when they grow past
-/// [`MANY_CONNECTIONS`] and at each doubling beyond.
+/// [`MANY_CONNECTIONS`] and at each doubling beyond; closes those beyond
+/// the cap.
 #[derive(Debug)]
 struct Connections {
     next_warning: u64,
+    warner: crate::warn::Warner,
 }
 
 impl Connections {
-    fn accepted(&mut self, open: &AtomicU64) {
-        let n = open.fetch_add(1, Ordering::Relaxed) + 1;
+    /// A connection accepted on `endpoint` as file descriptor `fd`.
+    fn accepted(&mut self, counts: &Counts, fd: u32, endpoint: &str) {
+        let n = counts.open.fetch_add(1, Ordering::Relaxed) + 1;
+        let cap = connection_cap(&counts.cap);
+        if n > cap && shut(fd, endpoint) {
+            let shed = counts.shed.fetch_add(1, Ordering::Relaxed) + 1;
+            self.warner
+                .warn("over the cap", std::time::Instant::now(), || {
+                    format!(
+                    "{n} connections open to the learner, over its cap of {cap} (the open-files \
+                     limit less {RESERVED_FILES} for its own files): the newest is closed \
+                     ({shed} so far; an embshard peer connects again by itself; raise `ulimit \
+                     -n` for more)"
+                )
+                });
+            return;
+        }
         if n >= self.next_warning {
             tracing::warn!(
                 "{n} connections open to the learner, each a file descriptor (one that has not \
@@ -238,6 +320,34 @@ impl Drop for ZapHandler {
             }
         }
     }
+}
+
+/// Shuts down the connection of file descriptor `fd`, accepted on
+/// `endpoint`, so that libzmq reads its end and closes it (the descriptor
+/// is libzmq's to close). Returns false, touching nothing, unless `fd` is
+/// a socket whose local address is `endpoint`'s: libzmq may have closed
+/// it since, and the number may be another file's now.
+fn shut(fd: u32, endpoint: &str) -> bool {
+    use rustix::net::{getsockname, shutdown, Shutdown, SocketAddrUnix};
+    let Ok(raw) = std::os::fd::RawFd::try_from(fd) else {
+        return false;
+    };
+    // SAFETY: only socket calls on the number, which fail if it is closed
+    // or not a socket; nothing is read through it and it is not closed.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
+    let Ok(local) = getsockname(fd) else {
+        return false;
+    };
+    let ours = if let Some(addr) = endpoint.strip_prefix("tcp://") {
+        let port = addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+        std::net::SocketAddr::try_from(local).is_ok_and(|a| Some(a.port()) == port)
+    } else if let Some(path) = endpoint.strip_prefix("ipc://") {
+        SocketAddrUnix::try_from(local)
+            .is_ok_and(|a| a.path().is_some_and(|p| p.to_bytes() == path.as_bytes()))
+    } else {
+        false
+    };
+    ours && shutdown(fd, Shutdown::Both).is_ok()
 }
 
 /// A PAIR socket on which `socket`'s `events` arrive (a socket monitor);
@@ -324,16 +434,12 @@ impl RefusalLog {
 /// The handler's loop until `stop` is set: answers every ZAP request on
 /// `zap`, reads the learner's failed handshakes on `events`, counts both
 /// kinds of refusal in `refused`.
-fn serve(
-    zap: &zmq::Socket,
-    events: &zmq::Socket,
-    token: &str,
-    stop: &AtomicBool,
-    (refused, open): (&AtomicU64, &AtomicU64),
-) {
+fn serve(zap: &zmq::Socket, events: &zmq::Socket, token: &str, stop: &AtomicBool, counts: &Counts) {
+    let (refused, open) = (&*counts.refused, &*counts.open);
     let mut log = RefusalLog::default();
     let mut connections = Connections {
         next_warning: MANY_CONNECTIONS,
+        warner: crate::warn::Warner::default(),
     };
     let accepted = zmq::SocketEvent::ACCEPTED.to_raw();
     let disconnected = zmq::SocketEvent::DISCONNECTED.to_raw();
@@ -360,7 +466,9 @@ fn serve(
         if failures {
             loop {
                 match next_event(events) {
-                    Ok(Some((event, _, _))) if event == accepted => connections.accepted(open),
+                    Ok(Some((event, fd, endpoint))) if event == accepted => {
+                        connections.accepted(counts, fd, &endpoint)
+                    }
                     Ok(Some((event, _, _))) if event == disconnected => connections.closed(open),
                     Ok(Some((_, value, endpoint))) => {
                         let n = refused.fetch_add(1, Ordering::Relaxed) + 1;

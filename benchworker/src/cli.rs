@@ -175,8 +175,9 @@ pub struct MeasureArgs {
     #[arg(long)]
     pub memory_gb: Option<f64>,
     /// Print the measurement as JSON: {"cost_ms", "devices": [{"fwd_ms", …}],
-    /// "backend"}, plus "kernel" and "spread" over the repeats for backends
-    /// that time real work.
+    /// "backend"}, plus "kernel", the weights' "precision", the
+    /// "optimizer" and "spread" over the repeats for backends that time
+    /// real work.
     #[arg(long)]
     pub json: bool,
 }
@@ -530,7 +531,16 @@ fn measure(args: MeasureArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         if let Some(obj) = v.as_object_mut() {
             obj.insert("backend".into(), oracle.name().into());
             if let Some(kernel) = oracle.kernel() {
+                // What the kernel ran: two runs of one kernel differ by these.
                 obj.insert("kernel".into(), kernel.into());
+                obj.insert(
+                    "precision".into(),
+                    serde_json::to_value(cfg.memory.precision)?,
+                );
+                obj.insert(
+                    "optimizer".into(),
+                    serde_json::to_value(cfg.memory.optimizer)?,
+                );
             }
             if let Some(spread) = oracle.spread() {
                 obj.insert("spread".into(), serde_json::to_value(spread)?);
@@ -709,6 +719,9 @@ mod tests {
             run(Cli::try_parse_from(argv).unwrap(), &mut out).unwrap();
             let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
             assert_eq!(v["kernel"], kernel, "{v}");
+            // The config's defaults, named as the config names them.
+            assert_eq!(v["precision"], "fp16", "{v}");
+            assert_eq!(v["optimizer"], "rowwise_adagrad", "{v}");
         }
         let e = Cli::try_parse_from(["benchworker", "bench", "--kernel", "nope"])
             .unwrap_err()

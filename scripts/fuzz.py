@@ -30,6 +30,7 @@ and exits 1 if any check failed. Binaries come from target/release
 import argparse
 import glob
 import json
+import re
 import os
 import random
 import resource
@@ -154,7 +155,7 @@ def raise_open_files():
 
 def peer(args, timeout):
     code, out, err = run([PEER, *args], timeout=timeout, preexec_fn=raise_open_files)
-    if code != 0:
+    if code != 0 or not out.strip():
         check(False, f"fuzz_peer {args[0]} ran ({code}): {err.strip()[-300:]}")
         return {}
     return json.loads(out.strip().splitlines()[-1])
@@ -171,68 +172,78 @@ def flood(work, quick):
          "--actors", "1", "--benchworkers", "1"],
         stdout=log, stderr=subprocess.STDOUT, preexec_fn=open_files(LIMIT),
     )
-    endpoint = wait_for("the learner's endpoint", 120,
-                        lambda: open(os.path.join(rundir, "endpoint")).read().strip()
-                        if os.path.exists(os.path.join(rundir, "endpoint")) else None)
-    token = os.path.join(rundir, "token")
-    metrics = os.path.join(rundir, "metrics.jsonl")
-    wait_for("a first policy update", 120, lambda: lines(metrics) > 0)
-    out = {"endpoint": endpoint, "open_files_limit": LIMIT}
-    out["rss_kib_before"] = rss_kib(learner.pid)
-    out["log_bytes_before"] = os.path.getsize(log_path)
-    seconds = 5 if quick else 60
-
-    def alive(phase, since):
-        check(learner.poll() is None, f"flood/{phase}: the learner is running "
-              f"({lines(metrics) - since} policy updates meanwhile)")
-
-    # Idle connections, more than the open-files limit allows.
-    since = start = lines(metrics)
-    conns = peer(["connect", endpoint, "--count", "300" if quick else "2000", "--hold-s", "8"], 120)
-    out["connect"] = conns
-    alive("connect", since)
-    if conns:
-        check(conns["closed_by_learner"] == conns["opened"],
-              f"flood/connect: the learner closed all {conns['opened']} idle connections "
-              f"({conns['closed_by_learner']}; they lived {conns['lived_median_s']:.2f} s at the median, "
-              f"{conns['lived_max_s']:.2f} s at most)")
-
-    # Crafted frames from a token holder.
-    since = lines(metrics)
-    frames = "20000" if quick else "250000"
-    out["crafted"] = peer(["crafted", endpoint, "--token-file", token, "--frames", frames,
-                           "--seconds", str(seconds), "--seed", "1"], seconds + 60)
-    alive("crafted", since)
-
-    # Garbage as fast as the socket takes it.
-    since = lines(metrics)
-    out["garbage"] = peer(["garbage", endpoint, "--token-file", token, "--seconds", str(seconds),
-                           "--seed", "2"], seconds + 60)
-    alive("garbage", since)
-    time.sleep(1)
-    out["policy_updates_meanwhile"] = lines(metrics) - start
-    check(lines(metrics) > start, f"flood: it kept training ({lines(metrics) - start} policy updates)")
-    out["rss_kib_after"] = rss_kib(learner.pid)
-    out["log_bytes_after"] = os.path.getsize(log_path)
-    grew_kib = (out["rss_kib_after"] or 0) - (out["rss_kib_before"] or 0)
-    check(grew_kib < 200 * 1024, f"flood: the learner's memory grew by {grew_kib} KiB (under 200 MiB)")
-    log_grew = out["log_bytes_after"] - out["log_bytes_before"]
-    check(log_grew < 1 << 20, f"flood: its log grew by {log_grew} bytes (under 1 MiB)")
-
-    learner.send_signal(signal.SIGTERM)
     try:
-        code = learner.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        learner.kill()
-        code = "timeout"
-    log.close()
-    text = open(log_path, errors="replace").read()
-    check(code == 143, f"flood: SIGTERM stopped it with status 143 ({code})")
-    check("panicked" not in text, "flood: no panic in its log")
-    counted = [l for l in text.splitlines() if "undecodable frames" in l]
-    out["learner_counted"] = counted[-1].split("WARN", 1)[-1].strip() if counted else None
-    check(bool(counted), "flood: the learner's last lines count what it dropped")
-    return out
+        endpoint = wait_for("the learner's endpoint", 120,
+                            lambda: open(os.path.join(rundir, "endpoint")).read().strip()
+                            if os.path.exists(os.path.join(rundir, "endpoint")) else None)
+        token = os.path.join(rundir, "token")
+        metrics = os.path.join(rundir, "metrics.jsonl")
+        wait_for("a first policy update", 120, lambda: lines(metrics) > 0)
+        out = {"endpoint": endpoint, "open_files_limit": LIMIT}
+        out["rss_kib_before"] = rss_kib(learner.pid)
+        out["log_bytes_before"] = os.path.getsize(log_path)
+        seconds = 5 if quick else 60
+
+        def alive(phase, since):
+            check(learner.poll() is None, f"flood/{phase}: the learner is running "
+                  f"({lines(metrics) - since} policy updates meanwhile)")
+
+        # Idle connections, more than the open-files limit allows.
+        since = start = lines(metrics)
+        conns = peer(["connect", endpoint, "--count", "1000" if quick else "2000", "--hold-s", "8"], 120)
+        out["connect"] = conns
+        alive("connect", since)
+        if conns:
+            lived = (f"; they lived {conns['lived_median_s']:.2f} s at the median, "
+                     f"{conns['lived_max_s']:.2f} s at most" if conns["closed_by_learner"] else "")
+            check(conns["closed_by_learner"] == conns["opened"],
+                  f"flood/connect: the learner closed all {conns['opened']} idle connections "
+                  f"({conns['closed_by_learner']}{lived})")
+
+        # Crafted frames from a token holder.
+        since = lines(metrics)
+        frames = "20000" if quick else "250000"
+        out["crafted"] = peer(["crafted", endpoint, "--token-file", token, "--frames", frames,
+                               "--seconds", str(seconds), "--seed", "1"], seconds + 60)
+        alive("crafted", since)
+
+        # Garbage as fast as the socket takes it.
+        since = lines(metrics)
+        out["garbage"] = peer(["garbage", endpoint, "--token-file", token, "--seconds", str(seconds),
+                               "--seed", "2"], seconds + 60)
+        alive("garbage", since)
+        time.sleep(1)
+        out["policy_updates_meanwhile"] = lines(metrics) - start
+        check(lines(metrics) > start, f"flood: it kept training ({lines(metrics) - start} policy updates)")
+        out["rss_kib_after"] = rss_kib(learner.pid)
+        out["log_bytes_after"] = os.path.getsize(log_path)
+        grew_kib = (out["rss_kib_after"] or 0) - (out["rss_kib_before"] or 0)
+        check(grew_kib < 200 * 1024, f"flood: the learner's memory grew by {grew_kib} KiB (under 200 MiB)")
+        log_grew = out["log_bytes_after"] - out["log_bytes_before"]
+        check(log_grew < 1 << 20, f"flood: its log grew by {log_grew} bytes (under 1 MiB)")
+
+        learner.send_signal(signal.SIGTERM)
+        try:
+            code = learner.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+        log.flush()
+        text = open(log_path, errors="replace").read()
+        check(code == 143, f"flood: SIGTERM stopped it with status 143 ({code})")
+        check("panicked" not in text, "flood: no panic in its log")
+        counted = [l for l in text.splitlines() if "undecodable frames" in l]
+        out["learner_counted"] = counted[-1].split("WARN", 1)[-1].strip() if counted else None
+        check(bool(counted), "flood: the learner's last lines count what it dropped")
+        # More connections came at once than its cap allows: some were shed.
+        shed = re.search(r"(\d+) connections closed at the cap", out["learner_counted"] or "")
+        out["shed"] = int(shed.group(1)) if shed else 0
+        check(out["shed"] > 0, f"flood: {out['shed']} connections closed at the cap of {LIMIT - 256}")
+        return out
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+            learner.wait()
+        log.close()
 
 
 def complete_lines(path):
@@ -255,12 +266,26 @@ def kill(work, quick):
     costlog = os.path.join(rundir, "cost_buffer.jsonl")
     rng = random.Random(3)
     out = {"kills": 0, "mid_checkpoint": 0, "lost": 0, "failed_resumes": 0}
+    # The complete lines of the cost log at each kill: each must still begin
+    # the log once the next run has read it back and written after it.
+    before = b""
+
+    def lost_since(previous):
+        now = complete_lines(costlog)
+        if now.startswith(previous):
+            return 0
+        return previous.count(b"\n") - os.path.commonprefix([previous, now]).count(b"\n")
+
     first = True
     for k in range(kills):
         args = ([LEARNER, "train", "--config", cfg, "--run-dir", rundir] if first
                 else [LEARNER, "train", "--run-dir", rundir, "--resume"])
         errlog = open(os.path.join(work, f"kill-{k}.log"), "w")
         p = subprocess.Popen(args, stdout=errlog, stderr=subprocess.STDOUT)
+        if first:
+            # A run exists to resume once its config.toml is written.
+            wait_for("the run's config.toml", 120,
+                     lambda: os.path.exists(os.path.join(rundir, "config.toml")) or p.poll() is not None)
         first = False
         mid = k % 2 == 1
         end = time.time() + (rng.uniform(0.3, 2.0) if not mid else 20)
@@ -277,35 +302,39 @@ def kill(work, quick):
                   f"(see {errlog.name})")
             break
         in_checkpoint = bool(glob.glob(os.path.join(rundir, "checkpoints", "*.tmp")))
+        out["lost"] += lost_since(before)
         before = complete_lines(costlog)
         p.kill()
         p.wait()
         errlog.close()
         out["kills"] += 1
         out["mid_checkpoint"] += in_checkpoint
-        after = complete_lines(costlog)
-        if not after.startswith(before):
-            out["lost"] += before.count(b"\n") - os.path.commonprefix([before, after]).count(b"\n")
     # The rest of the run, unharmed.
     code, _, err = run([LEARNER, "train", "--run-dir", rundir, "--resume"], timeout=600)
     check(code == 0, f"kill: the run resumed to its end after {out['kills']} kills ({code})")
-    samples = 0
+    out["lost"] += lost_since(before)
+    picks = []
     with open(costlog, "rb") as f:
         for line in f:
             try:
-                json.loads(line)["sample"]
-                samples += 1
-            except (ValueError, KeyError):
+                pick = json.loads(line)["sample"]["pick"]
+                picks.append((pick["round"], pick["place"]))
+            except (ValueError, KeyError, TypeError):
                 pass
     metrics = [json.loads(l) for l in open(os.path.join(rundir, "metrics.jsonl"))]
     steps = [m["step"] for m in metrics]
     budget = iterations * 3
-    out["measurements"] = samples
+    every = sorted((r, i) for r in range(iterations) for i in range(3))
+    out["measurements"] = len(picks)
     out["budget"] = budget
+    least = 2 if quick else kills // 2
+    check(out["kills"] >= least, f"kill: {out['kills']} kills before the run ended (at least {least})")
+    if not quick:
+        check(out["mid_checkpoint"] > 0, f"kill: {out['mid_checkpoint']} kills while a checkpoint was written")
     check(out["lost"] == 0, f"kill: no measurement lost over {out['kills']} kills "
           f"({out['mid_checkpoint']} while a checkpoint was written)")
-    check(samples == budget, f"kill: the cost log holds the budget of {budget} measurements, "
-          f"each once ({samples})")
+    check(sorted(picks) == every, f"kill: the cost log holds each of the {budget} picks once "
+          f"({len(picks)} lines, {len(set(picks))} picks)")
     check(metrics[-1]["measurements"] == budget,
           f"kill: the last metrics line counts {metrics[-1]['measurements']} measurements")
     check(steps == list(range(1, len(steps) + 1)), f"kill: policy updates 1 to {len(steps)}, in order")
@@ -470,7 +499,9 @@ def main():
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(summary, f, indent=1)
-        if not args.keep:
+        if args.keep or FAILURES:
+            print(f"kept {work} (its logs)", flush=True)
+        else:
             shutil.rmtree(work, ignore_errors=True)
     sys.exit(1 if FAILURES else 0)
 

@@ -654,9 +654,10 @@ impl Hub {
     }
 
     /// The most connections over `tcp://` and `ipc://` kept open: by
-    /// default the open-files limit in force less
-    /// [`RESERVED_FILES`], so that a flood of connections never
-    /// takes the descriptors the learner's own files need. A connection
+    /// default the open-files limit in force less [`RESERVED_FILES`] (at
+    /// least 64; none where the limit is unlimited), so that a flood of
+    /// connections does not take the descriptors the learner's own files
+    /// need. A connection
     /// beyond it is closed as it comes (a peer of the cluster connects
     /// again by itself). `None` without a token (`inproc://` only).
     pub fn connection_cap(&self) -> Option<u64> {

@@ -237,7 +237,9 @@ pub const RESERVED_FILES: u64 = 256;
 const MIN_CAP: u64 = 64;
 
 /// The most connections kept open: `set` where not 0, else the open-files
-/// limit in force now less [`RESERVED_FILES`] (at least [`MIN_CAP`]).
+/// limit in force now less [`RESERVED_FILES`] (at least [`MIN_CAP`]: under
+/// a limit of 320 fewer are kept for the learner); no cap where the limit
+/// is unlimited or unknown.
 fn connection_cap(set: &AtomicU64) -> u64 {
     match set.load(Ordering::Relaxed) {
         0 => rustix::process::getrlimit(rustix::process::Resource::Nofile)
@@ -269,19 +271,20 @@ struct Connections {
 }
 
 impl Connections {
-    /// A connection accepted on `endpoint` as file descriptor `fd`.
-    fn accepted(&mut self, counts: &Counts, fd: u32, endpoint: &str) {
+    /// A connection accepted on `endpoint` as file descriptor `fd`
+    /// (`None`: one that has ended already).
+    fn accepted(&mut self, counts: &Counts, fd: Option<u32>, endpoint: &str) {
         let n = counts.open.fetch_add(1, Ordering::Relaxed) + 1;
         let cap = connection_cap(&counts.cap);
-        if n > cap && shut(fd, endpoint) {
+        if n > cap && fd.is_some_and(|fd| shut(fd, endpoint)) {
             let shed = counts.shed.fetch_add(1, Ordering::Relaxed) + 1;
             self.warner
                 .warn("over the cap", std::time::Instant::now(), || {
                     format!(
-                    "{n} connections open to the learner, over its cap of {cap} (the open-files \
-                     limit less {RESERVED_FILES} for its own files): the newest is closed \
-                     ({shed} so far; an embshard peer connects again by itself; raise `ulimit \
-                     -n` for more)"
+                    "{n} connections open to the learner, over its cap of {cap} (by default the \
+                     open-files limit less {RESERVED_FILES} for its own files): the newest is \
+                     closed ({shed} so far; an embshard peer connects again by itself; raise \
+                     `ulimit -n` for more)"
                 )
                 });
             return;
@@ -325,22 +328,37 @@ impl Drop for ZapHandler {
 /// Shuts down the connection of file descriptor `fd`, accepted on
 /// `endpoint`, so that libzmq reads its end and closes it (the descriptor
 /// is libzmq's to close). Returns false, touching nothing, unless `fd` is
-/// a socket whose local address is `endpoint`'s: libzmq may have closed
-/// it since, and the number may be another file's now.
+/// a connected socket whose local address is `endpoint`'s (its port, where
+/// the endpoint is a wildcard address): libzmq may have closed it since,
+/// and the number may be another file's now.
+///
+/// What is left of that race: the number may by now be another connection
+/// to the same endpoint, accepted since (the events come in order, and an
+/// end among those already read spares it). That one is then shut down in
+/// its place; a peer of the cluster connects again by itself.
 fn shut(fd: u32, endpoint: &str) -> bool {
-    use rustix::net::{getsockname, shutdown, Shutdown, SocketAddrUnix};
+    use rustix::net::{getpeername, getsockname, shutdown, Shutdown, SocketAddrUnix};
     let Ok(raw) = std::os::fd::RawFd::try_from(fd) else {
         return false;
     };
-    // SAFETY: only socket calls on the number, which fail if it is closed
-    // or not a socket; nothing is read through it and it is not closed.
+    // SAFETY: `borrow_raw` asks that the number stay open while borrowed,
+    // which cannot be promised: libzmq's thread may close it meanwhile.
+    // Only socket system calls are made through it (no memory is read
+    // through it, nothing is closed), so a closed or reused number makes
+    // them fail or act on that socket; it cannot corrupt memory.
     let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
-    let Ok(local) = getsockname(fd) else {
+    let (Ok(local), Ok(_)) = (getsockname(fd), getpeername(fd)) else {
         return false;
     };
     let ours = if let Some(addr) = endpoint.strip_prefix("tcp://") {
-        let port = addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
-        std::net::SocketAddr::try_from(local).is_ok_and(|a| Some(a.port()) == port)
+        let local = std::net::SocketAddr::try_from(local);
+        match addr.parse::<std::net::SocketAddr>() {
+            Ok(bound) if !bound.ip().is_unspecified() => local.is_ok_and(|a| a == bound),
+            _ => {
+                let port = addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+                local.is_ok_and(|a| Some(a.port()) == port)
+            }
+        }
     } else if let Some(path) = endpoint.strip_prefix("ipc://") {
         SocketAddrUnix::try_from(local)
             .is_ok_and(|a| a.path().is_some_and(|p| p.to_bytes() == path.as_bytes()))
@@ -464,34 +482,44 @@ fn serve(zap: &zmq::Socket, events: &zmq::Socket, token: &str, stop: &AtomicBool
             }
         }
         if failures {
+            // All the events waiting, at once: an accepted connection whose
+            // end is among them is not shut down (its number may be taken
+            // by another connection by now).
+            let mut batch = Vec::new();
             loop {
                 match next_event(events) {
-                    Ok(Some((event, fd, endpoint))) if event == accepted => {
-                        connections.accepted(counts, fd, &endpoint)
-                    }
-                    Ok(Some((event, _, _))) if event == disconnected => connections.closed(open),
-                    Ok(Some((_, value, endpoint))) => {
-                        let n = refused.fetch_add(1, Ordering::Relaxed) + 1;
-                        let (from, why) = if value == MECHANISM_MISMATCH {
-                            (
-                                format!("a peer without PLAIN credentials on {endpoint}"),
-                                "no cluster token (an embshard peer of an older version, or \
-                                 not an embshard peer)"
-                                    .to_string(),
-                            )
-                        } else {
-                            (
-                                format!("a peer on {endpoint} (ZeroMQ error {value:#x})"),
-                                format!("ZeroMQ protocol error {value:#x}"),
-                            )
-                        };
-                        log.refused(&from, &why, n);
-                    }
+                    Ok(Some(e)) => batch.push(e),
                     Ok(None) => break,
                     Err(e) => {
                         tracing::error!("the ZAP handler stopped: {e:#}");
                         return;
                     }
+                }
+            }
+            for (i, (event, value, endpoint)) in batch.iter().enumerate() {
+                if *event == accepted {
+                    let ended = batch[i + 1..]
+                        .iter()
+                        .any(|(e, v, _)| *e == disconnected && v == value);
+                    connections.accepted(counts, (!ended).then_some(*value), endpoint);
+                } else if *event == disconnected {
+                    connections.closed(open);
+                } else {
+                    let n = refused.fetch_add(1, Ordering::Relaxed) + 1;
+                    let (from, why) = if *value == MECHANISM_MISMATCH {
+                        (
+                            format!("a peer without PLAIN credentials on {endpoint}"),
+                            "no cluster token (an embshard peer of an older version, or not an \
+                             embshard peer)"
+                                .to_string(),
+                        )
+                    } else {
+                        (
+                            format!("a peer on {endpoint} (ZeroMQ error {value:#x})"),
+                            format!("ZeroMQ protocol error {value:#x}"),
+                        )
+                    };
+                    log.refused(&from, &why, n);
                 }
             }
         }

@@ -209,8 +209,16 @@ impl<'a> Trainer<'a> {
                 .map(|k| MdpTask::new(&k.tables, k.devices, k.cap_bytes(), &cfg.memory))
                 .collect(),
             rollout_tasks,
-            cost_opt: Adam::new(&model.cost_vs, cfg.train.cost_lr)
-                .with_weight_decay(cfg.train.cost_weight_decay),
+            cost_opt: {
+                let opt = Adam::new(&model.cost_vs, cfg.train.cost_lr)
+                    .with_weight_decay(cfg.train.cost_weight_decay);
+                // Fine-tuning decays toward the weights it starts from (a
+                // resumed run's checkpoint restores its anchor).
+                match (cfg.train.cost_decay_to, &cfg.train.init) {
+                    (common::config::DecayTo::Init, Some(_)) => opt.anchored(),
+                    _ => opt,
+                }
+            },
             policy_opt: Adam::new(&model.policy_vs, cfg.train.policy_lr),
             model,
             buffer,

@@ -5,7 +5,9 @@
 //! `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`,
 //! `p ← p − lr · (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε)`;
 //! with a weight decay `λ`, first `p ← p · (1 − lr·λ)` (decoupled, as
-//! AdamW: Loshchilov & Hutter, 2019).
+//! AdamW: Loshchilov & Hutter, 2019), or, anchored at weights `a`,
+//! `p ← p − lr·λ·(p − a)` (L2-SP's pull toward a starting point: Li et
+//! al., 2018).
 
 use tch::{Kind, Tensor};
 
@@ -32,6 +34,8 @@ pub struct Adam {
     pub eps: f64,
     /// Decoupled weight decay `λ` (0: plain Adam).
     pub weight_decay: f64,
+    /// Where the decay pulls each parameter (`None`: toward zero).
+    anchor: Option<Vec<Tensor>>,
 }
 
 impl Adam {
@@ -55,6 +59,7 @@ impl Adam {
             beta2: 0.999,
             eps: 1e-8,
             weight_decay: 0.0,
+            anchor: None,
         }
     }
 
@@ -64,6 +69,21 @@ impl Adam {
             weight_decay: wd,
             ..self
         }
+    }
+
+    /// The same optimizer, its decay pulling toward the parameters' values
+    /// now (copied) instead of toward zero.
+    pub fn anchored(self) -> Adam {
+        let anchor = tch::no_grad(|| self.params.iter().map(|(_, p)| p.copy()).collect());
+        Adam {
+            anchor: Some(anchor),
+            ..self
+        }
+    }
+
+    /// Whether the decay pulls toward an anchor rather than zero.
+    pub fn is_anchored(&self) -> bool {
+        self.anchor.is_some()
     }
 
     pub fn zero_grad(&mut self) {
@@ -116,7 +136,15 @@ impl Adam {
                     continue;
                 }
                 if self.weight_decay > 0.0 {
-                    let _ = p.f_mul_scalar_(1.0 - self.lr * self.weight_decay);
+                    match &self.anchor {
+                        Some(a) => {
+                            let pull = (&*p - &a[i]) * (self.lr * self.weight_decay);
+                            let _ = p.f_sub_(&pull);
+                        }
+                        None => {
+                            let _ = p.f_mul_scalar_(1.0 - self.lr * self.weight_decay);
+                        }
+                    }
                 }
                 self.m[i] = &self.m[i] * b1 + &g * (1.0 - b1);
                 self.v[i] = &self.v[i] * b2 + g.square() * (1.0 - b2);
@@ -151,12 +179,16 @@ impl Adam {
         self.backward_step_clip_norm(loss, f64::INFINITY)
     }
 
-    /// The optimizer's state as named tensors (moments and the step count).
+    /// The optimizer's state as named tensors (moments, the step count and
+    /// the anchor, if any).
     pub fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = vec![("t".to_string(), Tensor::from_slice(&[self.t]))];
         for (i, (name, _)) in self.params.iter().enumerate() {
             out.push((format!("m.{name}"), self.m[i].shallow_clone()));
             out.push((format!("v.{name}"), self.v[i].shallow_clone()));
+            if let Some(a) = &self.anchor {
+                out.push((format!("a.{name}"), a[i].shallow_clone()));
+            }
         }
         out
     }
@@ -171,6 +203,10 @@ impl Adam {
                 .ok_or_else(|| StateError::Missing(key.to_string()))
         };
         self.t = get("t")?.int64_value(&[0]);
+        // An anchored optimizer's state holds its anchor: it goes on
+        // pulling toward it, not toward the weights it resumes from.
+        let anchored = self.anchor.is_some();
+        let mut anchor = Vec::new();
         for (i, (name, p)) in self.params.iter().enumerate() {
             let (m, v) = (get(&format!("m.{name}"))?, get(&format!("v.{name}"))?);
             if m.size() != p.size() || v.size() != p.size() {
@@ -178,6 +214,16 @@ impl Adam {
             }
             self.m[i] = m;
             self.v[i] = v;
+            if anchored {
+                let a = get(&format!("a.{name}"))?;
+                if a.size() != p.size() {
+                    return Err(StateError::Shape(name.clone()));
+                }
+                anchor.push(a);
+            }
+        }
+        if anchored {
+            self.anchor = Some(anchor);
         }
         Ok(())
     }
@@ -243,6 +289,54 @@ mod tests {
             let c = &vs_c.variables()[&name];
             assert!((&a - c).abs().max().double_value(&[]) > 1e-5, "{name}");
         }
+    }
+
+    /// With no gradient, only the decay moves the weights: an anchored
+    /// optimizer pulls them toward the anchor, a plain one toward zero, and
+    /// a restored state pulls toward the anchor it saved.
+    #[test]
+    fn an_anchored_decay_pulls_toward_the_anchor_and_survives_a_restore() {
+        let (vs, lin, x, _) = problem();
+        let start = lin.ws.copy();
+        let (lr, wd) = (0.1, 2.0);
+        let mut opt = Adam::new(&vs, lr).with_weight_decay(wd).anchored();
+        assert!(opt.is_anchored());
+        let zero_loss = |l: &nn::Linear| l.forward(&x).sum(Kind::Float) * 0.0;
+        tch::no_grad(|| {
+            let _ = lin.ws.shallow_clone().f_add_scalar_(1.0);
+        });
+        assert!(opt.backward_step(&zero_loss(&lin)));
+        // p − a = 1 · (1 − lr·λ) = 0.8 in every weight.
+        let gap = (&lin.ws - &start).double_value(&[0, 0]);
+        assert!((gap - 0.8).abs() < 1e-6, "{gap}");
+        // A plain decay would have shrunk the weights toward zero instead.
+        let (vs_p, lin_p, _, _) = problem();
+        let w = lin_p.ws.copy();
+        let mut plain = Adam::new(&vs_p, lr).with_weight_decay(wd);
+        assert!(plain.backward_step(&zero_loss(&lin_p)));
+        let ratio = (&lin_p.ws / &w).double_value(&[0, 1]);
+        assert!((ratio - 0.8).abs() < 1e-6, "{ratio}");
+        // Restored into an optimizer anchored elsewhere, the saved anchor
+        // holds: the next step pulls toward `start` again.
+        let saved = opt.state();
+        let mut again = Adam::new(&vs, lr).with_weight_decay(wd).anchored();
+        again.load_state(&saved).unwrap();
+        assert!(again.backward_step(&zero_loss(&lin)));
+        let gap = (&lin.ws - &start).double_value(&[0, 0]);
+        assert!((gap - 0.64).abs() < 1e-6, "{gap}");
+        // A state without an anchor cannot restore an anchored optimizer.
+        let e = Adam::new(&vs, lr)
+            .anchored()
+            .load_state(&plain_state(&vs))
+            .unwrap_err();
+        assert!(
+            matches!(e, StateError::Missing(ref k) if k.starts_with("a.")),
+            "{e}"
+        );
+    }
+
+    fn plain_state(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+        Adam::new(vs, 0.1).state()
     }
 
     #[test]

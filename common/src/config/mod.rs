@@ -18,7 +18,7 @@ mod train;
 pub use data::{DataConfig, EvalConfig, SuiteConfig};
 pub use model::{CostLoss, CostWork, ModelConfig, OverallCost};
 pub use oracles::{CpuConfig, CudaConfig, Kernel, SimConfig};
-pub use train::{PretrainConfig, RewardScale, TrainConfig, Update};
+pub use train::{DecayTo, PretrainConfig, RewardScale, TrainConfig, Update};
 
 /// The measuring backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -197,7 +197,8 @@ impl Config {
     /// A setting whose default changed after it came in takes, where a run
     /// lacks it, what runs did before it existed: `train.measure_temperature`
     /// (1; the default is 1000 since), `cpu.kernel` and `cuda.kernel`
-    /// (`torch`: a cost log keeps measurements of one kernel).
+    /// (`torch`: a cost log keeps measurements of one kernel),
+    /// `train.cost_decay_to` (`zero`).
     pub fn load_run(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let mut cfg = Config::from_toml(&text, path)?;
@@ -206,6 +207,11 @@ impl Config {
             if m.starts_with("train.measure_temperature =") {
                 cfg.train.measure_temperature = 1.0;
                 *m = "train.measure_temperature = 1.0 (how runs before the setting sampled)".into();
+            }
+            if m.starts_with("train.cost_decay_to =") {
+                cfg.train.cost_decay_to = train::DecayTo::Zero;
+                *m =
+                    "train.cost_decay_to = \"zero\" (where runs before the setting decayed)".into();
             }
             for (key, kernel) in [("cpu", &mut cfg.cpu.kernel), ("cuda", &mut cfg.cuda.kernel)] {
                 if m.starts_with(&format!("{key}.kernel =")) {

@@ -18,6 +18,19 @@ pub enum Update {
     Reinforce,
 }
 
+/// Where the cost network's weight decay pulls its weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecayTo {
+    /// Toward the weights training started from: `train.init`'s (L2-SP,
+    /// Li et al. 2018), so that fine-tuning keeps what pre-training learned
+    /// where the measurements say nothing; toward zero without an init.
+    #[default]
+    Init,
+    /// Toward zero (AdamW), whatever training started from.
+    Zero,
+}
+
 /// How the final reward (minus the predicted cost) is scaled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -83,6 +96,8 @@ pub struct TrainConfig {
     /// network from fitting their noise and makes its predictions carry
     /// over to the plans a search proposes.
     pub cost_weight_decay: f64,
+    /// Where the decay pulls: toward `train.init`'s weights, or zero.
+    pub cost_decay_to: DecayTo,
     /// The cost network's loss (see [`CostLoss`]).
     pub cost_loss: CostLoss,
     pub policy_steps: usize,
@@ -146,6 +161,7 @@ impl Default for TrainConfig {
             cost_batch: 64,
             cost_lr: 1e-3,
             cost_weight_decay: 0.1,
+            cost_decay_to: DecayTo::Init,
             cost_loss: CostLoss::Mse,
             policy_steps: 50,
             episodes: 32,

@@ -175,24 +175,32 @@ fn resuming_where_no_run_is_says_so() {
     assert_eq!(err.matches("Is a directory").count(), 1, "{err}");
 }
 
-#[test]
-fn a_run_in_one_thread_resumed_after_a_round_goes_on_as_if_never_stopped() {
-    let dir = tempfile::tempdir().unwrap();
-    let (cfg, _) = small_run_config(dir.path(), 4);
+/// Trains `cfg` (4 rounds) in one thread into `NAME-whole`, and again into
+/// `NAME-halves` stopped after 2 rounds and resumed for the other 2; with
+/// `init`, both fine-tune that run's networks. Returns both run folders.
+fn whole_and_resumed(
+    dir: &std::path::Path,
+    cfg: &std::path::Path,
+    name: &str,
+    init: Option<&std::path::Path>,
+) -> (std::path::PathBuf, std::path::PathBuf) {
     let one_thread = |cfg: &std::path::Path, run: &std::path::Path| {
         let mut args = train_args(cfg, run).to_vec();
         args.extend(["--actors", "0", "--benchworkers", "0"]);
+        if let Some(init) = init {
+            args.extend(["--init", init.to_str().unwrap()]);
+        }
         let (ok, _, err) = learner(&args);
         assert!(ok, "{err}");
     };
-    let whole = dir.path().join("whole");
-    one_thread(&cfg, &whole);
+    let whole = dir.join(format!("{name}-whole"));
+    one_thread(cfg, &whole);
     // The same run stopped after 2 of its 4 rounds, then resumed with its
     // configuration asking for all 4.
-    let text = std::fs::read_to_string(&cfg).unwrap();
-    let short = dir.path().join("short.toml");
+    let text = std::fs::read_to_string(cfg).unwrap();
+    let short = dir.join(format!("{name}-short.toml"));
     std::fs::write(&short, text.replace("iterations = 4", "iterations = 2")).unwrap();
-    let halves = dir.path().join("halves");
+    let halves = dir.join(format!("{name}-halves"));
     one_thread(&short, &halves);
     let resolved = halves.join("config.toml");
     let text = std::fs::read_to_string(&resolved).unwrap();
@@ -206,35 +214,48 @@ fn a_run_in_one_thread_resumed_after_a_round_goes_on_as_if_never_stopped() {
     // --benchworkers 0`.
     let (ok, _, err) = resume(&halves);
     assert!(ok, "{err}");
+    (whole, halves)
+}
 
-    // Every metric of every update the same, bit for bit, but the clock.
-    let lines = |run: &std::path::Path| -> Vec<serde_json::Value> {
-        std::fs::read_to_string(run.join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| {
-                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-                v.as_object_mut().unwrap().remove("elapsed_s");
-                v
-            })
-            .collect()
-    };
-    let (a, b) = (lines(&whole), lines(&halves));
-    assert_eq!(a.len(), 12, "4 rounds of 3 updates");
+/// Every metric of every update of `run` (but the clock), and the plans
+/// it measured, in order, with their costs' bits.
+fn what_a_run_did(
+    run: &std::path::Path,
+) -> (
+    Vec<serde_json::Value>,
+    Vec<impl PartialEq + std::fmt::Debug>,
+) {
+    let lines = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("elapsed_s");
+            v
+        })
+        .collect();
+    let measured = learner::costlog::CostLog::read(&run.join("cost_buffer.jsonl"))
+        .unwrap()
+        .samples
+        .iter()
+        .map(|s| {
+            let m = &s.measurement;
+            (s.placed.assignment.clone(), s.pick, m.cost_ms.to_bits())
+        })
+        .collect();
+    (lines, measured)
+}
+
+#[test]
+fn a_run_in_one_thread_resumed_after_a_round_goes_on_as_if_never_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _) = small_run_config(dir.path(), 4);
+    let (whole, halves) = whole_and_resumed(dir.path(), &cfg, "fresh", None);
+    // Every metric of every update the same, bit for bit, but the clock;
+    // and the same plans measured, in the same order.
+    let (a, b) = (what_a_run_did(&whole), what_a_run_did(&halves));
+    assert_eq!(a.0.len(), 12, "4 rounds of 3 updates");
     assert_eq!(a, b);
-    // And the same plans measured, in the same order.
-    let measured = |run: &std::path::Path| {
-        learner::costlog::CostLog::read(&run.join("cost_buffer.jsonl"))
-            .unwrap()
-            .samples
-            .iter()
-            .map(|s| {
-                let m = &s.measurement;
-                (s.placed.assignment.clone(), s.pick, m.cost_ms.to_bits())
-            })
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(measured(&whole), measured(&halves));
     // A run whose learner listened for peer processes is not resumed in
     // one thread behind their backs.
     std::fs::write(halves.join("endpoint.last"), "tcp://127.0.0.1:5555\n").unwrap();
@@ -243,6 +264,42 @@ fn a_run_in_one_thread_resumed_after_a_round_goes_on_as_if_never_stopped() {
         !ok && err.contains("is a cluster run") && err.contains("--bind"),
         "{err}"
     );
+
+    // Fine-tuning `whole`'s networks: the decay pulls toward them
+    // (`train.cost_decay_to = "init"`), and a resume pulls toward them
+    // too, not toward the checkpoint it resumes from.
+    let (tuned, tuned_halves) = whole_and_resumed(dir.path(), &cfg, "tuned", Some(&whole));
+    let (a, b) = (what_a_run_did(&tuned), what_a_run_did(&tuned_halves));
+    assert_eq!(a.0.len(), 12);
+    assert_eq!(a, b);
+    // The anchor travels in the checkpoint's optimizer state.
+    let newest = learner::checkpoint::list(&tuned_halves).remove(0);
+    let state = tch::Tensor::load_multi(newest.join("optimizer.ot")).unwrap();
+    assert!(state.iter().any(|(n, _)| n.starts_with("cost.a.")));
+    // Toward zero instead, the same fine-tuning ends elsewhere.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let zero = dir.path().join("zero.toml");
+    std::fs::write(
+        &zero,
+        text.replace("[train]\n", "[train]\ncost_decay_to = \"zero\"\n"),
+    )
+    .unwrap();
+    let toward_zero = dir.path().join("toward-zero");
+    let (ok, _, err) = learner(&[
+        "train",
+        "--config",
+        zero.to_str().unwrap(),
+        "--run-dir",
+        toward_zero.to_str().unwrap(),
+        "--actors",
+        "0",
+        "--benchworkers",
+        "0",
+        "--init",
+        whole.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert_ne!(what_a_run_did(&toward_zero).0, a.0);
 }
 
 /// Everything of a run that a learner writes but its logs, file by file.

@@ -300,6 +300,22 @@ fn a_run_in_one_thread_resumed_after_a_round_goes_on_as_if_never_stopped() {
     ]);
     assert!(ok, "{err}");
     assert_ne!(what_a_run_did(&toward_zero).0, a.0);
+    // Its checkpoint holds no anchor: asked to resume pulling toward the
+    // init, it says which setting to write.
+    let resolved = toward_zero.join("config.toml");
+    let text = std::fs::read_to_string(&resolved).unwrap();
+    assert!(text.contains("cost_decay_to = \"zero\""), "{text}");
+    std::fs::write(
+        &resolved,
+        text.replace("cost_decay_to = \"zero\"", "cost_decay_to = \"init\"")
+            .replace("\niterations = 4\n", "\niterations = 5\n"),
+    )
+    .unwrap();
+    let (ok, _, err) = resume(&toward_zero);
+    assert!(
+        !ok && err.contains("train.cost_decay_to = \"zero\"") && err.contains("a.cost"),
+        "{err}"
+    );
 }
 
 /// Everything of a run that a learner writes but its logs, file by file.

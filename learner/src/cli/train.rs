@@ -234,7 +234,20 @@ fn resumed_trainer<'a>(
     // goes on from its last line.
     counters.training_s = counters.training_s.max(clock);
     let mut t = Trainer::with(cfg, tasks, loaded.model, read.samples, counters);
-    t.cost_opt.load_state(&cost_state)?;
+    let anchored = t.cost_opt.is_anchored();
+    t.cost_opt.load_state(&cost_state).with_context(|| {
+        if anchored {
+            format!(
+                "resuming {}: with train.cost_decay_to = \"init\" the checkpoint must hold the \
+                 weights the decay pulls toward, and this one does not (a run begun before the \
+                 setting decayed toward zero: write train.cost_decay_to = \"zero\" in its \
+                 config.toml)",
+                loaded.path.display()
+            )
+        } else {
+            format!("resuming {}", loaded.path.display())
+        }
+    })?;
     t.policy_opt.load_state(&policy_state)?;
     Ok(t)
 }
@@ -459,7 +472,14 @@ fn fresh_trainer<'a>(
         (None, None) => return Ok(crate::train::Trainer::new(cfg, tasks)),
     };
     if let Some(path) = &cfg.train.init {
-        tracing::info!("starting from the networks of {}", path.display());
+        let decay = match cfg.train.cost_decay_to {
+            common::config::DecayTo::Init => "toward them",
+            common::config::DecayTo::Zero => "toward zero",
+        };
+        tracing::info!(
+            "starting from the networks of {} (the cost network's weight decay pulls {decay})",
+            path.display()
+        );
     }
     Ok(crate::train::Trainer::from_model(cfg, tasks, model))
 }

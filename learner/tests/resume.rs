@@ -184,24 +184,15 @@ fn whole_and_resumed(
     name: &str,
     init: Option<&std::path::Path>,
 ) -> (std::path::PathBuf, std::path::PathBuf) {
-    let one_thread = |cfg: &std::path::Path, run: &std::path::Path| {
-        let mut args = train_args(cfg, run).to_vec();
-        args.extend(["--actors", "0", "--benchworkers", "0"]);
-        if let Some(init) = init {
-            args.extend(["--init", init.to_str().unwrap()]);
-        }
-        let (ok, _, err) = learner(&args);
-        assert!(ok, "{err}");
-    };
     let whole = dir.join(format!("{name}-whole"));
-    one_thread(cfg, &whole);
+    train_in_one_thread(cfg, &whole, init);
     // The same run stopped after 2 of its 4 rounds, then resumed with its
     // configuration asking for all 4.
     let text = std::fs::read_to_string(cfg).unwrap();
     let short = dir.join(format!("{name}-short.toml"));
     std::fs::write(&short, text.replace("iterations = 4", "iterations = 2")).unwrap();
     let halves = dir.join(format!("{name}-halves"));
-    one_thread(&short, &halves);
+    train_in_one_thread(&short, &halves, init);
     let resolved = halves.join("config.toml");
     let text = std::fs::read_to_string(&resolved).unwrap();
     assert_eq!(text.matches("\niterations = 2\n").count(), 1, "{text}");
@@ -215,6 +206,22 @@ fn whole_and_resumed(
     let (ok, _, err) = resume(&halves);
     assert!(ok, "{err}");
     (whole, halves)
+}
+
+/// `learner train` of `cfg` into `run` in one thread, from `init`'s
+/// networks where given; it must succeed.
+fn train_in_one_thread(
+    cfg: &std::path::Path,
+    run: &std::path::Path,
+    init: Option<&std::path::Path>,
+) {
+    let mut args = train_args(cfg, run).to_vec();
+    args.extend(["--actors", "0", "--benchworkers", "0"]);
+    if let Some(init) = init {
+        args.extend(["--init", init.to_str().unwrap()]);
+    }
+    let (ok, _, err) = learner(&args);
+    assert!(ok, "{err}");
 }
 
 /// Every metric of every update of `run` (but the clock), and the plans
@@ -285,20 +292,7 @@ fn a_run_in_one_thread_resumed_after_a_round_goes_on_as_if_never_stopped() {
     )
     .unwrap();
     let toward_zero = dir.path().join("toward-zero");
-    let (ok, _, err) = learner(&[
-        "train",
-        "--config",
-        zero.to_str().unwrap(),
-        "--run-dir",
-        toward_zero.to_str().unwrap(),
-        "--actors",
-        "0",
-        "--benchworkers",
-        "0",
-        "--init",
-        whole.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    train_in_one_thread(&zero, &toward_zero, Some(&whole));
     assert_ne!(what_a_run_did(&toward_zero).0, a.0);
     // Its checkpoint holds no anchor: asked to resume pulling toward the
     // init, it says which setting to write.

@@ -126,15 +126,8 @@ fn judge(request: &[Vec<u8>], token: &str) -> Verdict {
 pub(super) struct ZapHandler {
     /// Set when dropped: the thread stops within [`POLL_MS`].
     stop: Arc<AtomicBool>,
-    /// Connections refused so far.
-    refused: Arc<AtomicU64>,
-    /// Connections open now (over `tcp://` and `ipc://`).
-    open: Arc<AtomicU64>,
-    /// The most connections kept open; 0: the open-files limit less
-    /// [`RESERVED_FILES`].
-    cap: Arc<AtomicU64>,
-    /// Connections closed at once because the cap was reached.
-    shed: Arc<AtomicU64>,
+    /// What the thread counts, read here.
+    counts: Arc<Counts>,
     /// The thread, joined when dropped.
     thread: Option<JoinHandle<()>>,
 }
@@ -169,21 +162,12 @@ impl ZapHandler {
             "the learner's handshakes",
         )?;
         let stop = Arc::new(AtomicBool::new(false));
-        let refused = Arc::new(AtomicU64::new(0));
-        let open = Arc::new(AtomicU64::new(0));
-        let cap = Arc::new(AtomicU64::new(0));
-        let shed = Arc::new(AtomicU64::new(0));
-        let (s, t) = (stop.clone(), token.to_string());
-        let counts = Counts {
-            refused: refused.clone(),
-            open: open.clone(),
-            cap: cap.clone(),
-            shed: shed.clone(),
-        };
+        let counts = Arc::new(Counts::default());
+        let (s, t, c) = (stop.clone(), token.to_string(), counts.clone());
         let thread = std::thread::Builder::new()
             .name("zap".into())
             .spawn(move || {
-                serve(&socket, &events, &t, &s, &counts);
+                serve(&socket, &events, &t, &s, &c);
                 // Free at once for another handler on this context (closing
                 // the socket frees it later, in libzmq's own time).
                 let _ = socket.unbind(ZAP_ENDPOINT);
@@ -191,10 +175,7 @@ impl ZapHandler {
             .context("starting the ZAP handler's thread")?;
         Ok(ZapHandler {
             stop,
-            refused,
-            open,
-            cap,
-            shed,
+            counts,
             thread: Some(thread),
         })
     }
@@ -203,28 +184,28 @@ impl ZapHandler {
     /// (another token), or reported failed by libzmq (no PLAIN credentials,
     /// a malformed handshake).
     pub(super) fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
+        self.counts.refused.load(Ordering::Relaxed)
     }
 
     /// Connections open now over `tcp://` and `ipc://`, said hello or not.
     pub(super) fn open(&self) -> u64 {
-        self.open.load(Ordering::Relaxed)
+        self.counts.open.load(Ordering::Relaxed)
     }
 
     /// Connections closed at once because [`ZapHandler::cap`] were open.
     pub(super) fn shed(&self) -> u64 {
-        self.shed.load(Ordering::Relaxed)
+        self.counts.shed.load(Ordering::Relaxed)
     }
 
     /// The most connections kept open now.
     pub(super) fn cap(&self) -> u64 {
-        connection_cap(&self.cap)
+        connection_cap(&self.counts.cap)
     }
 
     /// Keeps at most `cap` connections open from now on (0: the open-files
     /// limit less [`RESERVED_FILES`], the default).
     pub(super) fn set_cap(&self, cap: u64) {
-        self.cap.store(cap, Ordering::Relaxed);
+        self.counts.cap.store(cap, Ordering::Relaxed);
     }
 }
 
@@ -249,12 +230,18 @@ fn connection_cap(set: &AtomicU64) -> u64 {
     }
 }
 
-/// The handler's counters, shared with the [`ZapHandler`].
+/// The handler's counters, shared by its thread and the [`ZapHandler`].
+#[derive(Debug, Default)]
 struct Counts {
-    refused: Arc<AtomicU64>,
-    open: Arc<AtomicU64>,
-    cap: Arc<AtomicU64>,
-    shed: Arc<AtomicU64>,
+    /// Connections refused so far.
+    refused: AtomicU64,
+    /// Connections open now (over `tcp://` and `ipc://`).
+    open: AtomicU64,
+    /// The most connections kept open; 0: the open-files limit less
+    /// [`RESERVED_FILES`].
+    cap: AtomicU64,
+    /// Connections closed at once because the cap was reached.
+    shed: AtomicU64,
 }
 
 /// Open connections from which a warning says how many there are, then
@@ -453,7 +440,7 @@ impl RefusalLog {
 /// `zap`, reads the learner's failed handshakes on `events`, counts both
 /// kinds of refusal in `refused`.
 fn serve(zap: &zmq::Socket, events: &zmq::Socket, token: &str, stop: &AtomicBool, counts: &Counts) {
-    let (refused, open) = (&*counts.refused, &*counts.open);
+    let (refused, open) = (&counts.refused, &counts.open);
     let mut log = RefusalLog::default();
     let mut connections = Connections {
         next_warning: MANY_CONNECTIONS,

@@ -1,9 +1,12 @@
 //! Where the cost network is wrong inside one plan: for one task of a
 //! suite, the guard's candidates (the learned plan and the heuristics'),
-//! each device's load (tables, lookups per sample, lookup width
-//! `Σ pooling × dim / 2048`, the bytes of rows read more than once on the
-//! same scale) beside its predicted and `sim`-measured forward and
-//! backward times.
+//! each device's load beside its forward and backward times, predicted
+//! then measured on `sim`, and the prediction's error. The load: tables,
+//! widest dim, lookups per sample, lookup width `Σ pooling × dim / 2048`,
+//! and `reread`, the same width times the share of rows read more than
+//! once over the mean reuse (what those rows ask of a cache). Backward is
+//! the lookup's backward with the optimizer update, without
+//! communication.
 //!
 //! cargo run --release --example device_diag -- RUN_DIR SUITE TASK_NAME
 
@@ -55,7 +58,7 @@ fn main() -> anyhow::Result<()> {
             let max_dim = on.iter().map(|t| t.dim).max().unwrap_or(0);
             println!(
                 "  dev {d:2}: {:3} tables, max dim {max_dim:4}, lookups {lookups:7.1}, width {width:7.2}, reread {reread:6.2} | \
-                 fwd {:6.2} vs {:6.2} ({:+5.1} %), bwd {:6.2} vs {:6.2} ({:+5.1} %)",
+                 fwd {:6.2} predicted, {:6.2} measured ({:+5.1} %); bwd {:6.2}, {:6.2} ({:+5.1} %)",
                 on.len(),
                 p[0],
                 got.fwd_ms,

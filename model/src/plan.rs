@@ -1,6 +1,6 @@
-//! `plan`: the policy's placement of a task, chosen among the greedy
-//! episode, sampled episodes and the heuristics' plans by the cost network,
-//! then improved by local search on the cost network.
+//! `plan`: the policy's placement of a task, found by local search on the
+//! cost network from the policy's episodes and other starts, or chosen
+//! among the episodes and the heuristics' plans by the cost network.
 
 use common::{Plan, Task};
 use rand::SeedableRng;
@@ -23,8 +23,10 @@ impl Model {
     /// search on the cost network (kept if it predicts lower, see
     /// [`crate::search::Outcome::improved`]); with
     /// `model.plan_search_every_candidate`, moves and search from every
-    /// feasible candidate, the lowest prediction winning. With one candidate
-    /// and no moves or search, the greedy episode as it is.
+    /// feasible candidate, the lowest prediction winning; without moves,
+    /// the search starts from the episodes and [`Model::search_starts`]
+    /// instead. With one candidate and no moves or search, the greedy
+    /// episode as it is.
     pub fn plan(&self, task: &Task, mem: &common::MemoryModel) -> (Plan, bool) {
         let (plan, infeasible, _) = self.plan_keeping(task, mem);
         (plan, infeasible)
@@ -170,13 +172,15 @@ impl Model {
     }
 
     /// Where [`Model::search_each`] starts besides the policy's episodes:
-    /// `lookup`'s and `torchrec`'s plans, and the tables piled onto as few
-    /// devices as memory allows (first-fit decreasing). Balanced starts
-    /// lie in like basins of the search; from a piled one it moves tables
-    /// off the slowest device one at a time and ends in another (on the
-    /// DLRM-like validation suites, the pre-trained model's `plan` gained
-    /// 1.7 points on average; docs/results.md, "A piled start for the
-    /// search"). None without `model.plan_heuristics`.
+    /// `lookup`'s and `torchrec`'s plans, and the tables piled up by
+    /// first-fit decreasing (largest first, each on the first device it
+    /// fits). Balanced starts lie in like basins of the search; from a
+    /// piled one it moves tables off the slowest device one at a time and
+    /// ends in another (docs/results.md, "A piled start for the search").
+    /// `size_lookup`'s plan is no start: the search runs as many times as
+    /// before. So where that plan is the cheapest candidate, searching
+    /// from every start may predict higher than searching from the
+    /// cheapest. None without `model.plan_heuristics`.
     fn search_starts(&self, task: &Task, mem: &common::MemoryModel) -> Vec<Vec<usize>> {
         if !self.plan_cfg.plan_heuristics {
             return Vec::new();
@@ -217,18 +221,16 @@ impl Model {
 
     /// `plan` searching from every start, without moves: each episode
     /// then the search from its plan, and the search from each distinct
-    /// plan of `heuristics` ([`Model::search_starts`]), as one job each,
-    /// spread over the cores (a search
-    /// does not wait for the other candidates). The lowest predicted
-    /// result wins, the first on a tie; with no candidate that fits, the
-    /// greedy episode as it is. The same plan as searching after all the
-    /// candidates are known.
+    /// plan of `starts` ([`Model::search_starts`]), as one job each,
+    /// spread over the cores (a search does not wait for the others). The
+    /// lowest predicted result wins, the first on a tie; with no start
+    /// that fits, the greedy episode as it is.
     fn search_each(
         &self,
         task: &Task,
         mem: &common::MemoryModel,
         episodes: &PlainEpisodes,
-        heuristics: Vec<Vec<usize>>,
+        starts: Vec<Vec<usize>>,
     ) -> (Plan, bool) {
         let c = &self.plan_cfg;
         let k = c.plan_samples.max(1);
@@ -238,7 +240,7 @@ impl Model {
             0,
         );
         let mut distinct: Vec<Vec<usize>> = Vec::new();
-        for h in heuristics {
+        for h in starts {
             if !distinct.contains(&h) {
                 distinct.push(h);
             }
@@ -622,6 +624,30 @@ mod tests {
         for balanced in &starts[..2] {
             assert_eq!(devices_used(balanced), task.devices, "{balanced:?}");
         }
+        // `plan` keeps the lowest prediction of the searches from the
+        // greedy episode and from these starts (the first on a tie).
+        model.plan_cfg.plan_samples = 1;
+        model.plan_cfg.plan_moves = 0;
+        model.plan_cfg.plan_search = 200;
+        for mut t in suite.tasks.iter().cloned() {
+            let all: u64 = t.tables.iter().map(|x| cfg.memory.table_bytes(x)).sum();
+            t.memory_gb *= 2.0 * all as f64 / t.cap_bytes() as f64;
+            let mdp = MdpTask::new(&t.tables, t.devices, t.cap_bytes(), &cfg.memory);
+            let episodes = PlainEpisodes::new(&model.policy, &model.cost, &mdp);
+            let net = crate::search::CostNetOracle::from_projected(
+                episodes.heads().clone(),
+                episodes.cost_projections().to_vec(),
+                0,
+            );
+            let found: Vec<(Vec<usize>, f64)> = [episodes.greedy().0]
+                .into_iter()
+                .chain(model.search_starts(&t, &cfg.memory))
+                .map(|s| Model::search_from(&net, &t, &cfg.memory, s, 200))
+                .collect();
+            let lowest = found.iter().map(|f| f.1).fold(f64::INFINITY, f64::min);
+            let first = found.iter().position(|f| f.1 == lowest).unwrap();
+            assert_eq!(model.plan(&t, &cfg.memory).0.assignment, found[first].0);
+        }
         // Room for a little over half the tables (or the largest) per
         // device: piled onto fewer devices than the balanced plans, within
         // the cap.
@@ -630,6 +656,7 @@ mod tests {
         task.memory_gb *= cap / task.cap_bytes() as f64;
         let mut starts = model.search_starts(&task, &cfg.memory);
         let piled = starts.pop().unwrap();
+        assert!(!starts.is_empty(), "no balanced plan fits");
         assert_eq!(
             Some(piled.clone()),
             common::suite::first_fit_decreasing(

@@ -38,7 +38,10 @@ pub struct ModelConfig {
     /// lowest predicted cost wins. 1: greedy only.
     pub plan_samples: usize,
     /// Whether `plan` also lets the cheap heuristics' plans (`lookup`,
-    /// `size_lookup`, `torchrec`) compete on predicted cost.
+    /// `size_lookup`, `torchrec`) compete on predicted cost. With the
+    /// default search from every start, it gives the search its starts
+    /// besides the episodes instead: `lookup`'s and `torchrec`'s plans and
+    /// the tables piled up (`plan_search_every_candidate`).
     pub plan_heuristics: bool,
     /// Temperature of `plan`'s sampled episodes (1: the policy's own).
     pub plan_temperature: f64,
@@ -56,12 +59,12 @@ pub struct ModelConfig {
     /// a composed overall cost (`overall_cost = "composed"`).
     pub plan_search: usize,
     /// Whether, when `plan` searches (`plan_search` > 1, a composed overall
-    /// cost, more than one device), the moves and the search run from every
-    /// distinct candidate that fits (the policy's episodes and the
-    /// heuristics' plans, `plan_search` predicted plans each), the lowest
-    /// predicted result winning, rather than only from the candidate
-    /// predicted cheapest. The search then does not depend on one starting
-    /// point.
+    /// cost, more than one device), the search runs from several starts
+    /// (the policy's episodes, `lookup`'s and `torchrec`'s plans, and the
+    /// tables piled onto as few devices as memory allows; `plan_search`
+    /// predicted plans each), the lowest predicted result winning, rather
+    /// than only from the candidate predicted cheapest. The search then
+    /// does not depend on one starting point.
     pub plan_search_every_candidate: bool,
     /// The learned plan replaces the best heuristic plan only when every
     /// cost-network member predicts it at least this share cheaper (0.02:

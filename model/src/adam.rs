@@ -394,10 +394,13 @@ mod tests {
         // Untouched: the next step is the one `b` takes, moments included.
         assert!(a.backward_step(&loss(&lin_a)));
         assert!(b.backward_step(&loss(&lin_b)));
+        // A step taken or lost moves a weight by about the learning rate
+        // (0.05); the bound leaves room for float rounding only.
         for (name, pa) in vs_a.variables() {
             assert!(pa.isfinite().all().int64_value(&[]) == 1, "{name}");
             let pb = &vs_b.variables()[&name];
-            assert!((&pa - pb).abs().max().double_value(&[]) < 1e-7, "{name}");
+            let gap = (&pa - pb).abs().max().double_value(&[]);
+            assert!(gap < 1e-6, "{name} differs by {gap}");
         }
         assert_eq!(a.t, b.t);
     }

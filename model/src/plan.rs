@@ -24,8 +24,8 @@ impl Model {
     /// [`crate::search::Outcome::improved`]); with
     /// `model.plan_search_every_candidate`, moves and search from every
     /// feasible candidate, the lowest prediction winning; without moves,
-    /// the search starts from the episodes and [`Model::search_starts`]
-    /// instead. With one candidate and no moves or search, the greedy
+    /// the search starts from the episodes, `lookup`'s and `torchrec`'s
+    /// plans and a piled plan instead. With one candidate and no moves or search, the greedy
     /// episode as it is.
     pub fn plan(&self, task: &Task, mem: &common::MemoryModel) -> (Plan, bool) {
         let (plan, infeasible, _) = self.plan_keeping(task, mem);

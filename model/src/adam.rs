@@ -327,16 +327,12 @@ mod tests {
         // A state without an anchor cannot restore an anchored optimizer.
         let e = Adam::new(&vs, lr)
             .anchored()
-            .load_state(&plain_state(&vs))
+            .load_state(&Adam::new(&vs, lr).state())
             .unwrap_err();
         assert!(
             matches!(e, StateError::Missing(ref k) if k.starts_with("a.")),
             "{e}"
         );
-    }
-
-    fn plain_state(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
-        Adam::new(vs, 0.1).state()
     }
 
     #[test]

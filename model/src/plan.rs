@@ -25,8 +25,8 @@ impl Model {
     /// `model.plan_search_every_candidate`, moves and search from every
     /// feasible candidate, the lowest prediction winning; without moves,
     /// the search starts from the episodes, `lookup`'s and `torchrec`'s
-    /// plans and a piled plan instead. With one candidate and no moves or search, the greedy
-    /// episode as it is.
+    /// plans and a piled plan instead. With one candidate and no moves or
+    /// search, the greedy episode as it is.
     pub fn plan(&self, task: &Task, mem: &common::MemoryModel) -> (Plan, bool) {
         let (plan, infeasible, _) = self.plan_keeping(task, mem);
         (plan, infeasible)
@@ -600,8 +600,8 @@ mod tests {
     }
 
     /// The search starts from `lookup`'s and `torchrec`'s balanced plans
-    /// and from the tables piled onto as few devices as memory allows; with
-    /// room for all, onto one.
+    /// and from the tables piled up by first-fit decreasing; with room for
+    /// all, onto one device.
     #[test]
     fn the_search_also_starts_from_the_tables_piled_up() {
         let dir = tempfile::tempdir().unwrap();
@@ -617,7 +617,11 @@ mod tests {
             d.len()
         };
         // Room for every table on one device.
-        task.memory_gb *= 2.0 * total as f64 / task.cap_bytes() as f64;
+        let roomy = |t: &mut Task| {
+            let all: u64 = t.tables.iter().map(|x| cfg.memory.table_bytes(x)).sum();
+            t.memory_gb *= 2.0 * all as f64 / t.cap_bytes() as f64;
+        };
+        roomy(&mut task);
         let starts = model.search_starts(&task, &cfg.memory);
         assert_eq!(starts.len(), 3);
         assert_eq!(devices_used(&starts[2]), 1, "{:?}", starts[2]);
@@ -630,8 +634,7 @@ mod tests {
         model.plan_cfg.plan_moves = 0;
         model.plan_cfg.plan_search = 200;
         for mut t in suite.tasks.iter().cloned() {
-            let all: u64 = t.tables.iter().map(|x| cfg.memory.table_bytes(x)).sum();
-            t.memory_gb *= 2.0 * all as f64 / t.cap_bytes() as f64;
+            roomy(&mut t);
             let mdp = MdpTask::new(&t.tables, t.devices, t.cap_bytes(), &cfg.memory);
             let episodes = PlainEpisodes::new(&model.policy, &model.cost, &mdp);
             let net = crate::search::CostNetOracle::from_projected(

@@ -61,7 +61,7 @@ pub struct ModelConfig {
     /// Whether, when `plan` searches (`plan_search` > 1, a composed overall
     /// cost, more than one device), the search runs from several starts
     /// (the policy's episodes, `lookup`'s and `torchrec`'s plans, and the
-    /// tables piled onto as few devices as memory allows; `plan_search`
+    /// tables piled up by first-fit decreasing; `plan_search`
     /// predicted plans each), the lowest predicted result winning, rather
     /// than only from the candidate predicted cheapest. The search then
     /// does not depend on one starting point.

@@ -2,6 +2,8 @@
 //! measured: per task, every candidate's mean and pessimistic prediction and
 //! its `sim` measurement, the candidate chosen, and the doubts. Tasks where
 //! the choice measured over 1 % above the best candidate are marked `!`.
+//! The `moved` line counts the tables the learned plan places elsewhere
+//! than each heuristic's plan, once devices are matched.
 //!
 //! cargo run --release --example guard_diag -- RUN_DIR SUITE
 
@@ -38,9 +40,39 @@ fn main() -> anyhow::Result<()> {
                 c.predicted
             );
         }
+        let moved: Vec<String> = g.candidates[1..]
+            .iter()
+            .map(|c| format!("{} {}", c.method, moved(&g.candidates[0].plan, &c.plan)))
+            .collect();
+        println!("    moved: {}", moved.join(", "));
         for d in &g.doubts {
             println!("    doubt: {d}");
         }
     }
     Ok(())
+}
+
+/// Tables that differ between two plans once devices are matched by
+/// overlap (greedily, largest overlap first): an upper bound on the fewest
+/// moves that turn one plan into the other.
+fn moved(a: &common::Plan, b: &common::Plan) -> usize {
+    let d = a.devices;
+    let mut overlap = vec![vec![0usize; d]; d];
+    for (&x, &y) in a.assignment.iter().zip(&b.assignment) {
+        overlap[x][y] += 1;
+    }
+    let mut pairs: Vec<(usize, usize, usize)> = (0..d)
+        .flat_map(|x| (0..d).map(move |y| (x, y)))
+        .map(|(x, y)| (overlap[x][y], x, y))
+        .collect();
+    pairs.sort_unstable_by(|p, q| q.cmp(p));
+    let (mut used_a, mut used_b, mut kept) = (vec![false; d], vec![false; d], 0);
+    for (n, x, y) in pairs {
+        if !used_a[x] && !used_b[y] {
+            used_a[x] = true;
+            used_b[y] = true;
+            kept += n;
+        }
+    }
+    a.assignment.len() - kept
 }

@@ -16,11 +16,9 @@
 //!    plans, where `plan`'s own search leans on the cost network). The cost
 //!    network fits them for `pretrain.cost_steps` steps, in
 //!    `pretrain.search_rounds + 1` shares: between shares, `plan`'s search
-//!    on the cost network runs on every task from each heuristic's plan
-//!    and from the tables piled up by first-fit decreasing (one of
-//!    `plan`'s own starts), and the plans it finds are measured and join
-//!    the bulk (the search seeks out plans the network underrates;
-//!    DAgger's idea). The bulk is
+//!    on the cost network runs from each heuristic's plan of every task,
+//!    and the plans it finds are measured and join the bulk (the search
+//!    seeks out plans the network underrates; DAgger's idea). The bulk is
 //!    regenerated from its seed on a resume (`sim` is deterministic), not
 //!    logged: it would take gigabytes.
 //! 2. **Algorithm 1** (`RUN` itself): `learner train` on the same tasks
@@ -251,9 +249,8 @@ pub fn bulk(
 }
 
 /// Where the search on `model`'s cost network goes from each heuristic's
-/// plan of each task and from its tables piled up by first-fit decreasing,
-/// measured on `sim`: `(of training tasks, of held-out tasks)` (see
-/// `pretrain.search_rounds`).
+/// plan of each task, measured on `sim`: `(of training tasks, of held-out
+/// tasks)` (see `pretrain.search_rounds`).
 pub fn searched(
     model: &model::Model,
     cfg: &Config,
@@ -262,7 +259,14 @@ pub fn searched(
     let mut oracle = benchworker::build(benchworker::Backend::Sim, cfg)?;
     let (mut train, mut held) = (Vec::new(), Vec::new());
     for (k, task) in tasks.iter().enumerate() {
-        let starts = round_starts(task, cfg);
+        let mut starts: Vec<Vec<usize>> = Vec::new();
+        for &m in &model::guard::HEURISTICS {
+            if let Some(p) = baselines::plans_for(task, &cfg.memory, cfg.sim.batch, &[m]).next() {
+                if !starts.contains(&p.assignment) {
+                    starts.push(p.assignment);
+                }
+            }
+        }
         let mut found = model.searched_from(task, &cfg.memory, &starts);
         found.sort();
         found.dedup();
@@ -283,32 +287,6 @@ pub fn searched(
         }
     }
     Ok((train, held))
-}
-
-/// Where a search round starts on `task`: each heuristic's plan, and the
-/// tables piled up by first-fit decreasing, which `plan` also searches
-/// from ([`model::Model::plan`]); each plan once. A search from the piled
-/// plan ends far from where the balanced starts end, so without it the
-/// network is never corrected where `plan` goes from there.
-fn round_starts(task: &Task, cfg: &Config) -> Vec<Vec<usize>> {
-    let heuristics = model::guard::HEURISTICS.iter().filter_map(|&m| {
-        baselines::plans_for(task, &cfg.memory, cfg.sim.batch, &[m])
-            .next()
-            .map(|p| p.assignment)
-    });
-    let piled = common::suite::first_fit_decreasing(
-        &task.tables,
-        task.devices,
-        task.cap_bytes(),
-        &cfg.memory,
-    );
-    let mut starts: Vec<Vec<usize>> = Vec::new();
-    for start in heuristics.chain(piled) {
-        if !starts.contains(&start) {
-            starts.push(start);
-        }
-    }
-    starts
 }
 
 /// The cost network's mean and 90th-percentile relative error of the
@@ -405,39 +383,6 @@ mod tests {
         let low: usize = (0..20).map(|_| busiest(0.05, &mut rng)).sum();
         let high: usize = (0..20).map(|_| busiest(5.0, &mut rng)).sum();
         assert!(low > 2 * high, "low α {low}, high α {high}");
-    }
-
-    #[test]
-    fn search_rounds_start_from_the_heuristics_and_the_piled_plan() {
-        let cfg = small_cfg();
-        let task = Task {
-            name: "t".into(),
-            devices: 4,
-            memory_gb: 1e6,
-            tables: (0..12)
-                .map(|i| common::Table::cold(format!("t{i}"), 1000 * (i + 1), 16, 2.0))
-                .collect(),
-        };
-        let starts = round_starts(&task, &cfg);
-        let piled = common::suite::first_fit_decreasing(
-            &task.tables,
-            task.devices,
-            task.cap_bytes(),
-            &cfg.memory,
-        )
-        .unwrap();
-        // With room for everything, first-fit decreasing uses one device,
-        // which no balanced heuristic does.
-        assert!(piled.iter().all(|&d| d == piled[0]));
-        assert!(starts.contains(&piled), "{starts:?}");
-        for &m in &model::guard::HEURISTICS {
-            let p = baselines::plans_for(&task, &cfg.memory, cfg.sim.batch, &[m])
-                .next()
-                .unwrap();
-            assert!(starts.contains(&p.assignment), "{} missing", m.name());
-        }
-        let distinct: std::collections::HashSet<&Vec<usize>> = starts.iter().collect();
-        assert_eq!(distinct.len(), starts.len(), "each start once");
     }
 
     #[test]

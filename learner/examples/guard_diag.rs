@@ -40,11 +40,14 @@ fn main() -> anyhow::Result<()> {
                 c.predicted
             );
         }
-        let moved: Vec<String> = g.candidates[1..]
-            .iter()
-            .map(|c| format!("{} {}", c.method, moved(&g.candidates[0].plan, &c.plan)))
-            .collect();
-        println!("    moved: {}", moved.join(", "));
+        if g.candidates[0].method == model::guard::POLICY {
+            let learned = &g.candidates[0].plan;
+            let moved: Vec<String> = g.candidates[1..]
+                .iter()
+                .map(|c| format!("{} {}", c.method, moved(learned, &c.plan)))
+                .collect();
+            println!("    moved: {}", moved.join(", "));
+        }
         for d in &g.doubts {
             println!("    doubt: {d}");
         }

@@ -42,11 +42,11 @@ fn main() -> anyhow::Result<()> {
         }
         if g.candidates[0].method == model::guard::POLICY {
             let learned = &g.candidates[0].plan;
-            let moved: Vec<String> = g.candidates[1..]
+            let counts: Vec<String> = g.candidates[1..]
                 .iter()
                 .map(|c| format!("{} {}", c.method, moved(learned, &c.plan)))
                 .collect();
-            println!("    moved: {}", moved.join(", "));
+            println!("    moved: {}", counts.join(", "));
         }
         for d in &g.doubts {
             println!("    doubt: {d}");

@@ -519,11 +519,16 @@ mod tests {
             ("[cuda]\nbatch = 8388608\n", "cuda.batch"),
             ("[generate]\nbatch = 8388608\n", "generate.batch"),
             ("[generate]\ntables = 100000000\n", "generate.tables"),
+            (
+                "[model]\ncost_head_gates = 257\n",
+                "model.cost_head_gates = 257 must lie in 0..=256",
+            ),
         ] {
             let e = Config::from_toml(text, path).unwrap_err().to_string();
             assert!(e.contains(words), "{words:?} not in {e}");
         }
         assert!(Config::from_toml("[sim]\nbatch = 4194304\n", path).is_ok());
+        assert!(Config::from_toml("[model]\ncost_head_gates = 256\n", path).is_ok());
     }
 
     #[test]

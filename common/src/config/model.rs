@@ -13,6 +13,13 @@ pub struct ModelConfig {
     pub cost_table_out: i64,
     /// Hidden width of each cost head (per-device fwd, bwd, comm; overall).
     pub cost_head_hidden: i64,
+    /// Gated units in each per-device cost head, beside its hidden layer:
+    /// a linear function of the device's summed table representation,
+    /// divided by `1 + relu` of another. That is the form of a shared
+    /// resource's slowdown (a cache whose hit rate falls as the device's
+    /// tables outgrow it), which a ReLU layer on a sum fits only piecewise.
+    /// 0: none (models trained before this setting).
+    pub cost_head_gates: i64,
     /// Cost networks trained side by side from different initial weights
     /// (an ensemble, each member on its own loss); the cost network's
     /// prediction is their mean per device. 1: a single network.
@@ -131,6 +138,7 @@ impl Default for ModelConfig {
             cost_table_hidden: 128,
             cost_table_out: 32,
             cost_head_hidden: 64,
+            cost_head_gates: 0,
             cost_members: 1,
             policy_table_hidden: 128,
             policy_table_out: 32,
@@ -186,6 +194,15 @@ impl ModelConfig {
                 format!(
                     "model.plan_margin = {} must lie in [0, 0.5] (a share: 0.02 is 2 %)",
                     self.plan_margin
+                ),
+            ));
+        }
+        if !(0..=256).contains(&self.cost_head_gates) {
+            return Err(InvalidSetting::new(
+                "model.cost_head_gates",
+                format!(
+                    "model.cost_head_gates = {} must lie in 0..=256",
+                    self.cost_head_gates
                 ),
             ));
         }

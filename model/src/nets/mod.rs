@@ -57,6 +57,54 @@ impl Module for Head {
     }
 }
 
+/// A per-device cost head: a [`Head`] plus `model.cost_head_gates` gated
+/// units (variables `gu`, `gv`), each `u·x / (1 + relu(v·x))`. A device's
+/// time with a shared cache has this form: its repeated reads times a hit
+/// rate `1 / (1 + repeated bytes / cache)`, both sums over its tables.
+/// Both layers are linear in the device representation, so [`DeviceHeads`]
+/// still projects each table once.
+#[derive(Debug)]
+struct CostHead {
+    head: Head,
+    gates: Option<(nn::Linear, nn::Linear)>,
+}
+
+impl CostHead {
+    fn new(p: &nn::Path, input: i64, hidden: i64, gates: i64) -> CostHead {
+        // The gates start open (`v·x` about 1, `relu` passing gradient),
+        // so none starts dead.
+        let open = nn::LinearConfig {
+            bs_init: Some(nn::Init::Const(1.0)),
+            ..Default::default()
+        };
+        CostHead {
+            head: Head::new(p, input, hidden, 1),
+            gates: (gates > 0).then(|| {
+                (
+                    nn::linear(p / "gu", input, gates, Default::default()),
+                    nn::linear(p / "gv", input, gates, open),
+                )
+            }),
+        }
+    }
+}
+
+impl Module for CostHead {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let out = self.head.forward(x);
+        match &self.gates {
+            None => out,
+            Some((u, v)) => {
+                out + (x.apply(u) / (x.apply(v).relu() + 1.0)).sum_dim_intlist(
+                    [1i64].as_slice(),
+                    true,
+                    None::<Kind>,
+                )
+            }
+        }
+    }
+}
+
 /// Sums row `n` of `rows` into row `index[n]` of a `[groups, width]` result;
 /// groups nothing is summed into stay zero (an empty device).
 pub fn sum_by(rows: &Tensor, index: &Tensor, groups: i64) -> Tensor {
@@ -187,9 +235,9 @@ pub struct CostNet {
 #[derive(Debug)]
 struct Member {
     table: nn::Sequential,
-    fwd: Head,
-    bwd: Head,
-    comm: Head,
+    fwd: CostHead,
+    bwd: CostHead,
+    comm: CostHead,
     overall: nn::Sequential,
 }
 
@@ -253,9 +301,9 @@ impl CostNet {
                 };
                 Member {
                     table: mlp(&(&p / "table"), input, h, o).add_fn(|x| x.relu()),
-                    fwd: Head::new(&(&p / "fwd"), o, hh, 1),
-                    bwd: Head::new(&(&p / "bwd"), o, hh, 1),
-                    comm: Head::new(&(&p / "comm"), o, hh, 1),
+                    fwd: CostHead::new(&(&p / "fwd"), o, hh, cfg.cost_head_gates),
+                    bwd: CostHead::new(&(&p / "bwd"), o, hh, cfg.cost_head_gates),
+                    comm: CostHead::new(&(&p / "comm"), o, hh, cfg.cost_head_gates),
                     overall: mlp(&(&p / "overall"), o, hh, 1),
                 }
             })
@@ -630,15 +678,17 @@ mod tests {
 
     #[test]
     fn an_ensemble_predicts_its_members_mean_and_its_plain_heads_agree() {
-        for (overall_cost, cost_work) in [
-            (OverallCost::Composed, CostWork::Inputs),
-            (OverallCost::Head, CostWork::Gated),
+        for (overall_cost, cost_work, cost_head_gates) in [
+            (OverallCost::Composed, CostWork::Inputs, 0),
+            (OverallCost::Head, CostWork::Gated, 0),
+            (OverallCost::Composed, CostWork::Inputs, 5),
         ] {
             let (_vs, net) = ensemble_of(
                 3,
                 ModelConfig {
                     overall_cost,
                     cost_work,
+                    cost_head_gates,
                     ..ModelConfig::default()
                 },
             );

@@ -27,35 +27,54 @@ pub struct DeviceHeads {
 pub(super) struct MemberHeads {
     width: usize,
     hidden: usize,
-    /// The three heads' layers, concatenated: `[3·hidden, width]`
-    /// row-major, `[3·hidden]`, `[3·hidden]`, `[3]`.
+    /// Gated units per head (`model.cost_head_gates`).
+    gates: usize,
+    /// Each head's projection rows: its hidden layer's, then its gates'
+    /// `u` and `v` (`stride()` rows per head); the three heads' one after
+    /// the other: `[3·stride, width]` row-major, and their biases
+    /// `[3·stride]`.
     w1: Vec<f32>,
     b1: Vec<f32>,
+    /// The hidden layers' output weights `[3·hidden]` and biases `[3]`.
     w2: Vec<f32>,
     b2: Vec<f32>,
 }
 
 impl MemberHeads {
     pub(super) fn of(m: &Member) -> MemberHeads {
-        let (l1, l2): (Vec<_>, Vec<_>) = [&m.fwd, &m.bwd, &m.comm]
-            .iter()
-            .map(|h| (dense(&h.l1), dense(&h.l2)))
-            .unzip();
-        // The three heads' weights (or biases) one after the other.
-        let cat = |layers: &[(Vec<f32>, Vec<f32>)], bias: bool| -> Vec<f32> {
-            layers
-                .iter()
-                .flat_map(|(w, b)| if bias { b } else { w }.iter().copied())
-                .collect()
-        };
-        MemberHeads {
-            width: m.fwd.l1.ws.size()[1] as usize,
-            hidden: m.fwd.l1.ws.size()[0] as usize,
-            w1: cat(&l1, false),
-            b1: cat(&l1, true),
-            w2: cat(&l2, false),
-            b2: cat(&l2, true),
+        let heads = [&m.fwd, &m.bwd, &m.comm];
+        let gates = heads[0]
+            .gates
+            .as_ref()
+            .map_or(0, |(u, _)| u.ws.size()[0] as usize);
+        let (mut w1, mut b1, mut w2, mut b2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for h in heads {
+            let mut rows = vec![dense(&h.head.l1)];
+            if let Some((u, v)) = &h.gates {
+                rows.extend([dense(u), dense(v)]);
+            }
+            for (w, b) in rows {
+                w1.extend(w);
+                b1.extend(b);
+            }
+            let (w, b) = dense(&h.head.l2);
+            w2.extend(w);
+            b2.extend(b);
         }
+        MemberHeads {
+            width: m.fwd.head.l1.ws.size()[1] as usize,
+            hidden: m.fwd.head.l1.ws.size()[0] as usize,
+            gates,
+            w1,
+            b1,
+            w2,
+            b2,
+        }
+    }
+
+    /// Projection rows of one head.
+    fn stride(&self) -> usize {
+        self.hidden + 2 * self.gates
     }
 
     fn project_into(&self, repr: &[f32], out: &mut Vec<f32>) {
@@ -63,15 +82,15 @@ impl MemberHeads {
     }
 
     fn finish(&self, projected: &[f32]) -> [f32; 3] {
+        let (h, g, stride) = (self.hidden, self.gates, self.stride());
         let mut out = [0.0f32; 3];
         for (k, o) in out.iter_mut().enumerate() {
-            let span = k * self.hidden..(k + 1) * self.hidden;
-            let (p, b, w) = (
-                &projected[span.clone()],
-                &self.b1[span.clone()],
-                &self.w2[span],
-            );
-            *o = self.b2[k] + relu_dot(p, b, w);
+            let at = k * stride;
+            let (p, b) = (&projected[at..at + stride], &self.b1[at..at + stride]);
+            *o = self.b2[k] + relu_dot(&p[..h], &b[..h], &self.w2[k * h..(k + 1) * h]);
+            if g > 0 {
+                *o += gated(&p[h..h + g], &b[h..h + g], &p[h + g..], &b[h + g..]);
+            }
         }
         out
     }
@@ -83,9 +102,10 @@ impl DeviceHeads {
         self.members.iter().map(|m| m.width).sum()
     }
 
-    /// Length of a projection: the three heads' hidden units, per member.
+    /// Length of a projection: the three heads' hidden units and gates'
+    /// two rows each, per member.
     pub fn projected_width(&self) -> usize {
-        self.members.iter().map(|m| 3 * m.hidden).sum()
+        self.members.iter().map(|m| 3 * m.stride()).sum()
     }
 
     /// The heads' first layer without its bias: `W1 · repr`, member by
@@ -115,7 +135,7 @@ impl DeviceHeads {
             .members
             .iter()
             .map(|m| {
-                let w1 = Tensor::from_slice(&m.w1).view([3 * m.hidden as i64, m.width as i64]);
+                let w1 = Tensor::from_slice(&m.w1).view([3 * m.stride() as i64, m.width as i64]);
                 let part = reps.narrow(1, at, m.width as i64).matmul(&w1.tr());
                 at += m.width as i64;
                 part
@@ -152,8 +172,8 @@ impl DeviceHeads {
     fn each<'a>(&'a self, projected: &'a [f32]) -> impl Iterator<Item = [f32; 3]> + 'a {
         let mut at = 0;
         self.members.iter().map(move |m| {
-            at += 3 * m.hidden;
-            m.finish(&projected[at - 3 * m.hidden..at])
+            at += 3 * m.stride();
+            m.finish(&projected[at - 3 * m.stride()..at])
         })
     }
 
@@ -203,6 +223,16 @@ fn relu_dot(p: &[f32], b: &[f32], w: &[f32]) -> f32 {
         lanes[k] += w * (p + b).max(0.0);
     }
     lanes.iter().sum::<f32>()
+}
+
+/// `Σ (pu + bu) / (1 + max(pv + bv, 0))`: a cost head's gated units
+/// ([`super::CostHead`]) from their projections and biases.
+fn gated(pu: &[f32], bu: &[f32], pv: &[f32], bv: &[f32]) -> f32 {
+    pu.iter()
+        .zip(bu)
+        .zip(pv.iter().zip(bv))
+        .map(|((pu, bu), (pv, bv))| (pu + bu) / (1.0 + (pv + bv).max(0.0)))
+        .sum()
 }
 
 /// A linear layer's weight (`[out, in]`, row-major) and bias as plain

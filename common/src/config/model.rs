@@ -161,21 +161,28 @@ impl Default for ModelConfig {
 
 impl ModelConfig {
     pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
-        for (field, v) in [
-            ("model.cost_table_hidden", self.cost_table_hidden),
-            ("model.cost_table_out", self.cost_table_out),
-            ("model.cost_head_hidden", self.cost_head_hidden),
-            ("model.policy_table_hidden", self.policy_table_hidden),
-            ("model.policy_table_out", self.policy_table_out),
-            ("model.cost_feature_hidden", self.cost_feature_hidden),
-            ("model.cost_feature_out", self.cost_feature_out),
-            ("model.score_hidden", self.score_hidden),
-            ("model.value_hidden", self.value_hidden),
+        const SIZE: std::ops::RangeInclusive<i64> = 1..=65536;
+        for (field, v, range) in [
+            ("model.cost_table_hidden", self.cost_table_hidden, SIZE),
+            ("model.cost_table_out", self.cost_table_out, SIZE),
+            ("model.cost_head_hidden", self.cost_head_hidden, SIZE),
+            ("model.policy_table_hidden", self.policy_table_hidden, SIZE),
+            ("model.policy_table_out", self.policy_table_out, SIZE),
+            ("model.cost_feature_hidden", self.cost_feature_hidden, SIZE),
+            ("model.cost_feature_out", self.cost_feature_out, SIZE),
+            ("model.score_hidden", self.score_hidden, SIZE),
+            ("model.value_hidden", self.value_hidden, SIZE),
+            ("model.cost_head_gates", self.cost_head_gates, 0..=256),
+            ("model.cost_members", self.cost_members, 1..=16),
         ] {
-            if !(1..=65536).contains(&v) {
+            if !range.contains(&v) {
                 return Err(InvalidSetting::new(
                     field,
-                    format!("{field} = {v} must lie in 1..=65536"),
+                    format!(
+                        "{field} = {v} must lie in {}..={}",
+                        range.start(),
+                        range.end()
+                    ),
                 ));
             }
         }
@@ -194,24 +201,6 @@ impl ModelConfig {
                 format!(
                     "model.plan_margin = {} must lie in [0, 0.5] (a share: 0.02 is 2 %)",
                     self.plan_margin
-                ),
-            ));
-        }
-        if !(0..=256).contains(&self.cost_head_gates) {
-            return Err(InvalidSetting::new(
-                "model.cost_head_gates",
-                format!(
-                    "model.cost_head_gates = {} must lie in 0..=256",
-                    self.cost_head_gates
-                ),
-            ));
-        }
-        if !(1..=16).contains(&self.cost_members) {
-            return Err(InvalidSetting::new(
-                "model.cost_members",
-                format!(
-                    "model.cost_members = {} must lie in 1..=16",
-                    self.cost_members
                 ),
             ));
         }

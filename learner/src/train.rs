@@ -166,6 +166,11 @@ pub struct Trainer<'a> {
     /// that are not this run's (pre-training's bulk measurements, which
     /// are regenerated rather than logged): cost steps draw from both.
     pub prior: Vec<CostSample>,
+    /// Measurements that cost steps draw a fixed share of each batch from
+    /// (`focus_share`), however few: pre-training's stage 1 puts the plans
+    /// its search rounds found here (`pretrain.found_share`).
+    pub focus: Vec<CostSample>,
+    pub focus_share: f64,
     pub counters: Counters,
     rng: ChaCha8Rng,
     tally: Tally,
@@ -223,6 +228,8 @@ impl<'a> Trainer<'a> {
             model,
             buffer,
             prior: Vec::new(),
+            focus: Vec::new(),
+            focus_share: 0.0,
             counters,
             rng,
             tally: Tally::default(),
@@ -424,19 +431,20 @@ impl<'a> Trainer<'a> {
     }
 
     /// One MSE step of the cost network on a batch drawn from the buffer
-    /// and the prior measurements.
+    /// and the prior measurements, and `focus_share` of it from the focus.
     pub fn cost_step(&mut self) {
-        let (n, prior) = (self.buffer.len() + self.prior.len(), self.prior.len());
-        if n == 0 {
+        let t = &self.cfg.train;
+        let pools = [&self.prior[..], &self.buffer[..]];
+        let batch = draw_batch(
+            &mut self.rng,
+            t.cost_batch,
+            pools,
+            &self.focus,
+            self.focus_share,
+        );
+        if batch.is_empty() {
             return;
         }
-        let t = &self.cfg.train;
-        let batch: Vec<&CostSample> = (0..t.cost_batch.min(n))
-            .map(|_| match self.rng.gen_range(0..n) {
-                k if k < prior => &self.prior[k],
-                k => &self.buffer[k - prior],
-            })
-            .collect();
         let loss = cost_loss(&self.model.cost, &batch, t.cost_loss);
         if self.cost_opt.backward_step(&loss) {
             self.tally.cost_loss += loss.double_value(&[]);
@@ -552,6 +560,38 @@ impl<'a> Trainer<'a> {
     }
 }
 
+/// A cost batch of `size` (fewer when fewer samples exist): each draw
+/// comes from `focus` with probability `share` (always where `pools` are
+/// empty), otherwise uniformly from all of `pools` together. Without a
+/// focus no draw is spent on the choice, so a run's random stream is as
+/// it was before the focus existed.
+fn draw_batch<'s>(
+    rng: &mut ChaCha8Rng,
+    size: usize,
+    pools: [&'s [CostSample]; 2],
+    focus: &'s [CostSample],
+    share: f64,
+) -> Vec<&'s CostSample> {
+    let [a, b] = pools;
+    let n = a.len() + b.len();
+    let share = match (focus.len(), n) {
+        (0, _) => 0.0,
+        (_, 0) => 1.0,
+        _ => share,
+    };
+    (0..size.min(n + focus.len()))
+        .map(|_| {
+            if share > 0.0 && rng.gen_bool(share) {
+                return &focus[rng.gen_range(0..focus.len())];
+            }
+            match rng.gen_range(0..n) {
+                k if k < a.len() => &a[k],
+                k => &b[k - a.len()],
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -582,6 +622,57 @@ pub(crate) mod tests {
         crate::data::generate(&cfg, dir).unwrap();
         let suite = Suite::load(&cfg.train.suite, &cfg.memory).unwrap();
         (cfg, suite)
+    }
+
+    /// Samples whose measured cost tells them apart.
+    fn samples(costs: std::ops::Range<usize>) -> Vec<CostSample> {
+        costs
+            .map(|c| CostSample {
+                placed: model::nets::PlacedTables {
+                    features: Vec::new(),
+                    assignment: Vec::new(),
+                    devices: 1,
+                },
+                measurement: common::Measurement {
+                    cost_ms: c as f64,
+                    devices: Vec::new(),
+                },
+                pick: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_focus_gets_its_share_of_each_batch_however_few_it_holds() {
+        let (prior, buffer, focus) = (samples(0..1000), samples(1000..1010), samples(5000..5003));
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let mut from_focus = 0;
+        for _ in 0..200 {
+            let b = draw_batch(&mut rng, 64, [&prior, &buffer], &focus, 0.25);
+            assert_eq!(b.len(), 64);
+            from_focus += b.iter().filter(|s| s.measurement.cost_ms >= 5000.0).count();
+        }
+        let share = from_focus as f64 / (200.0 * 64.0);
+        assert!((share - 0.25).abs() < 0.02, "{share}");
+        // Only a focus: every draw is from it, the batch no larger than all.
+        let b = draw_batch(&mut rng, 64, [&[], &[]], &focus, 0.25);
+        assert_eq!(b.len(), 3);
+        assert!(b.iter().all(|s| s.measurement.cost_ms >= 5000.0));
+    }
+
+    #[test]
+    fn without_a_focus_batches_draw_as_before_it_existed() {
+        let (prior, buffer) = (samples(0..100), samples(100..110));
+        let mut a = ChaCha8Rng::seed_from_u64(9);
+        let mut b = a.clone();
+        let got: Vec<f64> = draw_batch(&mut a, 64, [&prior, &buffer], &[], 0.5)
+            .iter()
+            .map(|s| s.measurement.cost_ms)
+            .collect();
+        // The draw of old: one index over the prior, then the buffer.
+        let want: Vec<f64> = (0..64).map(|_| b.gen_range(0..110usize) as f64).collect();
+        assert_eq!(got, want);
+        assert!(draw_batch(&mut a, 64, [&[], &[]], &[], 0.5).is_empty());
     }
 
     #[test]

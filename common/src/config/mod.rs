@@ -735,6 +735,16 @@ mod tests {
             );
         }
         refused("[train]\nepisodes = 70000\n", "train.episodes");
+        for v in ["nan", "-0.1", "1.5"] {
+            refused(
+                &format!("[pretrain]\nfound_share = {v}\n"),
+                "pretrain.found_share",
+            );
+            refused(
+                &format!("[pretrain]\nsearch_share = {v}\n"),
+                "pretrain.search_share",
+            );
+        }
         refused(
             "[data]\nsuites = [{ tables = 10, devices = 100000, memory_gb = 1.0 }]\n",
             "data.suites[0].devices",

@@ -292,6 +292,11 @@ pub struct PretrainConfig {
     /// search seeks out the plans the network underrates; measured, they
     /// correct it where `plan` relies on it.
     pub search_rounds: usize,
+    /// Share of each stage-1 cost batch drawn from the plans the search
+    /// rounds found, once there are any. Unset: they join the bulk and are
+    /// drawn as often as any bulk plan (a few in a hundred).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub found_share: Option<f64>,
     pub seed: u64,
     /// The ranges tasks are drawn from.
     pub space: crate::space::SpaceConfig,
@@ -305,6 +310,7 @@ impl Default for PretrainConfig {
             search_share: 0.5,
             cost_steps: 20_000,
             search_rounds: 4,
+            found_share: None,
             seed: 0,
             space: crate::space::SpaceConfig::default(),
         }
@@ -319,14 +325,16 @@ impl PretrainConfig {
     pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
         positive("pretrain.tasks", self.tasks as f64)?;
         positive("pretrain.plans_per_task", self.plans_per_task as f64)?;
-        if !(0.0..=1.0).contains(&self.search_share) {
-            return Err(InvalidSetting::new(
-                "pretrain.search_share",
-                format!(
-                    "pretrain.search_share = {} must lie in [0, 1]",
-                    self.search_share
-                ),
-            ));
+        for (field, v) in [
+            ("pretrain.search_share", Some(self.search_share)),
+            ("pretrain.found_share", self.found_share),
+        ] {
+            if let Some(v) = v.filter(|v| !(0.0..=1.0).contains(v)) {
+                return Err(InvalidSetting::new(
+                    field,
+                    format!("{field} = {v} must lie in [0, 1]"),
+                ));
+            }
         }
         self.space.validate()
     }

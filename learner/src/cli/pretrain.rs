@@ -112,6 +112,7 @@ fn stage_one(
         shapes.write(stage1)?;
     }
     trainer.prior = bulk.to_vec();
+    trainer.focus_share = cfg.pretrain.found_share.unwrap_or(0.0);
     let before = crate::pretrain::relative_error(&trainer.model, held);
     let rounds = cfg.pretrain.search_rounds;
     let share = steps / (rounds + 1);
@@ -134,7 +135,10 @@ fn stage_one(
                 mean * 100.0,
                 p90 * 100.0
             );
-            trainer.prior.extend(found);
+            match cfg.pretrain.found_share {
+                Some(_) => trainer.focus.extend(found),
+                None => trainer.prior.extend(found),
+            }
         }
         trainer.cost_step();
         done_here += 1;

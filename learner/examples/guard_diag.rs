@@ -3,7 +3,8 @@
 //! its `sim` measurement, the candidate chosen, and the doubts. Tasks where
 //! the choice measured over 1 % above the best candidate are marked `!`.
 //! The `moved` line counts the tables the learned plan places elsewhere
-//! than each heuristic's plan, once devices are matched.
+//! than each heuristic's plan, once devices are matched. Under each
+//! candidate, its heaviest device's load, four ways.
 //!
 //! cargo run --release --example guard_diag -- RUN_DIR SUITE
 
@@ -39,6 +40,7 @@ fn main() -> anyhow::Result<()> {
                 c.measured.unwrap_or(f64::NAN),
                 c.predicted
             );
+            println!("      heaviest device: {}", load(&task.tables, &c.plan));
         }
         if g.candidates[0].method == model::guard::POLICY {
             let learned = &g.candidates[0].plan;
@@ -78,4 +80,26 @@ fn moved(a: &common::Plan, b: &common::Plan) -> usize {
         }
     }
     a.assignment.len() - kept
+}
+
+/// The plan's heaviest device, four ways: lookups per sample (pooling
+/// summed), lookup width (pooling × dim), unique rows' width (pooling × dim
+/// / mean reuse), and tables.
+fn load(tables: &[common::Table], plan: &common::Plan) -> String {
+    let mut per = vec![[0.0f64; 4]; plan.devices];
+    for (t, &d) in tables.iter().zip(&plan.assignment) {
+        let width = t.pooling_factor * t.dim as f64;
+        per[d][0] += t.pooling_factor;
+        per[d][1] += width;
+        per[d][2] += width / t.mean_reuse();
+        per[d][3] += 1.0;
+    }
+    let max = |k: usize| per.iter().map(|p| p[k]).fold(0.0, f64::max);
+    format!(
+        "lookups {:.3}, width {:.3}, unique width {:.3}, tables {}",
+        max(0),
+        max(1),
+        max(2),
+        max(3)
+    )
 }

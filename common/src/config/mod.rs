@@ -581,6 +581,10 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/default.toml");
         let shipped = std::fs::read_to_string(path).unwrap();
         assert_eq!(missing_settings(&shipped), Vec::<String>::new());
+        // So does the shipped model's: `plan` warns of no missing setting.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/pretrained/config.toml");
+        let model = std::fs::read_to_string(path).unwrap();
+        assert_eq!(missing_settings(&model), Vec::<String>::new());
         // Two settings of a run written before they existed.
         let older: String = whole
             .lines()

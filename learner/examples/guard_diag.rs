@@ -3,8 +3,8 @@
 //! its `sim` measurement, the candidate chosen, and the doubts. Tasks where
 //! the choice measured over 1 % above the best candidate are marked `!`.
 //! The `moved` line counts the tables the learned plan places elsewhere
-//! than each heuristic's plan, once devices are matched. Under each
-//! candidate, its heaviest device's load, four ways.
+//! than each heuristic's plan, once devices are matched. The line under
+//! each candidate gives its heaviest device's load, four ways.
 //!
 //! cargo run --release --example guard_diag -- RUN_DIR SUITE
 

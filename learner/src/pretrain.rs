@@ -18,7 +18,9 @@
 //!    `pretrain.search_rounds + 1` shares: between shares, `plan`'s search
 //!    on the cost network runs from each heuristic's plan of every task,
 //!    and the plans it finds are measured and join the bulk (the search
-//!    seeks out plans the network underrates; DAgger's idea). The bulk is
+//!    seeks out plans the network underrates; DAgger's idea). With
+//!    `pretrain.found_share` they are a fixed share of each batch instead.
+//!    The bulk is
 //!    regenerated from its seed on a resume (`sim` is deterministic), not
 //!    logged: it would take gigabytes.
 //! 2. **Algorithm 1** (`RUN` itself): `learner train` on the same tasks

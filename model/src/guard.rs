@@ -11,14 +11,16 @@
 //!    `size`) are always candidates beside the learned plan.
 //! 2. **Out of distribution**: a table feature outside the ranges the model
 //!    was trained on ([`TrainedShapes::features_outside`]) means the
-//!    network's figures are extrapolations. `plan` then never returns the
-//!    learned plan, and a warning names the features and tables. It
-//!    returns `torchrec`'s plan (TorchRec's own planner's), unless every
-//!    member predicts the heuristic plan it ranks best cheaper by
-//!    `model.plan_margin`. The network errs on the plans its search finds,
-//!    much less in ranking the heuristics' plans: on the validation tasks
-//!    of docs/results.md its pick among them was +0.2 % from the measured
-//!    best on average, `torchrec` +8 % (up to +124 %).
+//!    network's figures are extrapolations. A warning names the features
+//!    and tables. `plan` then returns a heuristic's plan, while any fits.
+//!    That is `torchrec`'s (TorchRec's own planner's), unless every member
+//!    predicts the heuristic plan it ranks best cheaper than `torchrec`'s
+//!    by `model.plan_margin`. Where `torchrec`'s does not fit, it is the
+//!    heuristic plan the network ranks best. Why trust that ranking: the
+//!    network errs most on the plans its own search finds. On the space
+//!    validation tasks of docs/results.md its pick among the heuristics'
+//!    plans was +0.2 % from the measured best on average. `torchrec`'s
+//!    was +8 %, up to +124 %.
 //! 3. **Disagreement**: a cost network of several members (an ensemble,
 //!    `model.cost_members`) gives one prediction per member. The learned
 //!    plan replaces the best heuristic plan only if *every* member predicts
@@ -186,10 +188,10 @@ pub fn plan(
 /// The candidate to return: the learned plan if there are no doubts of
 /// distribution and every member predicts it cheaper than the best
 /// heuristic plan by `margin` (a share); else that heuristic plan. Out of
-/// distribution the learned plan is never returned, and the network's
-/// ranking is trusted only as far as the margin: `torchrec`'s plan (what
-/// TorchRec's own planner would give), unless every member predicts the
-/// best heuristic plan cheaper than it by `margin`.
+/// distribution, a heuristic plan while any fits. The network's ranking is
+/// then trusted only past the margin: `torchrec`'s plan (what TorchRec's
+/// own planner would give), unless every member predicts the best
+/// heuristic plan cheaper than it by `margin`.
 fn choose(g: &Guarded, margin: f64) -> usize {
     let Some(h) = g.best_heuristic() else {
         return 0;

@@ -294,7 +294,8 @@ pub struct PretrainConfig {
     pub search_rounds: usize,
     /// Share of each stage-1 cost batch drawn from the plans the search
     /// rounds found, once there are any. Unset: they join the bulk and are
-    /// drawn as often as any bulk plan (a few in a hundred).
+    /// drawn as often as any bulk plan (1 to 5 % of the draws). 0: they are
+    /// measured but never trained on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub found_share: Option<f64>,
     pub seed: u64,

@@ -134,9 +134,11 @@ pub enum Command {
     /// sharding (see README). A summary per device goes to stderr.
     ///
     /// The heuristics' plans always compete with the learned one. Where the
-    /// model cannot be trusted (a table feature outside what it was trained
-    /// on, or cost-network members that disagree) plan returns the
-    /// heuristic plan the network ranks best and a warning says why.
+    /// cost-network members disagree, plan returns the heuristic plan the
+    /// network ranks best. Where a table feature lies outside what the model
+    /// was trained on, it returns torchrec's plan, unless every member
+    /// predicts the heuristic plan it ranks best 2 % cheaper. A warning
+    /// says why.
     /// --verify BACKEND measures every candidate and returns the measured
     /// best.
     ///

@@ -26,6 +26,7 @@ pub enum Command {
     /// as many as you like, at any time.
     ///
     /// Example:
+    ///
     ///   actor run --learner tcp://127.0.0.1:5555 --token-file runs/x/token
     Run {
         /// The learner's endpoint (see its DIR/endpoint).
@@ -44,6 +45,7 @@ pub enum Command {
     /// Print the resolved configuration (defaults filled in, validated) as TOML.
     ///
     /// Example:
+    ///
     ///   actor config --config configs/default.toml
     Config {
         /// Configuration TOML; defaults when omitted.
@@ -59,6 +61,7 @@ pub enum Command {
     /// machine.
     ///
     /// Example:
+    ///
     ///   actor bench --tables 50 --devices 4 --episodes 256 --rounds 20
     Bench {
         #[arg(long, default_value_t = 50)]

@@ -28,6 +28,7 @@ pub enum Command {
     /// Measure one placement of a pool of tables.
     ///
     /// Example:
+    ///
     ///   benchworker measure --backend sim --tables pool.csv --placement plan.json
     Measure(MeasureArgs),
     /// Time the oracle: plans measured per second on random plans.
@@ -37,6 +38,7 @@ pub enum Command {
     /// A benchmark, not a test: the figure depends on the machine.
     ///
     /// Example:
+    ///
     ///   benchworker bench --backend sim --tables 200 --devices 8 --plans 20000
     Bench(BenchArgs),
     /// Fusion sweep: one fused call over k tables against k single-table
@@ -50,6 +52,7 @@ pub enum Command {
     /// not fit its memory. A benchmark, not a test.
     ///
     /// Example:
+    ///
     ///   benchworker fusion --backend cuda --sizes 1,4,16,64 --mixes 3
     Fusion(FusionArgs),
     /// Calibrate `sim` to a backend: measure plans, fit `sim`'s constants.
@@ -64,6 +67,7 @@ pub enum Command {
     /// to --out; a config takes them with `[sim] calibration = "FILE"`.
     ///
     /// Example:
+    ///
     ///   benchworker calibrate --backend cpu --plans 300 --out calibration.toml
     Calibrate(CalibrateArgs),
     /// Serve a training learner: measure the plans it sends, one at a time.
@@ -75,6 +79,7 @@ pub enum Command {
     /// restart), it says hello again until one answers.
     ///
     /// Example:
+    ///
     ///   benchworker serve --learner tcp://127.0.0.1:5555 --backend sim --token-file runs/x/token
     Serve(ServeArgs),
 }

@@ -35,7 +35,9 @@ pub enum Command {
     /// TOML: a --config file's, a run's (--run), or the defaults.
     ///
     /// Examples:
+    ///
     ///   learner config --config configs/default.toml
+    ///
     ///   learner config --run runs/default
     Config(ConfigArgs),
     /// Write a run's report: one self-contained HTML file (charts inline,
@@ -44,6 +46,7 @@ pub enum Command {
     /// communication, and the run's evaluations.
     ///
     /// Example:
+    ///
     ///   learner report runs/default          # writes runs/default/report.html
     Report(ReportArgs),
     /// Generate the DLRM-like pool, its train/test split and the task suites.
@@ -64,6 +67,7 @@ pub enum Command {
     /// is split and the suites are drawn from it the same way.
     ///
     /// Example:
+    ///
     ///   learner generate --config configs/default.toml --out data/generated
     Generate(GenerateArgs),
     /// Compare placement methods on a suite.
@@ -75,6 +79,7 @@ pub enum Command {
     /// other tasks stand) and its cost relative to the best heuristic.
     ///
     /// Example:
+    ///
     ///   learner eval --suite data/generated/dlrm-50x4.test.json --methods all --backend sim
     ///
     /// On the `cpu` backend a measurement takes about a second: give `search`
@@ -99,9 +104,11 @@ pub enum Command {
     /// DIR (it holds DIR/lock): a second one is refused.
     ///
     /// Example, with actor and benchworker threads in this process:
+    ///
     ///   learner train --config configs/default.toml --run-dir runs/first
     ///
     /// Example, a learner that processes join (scripts/launch.sh starts them):
+    ///
     ///   learner train --config configs/default.toml --run-dir runs/big --bind tcp://10.0.0.5:5555 --actors 0 --benchworkers 0
     Train(TrainArgs),
     /// Pre-train a model across the whole table space, on `sim`.
@@ -118,6 +125,7 @@ pub enum Command {
     /// --init` take; the shipped one is models/pretrained (README).
     ///
     /// Example:
+    ///
     ///   learner pretrain --config configs/pretrain.toml --run-dir models/pretrained
     // Pre-training starts from fresh networks: --init (refused) is not shown.
     #[command(mut_arg("init", |a| a.hide(true)))]
@@ -143,9 +151,13 @@ pub enum Command {
     /// best.
     ///
     /// Examples:
+    ///
     ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16
+    ///
     ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16 --compare --verify sim
+    ///
     ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16 --method torchrec
+    ///
     ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16 --checkpoint runs/first --verify sim
     Plan(PlanArgs),
 }
@@ -445,6 +457,27 @@ mod tests {
         assert!(
             Cli::try_parse_from(["learner", "pretrain", "--init", "x", "--run-dir", "r"]).is_ok()
         );
+    }
+
+    /// Every example in a subcommand's --help stands on a line of its own,
+    /// so that it can be copied (--help joins the lines of a paragraph).
+    #[test]
+    fn each_example_of_help_is_a_line_of_its_own() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        for sub in cli.get_subcommands_mut() {
+            let name = sub.get_name().to_string();
+            let help = sub.render_long_help().to_string();
+            let starts = help.matches(&format!("learner {name} ")).count();
+            let lines = help
+                .lines()
+                .filter(|l| l.trim_start().starts_with(&format!("learner {name} ")))
+                .count();
+            assert_eq!(
+                starts, lines,
+                "an example of `{name}` shares a line:\n{help}"
+            );
+        }
     }
 
     /// `--run-dir DIR`, `--resume DIR` and `--run-dir DIR --resume` name

@@ -167,10 +167,9 @@ pub struct Trainer<'a> {
     /// are regenerated rather than logged): cost steps draw from both.
     pub prior: Vec<CostSample>,
     /// Measurements that cost steps draw a fixed share of each batch from
-    /// (`focus_share`), however few: pre-training's stage 1 puts the plans
-    /// its search rounds found here (`pretrain.found_share`).
+    /// (`pretrain.found_share`), however few: pre-training's stage 1 puts
+    /// the plans its search rounds found here.
     pub focus: Vec<CostSample>,
-    pub focus_share: f64,
     pub counters: Counters,
     rng: ChaCha8Rng,
     tally: Tally,
@@ -229,7 +228,6 @@ impl<'a> Trainer<'a> {
             buffer,
             prior: Vec::new(),
             focus: Vec::new(),
-            focus_share: 0.0,
             counters,
             rng,
             tally: Tally::default(),
@@ -431,7 +429,8 @@ impl<'a> Trainer<'a> {
     }
 
     /// One MSE step of the cost network on a batch drawn from the buffer
-    /// and the prior measurements, and `focus_share` of it from the focus.
+    /// and the prior measurements, and `pretrain.found_share` of it from
+    /// the focus.
     pub fn cost_step(&mut self) {
         let t = &self.cfg.train;
         let pools = [&self.prior[..], &self.buffer[..]];
@@ -440,7 +439,7 @@ impl<'a> Trainer<'a> {
             t.cost_batch,
             pools,
             &self.focus,
-            self.focus_share,
+            self.cfg.pretrain.found_share.unwrap_or(0.0),
         );
         if batch.is_empty() {
             return;

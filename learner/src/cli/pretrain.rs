@@ -112,7 +112,6 @@ fn stage_one(
         shapes.write(stage1)?;
     }
     trainer.prior = bulk.to_vec();
-    trainer.focus_share = cfg.pretrain.found_share.unwrap_or(0.0);
     let before = crate::pretrain::relative_error(&trainer.model, held);
     let rounds = cfg.pretrain.search_rounds;
     let share = steps / (rounds + 1);

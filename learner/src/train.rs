@@ -301,12 +301,15 @@ impl<'a> Trainer<'a> {
             (plan, infeasible, predicted_ms)
         } else {
             let episodes = PlainEpisodes::new(&self.model.policy, &self.model.cost, &self.mdps[k]);
+            // Not the stream `pick_task` drew the task from.
+            let seed = seed ^ 0x5bd1_e995_9e37_79b9;
             let (assignment, infeasible) = if greedy {
                 episodes.greedy()
             } else {
-                // Not the stream `pick_task` drew the task from.
-                let seed = seed ^ 0x5bd1_e995_9e37_79b9;
-                episodes.sampled(seed, self.cfg.train.measure_temperature)
+                self.other_basin(task, seed).map_or_else(
+                    || episodes.sampled(seed, self.cfg.train.measure_temperature),
+                    |a| (a, false),
+                )
             };
             let plan = Plan {
                 devices: task.devices,
@@ -335,6 +338,21 @@ impl<'a> Trainer<'a> {
             predicted_ms,
             id,
         }
+    }
+
+    /// With `train.measure_explore = "basins"`, one of the plans where
+    /// `plan`'s searches end other than its pick, drawn by `seed`; none
+    /// otherwise, or where every search ends in the same plan.
+    fn other_basin(&self, task: &Task, seed: u64) -> Option<Vec<usize>> {
+        if self.cfg.train.measure_explore != common::config::Explore::Basins {
+            return None;
+        }
+        let mut basins = self.model.basins(task, &self.cfg.memory);
+        if basins.len() < 2 {
+            return None;
+        }
+        let i = 1 + (seed % (basins.len() as u64 - 1)) as usize;
+        Some(basins.swap_remove(i))
     }
 
     /// The place in the current round of its first pick neither measured
@@ -993,6 +1011,34 @@ pub(crate) mod tests {
         // Cold: every sample is the greedy episode; hot: hardly any.
         assert_eq!(differ[0], 0, "{differ:?}");
         assert_eq!(differ[1], sampled.len(), "{differ:?}");
+    }
+
+    #[test]
+    fn the_explored_share_measures_the_basins_plan_ranks_below_its_pick() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cfg, suite) = small_data(dir.path());
+        cfg.model.plan_search = 300;
+        cfg.train.measure_explore = common::config::Explore::Basins;
+        let mut trainer = Trainer::new(&cfg, &suite.tasks);
+        let explored: Vec<usize> = (0..cfg.train.measure_per_iteration)
+            .filter(|&j| !trainer.greedy_pick(j))
+            .collect();
+        assert!(!explored.is_empty());
+        let mut other_basins = 0;
+        for round in 0..4 {
+            trainer.counters.iteration = round;
+            for &j in &explored {
+                let pick = trainer.pick_plan(j);
+                let task = &suite.tasks[pick.task];
+                let basins = trainer.model.basins(task, &cfg.memory);
+                if basins.len() > 1 {
+                    // Never `plan`'s own pick, always where a search ended.
+                    assert!(basins[1..].contains(&pick.plan.assignment));
+                    other_basins += 1;
+                }
+            }
+        }
+        assert!(other_basins > 0, "every search ended in the same plan");
     }
 
     #[test]

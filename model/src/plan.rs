@@ -11,6 +11,11 @@ use crate::mdp::{MdpTask, PlainEpisodes};
 use crate::model::Model;
 use crate::tensor_vec;
 
+/// One of `plan`'s searches: its start, whether the start overran memory,
+/// and the plan the search kept with its predicted cost (none for a start
+/// that does not fit).
+type Searched = (Vec<usize>, bool, Option<(Vec<usize>, f64)>);
+
 impl Model {
     /// The policy's plan for a task, and whether it ran out of memory (see
     /// [`Model::estimate`] for its predicted cost): the candidate with the
@@ -65,7 +70,7 @@ impl Model {
         } else {
             (0, 0)
         };
-        if searched > 1 && task.devices > 1 && c.plan_search_every_candidate && moves == 0 {
+        if self.searches_every_start(task.devices) {
             return self.search_each(task, mem, episodes, self.search_starts(task, mem));
         }
         let heuristics = self.heuristic_plans(task, mem);
@@ -159,6 +164,17 @@ impl Model {
         )
     }
 
+    /// Whether `plan` searches from every start, without moves, on a task
+    /// of `devices` ([`Model::search_each`]).
+    fn searches_every_start(&self, devices: usize) -> bool {
+        let c = &self.plan_cfg;
+        c.overall_cost == common::config::OverallCost::Composed
+            && c.plan_search > 1
+            && devices > 1
+            && c.plan_search_every_candidate
+            && c.plan_moves == 0
+    }
+
     /// The cheap heuristics' plans (`lookup`, `size_lookup`, `torchrec`)
     /// where `model.plan_heuristics` has them compete, those that fit.
     fn heuristic_plans(&self, task: &Task, mem: &common::MemoryModel) -> Vec<Vec<usize>> {
@@ -232,30 +248,7 @@ impl Model {
         episodes: &PlainEpisodes,
         starts: Vec<Vec<usize>>,
     ) -> (Plan, bool) {
-        let c = &self.plan_cfg;
-        let k = c.plan_samples.max(1);
-        let net = crate::search::CostNetOracle::from_projected(
-            episodes.heads().clone(),
-            episodes.cost_projections().to_vec(),
-            0,
-        );
-        let mut distinct: Vec<Vec<usize>> = Vec::new();
-        for h in starts {
-            if !distinct.contains(&h) {
-                distinct.push(h);
-            }
-        }
-        let jobs: Vec<usize> = (0..k + distinct.len()).collect();
-        let mut done = in_threads(&jobs, |&j| {
-            let (start, infeasible) = match j {
-                0 => episodes.greedy(),
-                j if j < k => episodes.sampled(j as u64, c.plan_temperature),
-                j => (distinct[j - k].clone(), false),
-            };
-            let found = (!infeasible)
-                .then(|| Self::search_from(&net, task, mem, start.clone(), c.plan_search));
-            (start, infeasible, found)
-        });
+        let mut done = self.searches_each(task, mem, episodes, starts);
         let best = (done.iter().enumerate())
             .filter_map(|(i, (_, _, found))| found.as_ref().map(|f| (i, f.1)))
             .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
@@ -276,6 +269,69 @@ impl Model {
             },
             infeasible,
         )
+    }
+
+    /// [`Model::search_each`]'s searches, in order: the episodes, then
+    /// each distinct start.
+    fn searches_each(
+        &self,
+        task: &Task,
+        mem: &common::MemoryModel,
+        episodes: &PlainEpisodes,
+        starts: Vec<Vec<usize>>,
+    ) -> Vec<Searched> {
+        let c = &self.plan_cfg;
+        let k = c.plan_samples.max(1);
+        let net = crate::search::CostNetOracle::from_projected(
+            episodes.heads().clone(),
+            episodes.cost_projections().to_vec(),
+            0,
+        );
+        let mut distinct: Vec<Vec<usize>> = Vec::new();
+        for h in starts {
+            if !distinct.contains(&h) {
+                distinct.push(h);
+            }
+        }
+        let jobs: Vec<usize> = (0..k + distinct.len()).collect();
+        in_threads(&jobs, |&j| {
+            let (start, infeasible) = match j {
+                0 => episodes.greedy(),
+                j if j < k => episodes.sampled(j as u64, c.plan_temperature),
+                j => (distinct[j - k].clone(), false),
+            };
+            let found = (!infeasible)
+                .then(|| Self::search_from(&net, task, mem, start.clone(), c.plan_search));
+            (start, infeasible, found)
+        })
+    }
+
+    /// The distinct plans where `plan`'s searches on the cost network end,
+    /// one per basin they reach, cheapest predicted first (the first is
+    /// `plan`'s own when it searches from every start). Measuring the
+    /// others teaches the network the basins it ranks below its pick
+    /// (`train.measure_explore = "basins"`). Empty where `plan` does not
+    /// search from every start.
+    pub fn basins(&self, task: &Task, mem: &common::MemoryModel) -> Vec<Vec<usize>> {
+        if !self.searches_every_start(task.devices) {
+            return Vec::new();
+        }
+        let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
+        let episodes = PlainEpisodes::new(&self.policy, &self.cost, &mdp);
+        let mut found: Vec<(Vec<usize>, f64)> = self
+            .searches_each(task, mem, &episodes, self.search_starts(task, mem))
+            .into_iter()
+            .filter_map(|(_, _, found)| found)
+            .collect();
+        // Stable: the first of equal predictions stays first, as in `plan`.
+        found.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let mut distinct: Vec<Vec<usize>> = Vec::new();
+        for (plan, _) in found {
+            if !distinct.contains(&plan) {
+                distinct.push(plan);
+            }
+        }
+        distinct
     }
 
     /// Where `plan`'s search on the cost network goes from each of
@@ -650,7 +706,20 @@ mod tests {
             let lowest = found.iter().map(|f| f.1).fold(f64::INFINITY, f64::min);
             let first = found.iter().position(|f| f.1 == lowest).unwrap();
             assert_eq!(model.plan(&t, &cfg.memory).0.assignment, found[first].0);
+            // The basins: every search's end once, cheapest predicted
+            // first, `plan`'s own first of all.
+            let basins = model.basins(&t, &cfg.memory);
+            assert_eq!(basins[0], found[first].0);
+            let predicted = |b: &Vec<usize>| found.iter().find(|f| &f.0 == b).unwrap().1;
+            assert!(found.iter().all(|f| basins.contains(&f.0)));
+            for (i, b) in basins.iter().enumerate().skip(1) {
+                assert!(!basins[..i].contains(b), "{b:?} twice");
+                assert!(predicted(&basins[i - 1]) <= predicted(b));
+            }
         }
+        model.plan_cfg.plan_search = 0;
+        assert!(model.basins(&task, &cfg.memory).is_empty());
+        model.plan_cfg.plan_search = 200;
         // Room for a little over half the tables (or the largest) per
         // device: piled onto fewer devices than the balanced plans, within
         // the cap.

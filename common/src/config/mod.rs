@@ -18,7 +18,7 @@ mod train;
 pub use data::{DataConfig, EvalConfig, SuiteConfig};
 pub use model::{CostLoss, CostWork, ModelConfig, OverallCost};
 pub use oracles::{CpuConfig, CudaConfig, Kernel, SimConfig};
-pub use train::{DecayTo, PretrainConfig, RewardScale, TrainConfig, Update};
+pub use train::{DecayTo, Explore, PretrainConfig, RewardScale, TrainConfig, Update};
 
 /// The measuring backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

@@ -31,6 +31,18 @@ pub enum DecayTo {
     Zero,
 }
 
+/// What the measured plans outside the greedy share are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Explore {
+    /// Episodes sampled at `train.measure_temperature`.
+    #[default]
+    Sample,
+    /// Where `plan`'s other searches on the cost network end: the basins
+    /// it ranks below its pick (a sampled episode where there are none).
+    Basins,
+}
+
 /// How the final reward (minus the predicted cost) is scaled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -87,6 +99,11 @@ pub struct TrainConfig {
     /// twelve training seeds it did better than 1 on the densities the
     /// main job does not train on (docs/results.md).
     pub measure_temperature: f64,
+    /// What the measured plans outside the greedy share are: sampled
+    /// episodes (`"sample"`) or the plans where `plan`'s searches from its
+    /// other starts end (`"basins"`), which the network ranked just below
+    /// its pick.
+    pub measure_explore: Explore,
     pub cost_steps: usize,
     pub cost_batch: usize,
     pub cost_lr: f64,
@@ -157,6 +174,7 @@ impl Default for TrainConfig {
             measure_greedy_share: 0.5,
             measure_planned: true,
             measure_temperature: 1000.0,
+            measure_explore: Explore::Sample,
             cost_steps: 1000,
             cost_batch: 64,
             cost_lr: 1e-3,

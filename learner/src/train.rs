@@ -262,8 +262,13 @@ impl<'a> Trainer<'a> {
     /// policy's greedy episode, see `train.measure_planned`) rather than a
     /// sample.
     pub fn greedy_pick(&self, j: usize) -> bool {
+        j < self.greedy_picks()
+    }
+
+    /// How many of a round's measured plans are greedy picks.
+    fn greedy_picks(&self) -> usize {
         let t = &self.cfg.train;
-        j < (t.measure_greedy_share * t.measure_per_iteration as f64).round() as usize
+        (t.measure_greedy_share * t.measure_per_iteration as f64).round() as usize
     }
 
     /// The seed of the `j`-th pick of the current round: a pick depends on
@@ -306,7 +311,7 @@ impl<'a> Trainer<'a> {
             let (assignment, infeasible) = if greedy {
                 episodes.greedy()
             } else {
-                self.other_basin(task, seed).map_or_else(
+                self.other_basin(j, task, seed).map_or_else(
                     || episodes.sampled(seed, self.cfg.train.measure_temperature),
                     |a| (a, false),
                 )
@@ -340,11 +345,22 @@ impl<'a> Trainer<'a> {
         }
     }
 
-    /// With `train.measure_explore = "basins"`, one of the plans where
+    /// Whether the `j`-th plan measured in a round, outside the greedy
+    /// share, is one of the basins `plan` ranks below its pick
+    /// (`train.measure_basins_share` of that share are, the first of it)
+    /// rather than a sampled episode.
+    pub fn basin_pick(&self, j: usize) -> bool {
+        let t = &self.cfg.train;
+        let greedy = self.greedy_picks();
+        let others = t.measure_per_iteration.saturating_sub(greedy);
+        j >= greedy && j < greedy + (t.measure_basins_share * others as f64).round() as usize
+    }
+
+    /// For a basin pick ([`Self::basin_pick`]), one of the plans where
     /// `plan`'s searches end other than its pick, drawn by `seed`; none
     /// otherwise, or where every search ends in the same plan.
-    fn other_basin(&self, task: &Task, seed: u64) -> Option<Vec<usize>> {
-        if self.cfg.train.measure_explore != common::config::Explore::Basins {
+    fn other_basin(&self, j: usize, task: &Task, seed: u64) -> Option<Vec<usize>> {
+        if !self.basin_pick(j) {
             return None;
         }
         let mut basins = self.model.basins(task, &self.cfg.memory);
@@ -1014,24 +1030,29 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_explored_share_measures_the_basins_plan_ranks_below_its_pick() {
+    fn the_basins_share_measures_the_basins_plan_ranks_below_its_pick() {
         let dir = tempfile::tempdir().unwrap();
         let (mut cfg, suite) = small_data(dir.path());
         cfg.model.plan_search = 300;
-        cfg.train.measure_explore = common::config::Explore::Basins;
+        cfg.train.measure_per_iteration = 10;
+        cfg.train.measure_basins_share = 0.4;
         let mut trainer = Trainer::new(&cfg, &suite.tasks);
-        let explored: Vec<usize> = (0..cfg.train.measure_per_iteration)
-            .filter(|&j| !trainer.greedy_pick(j))
-            .collect();
-        assert!(!explored.is_empty());
-        let mut other_basins = 0;
+        let explored: Vec<usize> = (0..10).filter(|&j| !trainer.greedy_pick(j)).collect();
+        // Two of the five picks outside the greedy share.
+        let basin_picks: Vec<usize> = (0..10).filter(|&j| trainer.basin_pick(j)).collect();
+        assert_eq!(basin_picks, explored[..2]);
+        let (mut other_basins, mut samples) = (0, 0);
         for round in 0..4 {
             trainer.counters.iteration = round;
             for &j in &explored {
                 let pick = trainer.pick_plan(j);
                 let task = &suite.tasks[pick.task];
                 let basins = trainer.model.basins(task, &cfg.memory);
-                if basins.len() > 1 {
+                if !trainer.basin_pick(j) {
+                    // A sampled episode, nearly uniform: no search's end.
+                    assert!(!basins.contains(&pick.plan.assignment));
+                    samples += 1;
+                } else if basins.len() > 1 {
                     // Never `plan`'s own pick, always where a search ended.
                     assert!(basins[1..].contains(&pick.plan.assignment));
                     other_basins += 1;
@@ -1039,6 +1060,7 @@ pub(crate) mod tests {
             }
         }
         assert!(other_basins > 0, "every search ended in the same plan");
+        assert_eq!(samples, 12);
     }
 
     #[test]

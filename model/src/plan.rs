@@ -310,7 +310,7 @@ impl Model {
     /// one per basin they reach, cheapest predicted first (the first is
     /// `plan`'s own when it searches from every start). Measuring the
     /// others teaches the network the basins it ranks below its pick
-    /// (`train.measure_explore = "basins"`). Empty where `plan` does not
+    /// (`train.measure_basins_share`). Empty where `plan` does not
     /// search from every start.
     pub fn basins(&self, task: &Task, mem: &common::MemoryModel) -> Vec<Vec<usize>> {
         if !self.searches_every_start(task.devices) {

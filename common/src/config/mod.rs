@@ -18,7 +18,7 @@ mod train;
 pub use data::{DataConfig, EvalConfig, SuiteConfig};
 pub use model::{CostLoss, CostWork, ModelConfig, OverallCost};
 pub use oracles::{CpuConfig, CudaConfig, Kernel, SimConfig};
-pub use train::{DecayTo, Explore, PretrainConfig, RewardScale, TrainConfig, Update};
+pub use train::{DecayTo, PretrainConfig, RewardScale, TrainConfig, Update};
 
 /// The measuring backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -360,6 +360,18 @@ fn unit(field: &str, v: f64) -> std::result::Result<(), InvalidSetting> {
         Err(InvalidSetting::new(
             field,
             format!("{field} = {v} must lie in (0, 1]"),
+        ))
+    }
+}
+
+/// A share: from 0 to 1, both included.
+fn share(field: &str, v: f64) -> std::result::Result<(), InvalidSetting> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(())
+    } else {
+        Err(InvalidSetting::new(
+            field,
+            format!("{field} = {v} must lie in [0, 1]"),
         ))
     }
 }
@@ -748,6 +760,12 @@ mod tests {
                 &format!("[pretrain]\nsearch_share = {v}\n"),
                 "pretrain.search_share",
             );
+            for field in ["measure_greedy_share", "measure_basins_share"] {
+                refused(
+                    &format!("[train]\n{field} = {v}\n"),
+                    &format!("train.{field}"),
+                );
+            }
         }
         refused(
             "[data]\nsuites = [{ tables = 10, devices = 100000, memory_gb = 1.0 }]\n",

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::model::CostLoss;
-use super::{non_negative, positive};
+use super::{non_negative, positive, share};
 use crate::error::InvalidSetting;
 use std::path::PathBuf;
 
@@ -29,18 +29,6 @@ pub enum DecayTo {
     Init,
     /// Toward zero (AdamW), whatever training started from.
     Zero,
-}
-
-/// What the measured plans outside the greedy share are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Explore {
-    /// Episodes sampled at `train.measure_temperature`.
-    #[default]
-    Sample,
-    /// Where `plan`'s other searches on the cost network end: the basins
-    /// it ranks below its pick (a sampled episode where there are none).
-    Basins,
 }
 
 /// How the final reward (minus the predicted cost) is scaled.
@@ -99,11 +87,11 @@ pub struct TrainConfig {
     /// twelve training seeds it did better than 1 on the densities the
     /// main job does not train on (docs/results.md).
     pub measure_temperature: f64,
-    /// What the measured plans outside the greedy share are: sampled
-    /// episodes (`"sample"`) or the plans where `plan`'s searches from its
-    /// other starts end (`"basins"`), which the network ranked just below
-    /// its pick.
-    pub measure_explore: Explore,
+    /// Share of the measured plans outside the greedy share that are where
+    /// `plan`'s searches from its other starts end (the basins the network
+    /// ranks just below its pick) rather than sampled episodes: 0, none;
+    /// 1, all (a sampled episode where every search ends alike).
+    pub measure_basins_share: f64,
     pub cost_steps: usize,
     pub cost_batch: usize,
     pub cost_lr: f64,
@@ -174,7 +162,7 @@ impl Default for TrainConfig {
             measure_greedy_share: 0.5,
             measure_planned: true,
             measure_temperature: 1000.0,
-            measure_explore: Explore::Sample,
+            measure_basins_share: 0.0,
             cost_steps: 1000,
             cost_batch: 64,
             cost_lr: 1e-3,
@@ -212,15 +200,8 @@ impl TrainConfig {
             self.measure_per_iteration as f64,
         )?;
         positive("train.measure_temperature", self.measure_temperature)?;
-        if !(0.0..=1.0).contains(&self.measure_greedy_share) {
-            return Err(InvalidSetting::new(
-                "train.measure_greedy_share",
-                format!(
-                    "train.measure_greedy_share = {} must lie in [0, 1]",
-                    self.measure_greedy_share
-                ),
-            ));
-        }
+        share("train.measure_greedy_share", self.measure_greedy_share)?;
+        share("train.measure_basins_share", self.measure_basins_share)?;
         positive("train.cost_batch", self.cost_batch as f64)?;
         if !(1..=65536).contains(&self.episodes) {
             return Err(InvalidSetting::new(
@@ -344,16 +325,9 @@ impl PretrainConfig {
     pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
         positive("pretrain.tasks", self.tasks as f64)?;
         positive("pretrain.plans_per_task", self.plans_per_task as f64)?;
-        for (field, v) in [
-            ("pretrain.search_share", Some(self.search_share)),
-            ("pretrain.found_share", self.found_share),
-        ] {
-            if let Some(v) = v.filter(|v| !(0.0..=1.0).contains(v)) {
-                return Err(InvalidSetting::new(
-                    field,
-                    format!("{field} = {v} must lie in [0, 1]"),
-                ));
-            }
+        share("pretrain.search_share", self.search_share)?;
+        if let Some(v) = self.found_share {
+            share("pretrain.found_share", v)?;
         }
         self.space.validate()
     }

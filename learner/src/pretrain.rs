@@ -102,12 +102,7 @@ impl PlanCost for Recording<'_> {
 /// weights from a flat Dirichlet of concentration `alpha` among those it
 /// fits: low `alpha` piles the tables on a few devices, plans no heuristic
 /// makes but a policy early in training does.
-pub(crate) fn skewed(
-    task: &Task,
-    mem: &common::MemoryModel,
-    alpha: f64,
-    rng: &mut impl Rng,
-) -> Option<Plan> {
+fn skewed(task: &Task, mem: &common::MemoryModel, alpha: f64, rng: &mut impl Rng) -> Option<Plan> {
     use rand_distr::Distribution;
     let d = task.devices;
     let gamma = rand_distr::Gamma::new(alpha, 1.0).ok()?;
@@ -139,12 +134,6 @@ pub(crate) fn skewed(
         devices: d,
         assignment,
     })
-}
-
-/// A concentration for [`skewed`]: log-uniform from 0.05 (nearly every
-/// table on one device) to 2 (mild).
-pub(crate) fn skew_alpha(rng: &mut impl Rng) -> f64 {
-    10f64.powf(rng.gen_range(-1.3..0.3))
 }
 
 /// The bulk plans of one task, measured on `oracle` (see the module doc).
@@ -194,7 +183,8 @@ pub fn bulk_of(
         let plan = if rng.gen_bool(0.5) {
             baselines::place(Method::Random, &ctx, &mut rng)
         } else {
-            skewed(task, mem, skew_alpha(&mut rng), &mut rng)
+            let alpha = 10f64.powf(rng.gen_range(-1.3..0.3));
+            skewed(task, mem, alpha, &mut rng)
         };
         if let Some(plan) = plan {
             let measured = oracle.measure(&task.tables, &plan)?;

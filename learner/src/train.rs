@@ -311,12 +311,10 @@ impl<'a> Trainer<'a> {
             let (assignment, infeasible) = if greedy {
                 episodes.greedy()
             } else {
-                self.other_basin(j, task, seed)
-                    .or_else(|| self.skewed_plan(j, task, seed))
-                    .map_or_else(
-                        || episodes.sampled(seed, self.cfg.train.measure_temperature),
-                        |a| (a, false),
-                    )
+                self.other_basin(j, task, seed).map_or_else(
+                    || episodes.sampled(seed, self.cfg.train.measure_temperature),
+                    |a| (a, false),
+                )
             };
             let plan = Plan {
                 devices: task.devices,
@@ -352,39 +350,10 @@ impl<'a> Trainer<'a> {
     /// (`train.measure_basins_share` of that share are, the first of it)
     /// rather than a sampled episode.
     pub fn basin_pick(&self, j: usize) -> bool {
-        let greedy = self.greedy_picks();
-        j >= greedy && j < greedy + self.explored_picks().0
-    }
-
-    /// The picks outside the greedy share: how many are basins, and how
-    /// many after them skewed plans.
-    fn explored_picks(&self) -> (usize, usize) {
         let t = &self.cfg.train;
-        let others = t.measure_per_iteration.saturating_sub(self.greedy_picks());
-        let basins = (t.measure_basins_share * others as f64).round() as usize;
-        let skewed = (t.measure_skewed_share * (others - basins) as f64).round() as usize;
-        (basins, skewed)
-    }
-
-    /// Whether the `j`-th plan measured in a round is a skewed one
-    /// (`train.measure_skewed_share` of the picks neither greedy nor
-    /// basins, the first of them).
-    pub fn skewed_pick(&self, j: usize) -> bool {
-        let (basins, skewed) = self.explored_picks();
-        let from = self.greedy_picks() + basins;
-        j >= from && j < from + skewed
-    }
-
-    /// For a skewed pick ([`Self::skewed_pick`]), a plan piling the tables
-    /// on a few devices, drawn by `seed`; none otherwise, or where the draw
-    /// overran memory.
-    fn skewed_plan(&self, j: usize, task: &Task, seed: u64) -> Option<Vec<usize>> {
-        if !self.skewed_pick(j) {
-            return None;
-        }
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let alpha = crate::pretrain::skew_alpha(&mut rng);
-        crate::pretrain::skewed(task, &self.cfg.memory, alpha, &mut rng).map(|p| p.assignment)
+        let greedy = self.greedy_picks();
+        let others = t.measure_per_iteration.saturating_sub(greedy);
+        j >= greedy && j < greedy + (t.measure_basins_share * others as f64).round() as usize
     }
 
     /// For a basin pick ([`Self::basin_pick`]), one of the plans where
@@ -1092,55 +1061,6 @@ pub(crate) mod tests {
         }
         assert!(other_basins > 0, "every search ended in the same plan");
         assert_eq!(samples, 12);
-    }
-
-    #[test]
-    fn the_skewed_share_piles_tables_where_samples_spread_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut cfg, suite) = small_data(dir.path());
-        cfg.train.measure_per_iteration = 10;
-        cfg.train.measure_basins_share = 0.2;
-        cfg.train.measure_skewed_share = 0.5;
-        let mut trainer = Trainer::new(&cfg, &suite.tasks);
-        // Five picks outside the greedy share: one basin, then two of the
-        // other four skewed, then samples.
-        let kinds: Vec<(bool, bool, bool)> = (0..10)
-            .map(|j| {
-                (
-                    trainer.greedy_pick(j),
-                    trainer.basin_pick(j),
-                    trainer.skewed_pick(j),
-                )
-            })
-            .collect();
-        let skewed: Vec<usize> = (0..10).filter(|&j| kinds[j].2).collect();
-        assert_eq!(skewed, [6, 7], "{kinds:?}");
-        let busiest = |p: &Plan| {
-            let mut n = vec![0usize; p.devices];
-            p.assignment.iter().for_each(|&d| n[d] += 1);
-            *n.iter().max().unwrap() as f64 / p.assignment.len() as f64
-        };
-        let (mut piled, mut spread) = (0.0, 0.0);
-        for round in 0..8 {
-            trainer.counters.iteration = round;
-            for j in 6..10 {
-                let pick = trainer.pick_plan(j);
-                let task = &suite.tasks[pick.task];
-                let mut used = vec![0u64; task.devices];
-                for (t, &d) in task.tables.iter().zip(&pick.plan.assignment) {
-                    used[d] += cfg.memory.table_bytes(t);
-                }
-                assert!(used.iter().all(|&u| u <= task.cap_bytes()), "{used:?}");
-                if trainer.skewed_pick(j) {
-                    piled += busiest(&pick.plan);
-                } else {
-                    spread += busiest(&pick.plan);
-                }
-            }
-        }
-        // As many of each: skewed plans put far more on their busiest
-        // device (here about 1.8 times as much).
-        assert!(piled > 1.4 * spread, "{piled} against {spread}");
     }
 
     #[test]

@@ -760,11 +760,7 @@ mod tests {
                 &format!("[pretrain]\nsearch_share = {v}\n"),
                 "pretrain.search_share",
             );
-            for field in [
-                "measure_greedy_share",
-                "measure_basins_share",
-                "measure_skewed_share",
-            ] {
+            for field in ["measure_greedy_share", "measure_basins_share"] {
                 refused(
                     &format!("[train]\n{field} = {v}\n"),
                     &format!("train.{field}"),

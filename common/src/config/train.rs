@@ -92,11 +92,6 @@ pub struct TrainConfig {
     /// ranks just below its pick) rather than sampled episodes: 0, none;
     /// 1, all (a sampled episode where every search ends alike).
     pub measure_basins_share: f64,
-    /// Share of the measured plans outside the greedy share and the
-    /// basins that pile tables on a few devices (each table on a device
-    /// drawn with Dirichlet weights, as pre-training's skewed plans) rather
-    /// than sampled episodes, which spread the tables about evenly.
-    pub measure_skewed_share: f64,
     pub cost_steps: usize,
     pub cost_batch: usize,
     pub cost_lr: f64,
@@ -168,7 +163,6 @@ impl Default for TrainConfig {
             measure_planned: true,
             measure_temperature: 1000.0,
             measure_basins_share: 0.0,
-            measure_skewed_share: 0.0,
             cost_steps: 1000,
             cost_batch: 64,
             cost_lr: 1e-3,
@@ -208,7 +202,6 @@ impl TrainConfig {
         positive("train.measure_temperature", self.measure_temperature)?;
         share("train.measure_greedy_share", self.measure_greedy_share)?;
         share("train.measure_basins_share", self.measure_basins_share)?;
-        share("train.measure_skewed_share", self.measure_skewed_share)?;
         positive("train.cost_batch", self.cost_batch as f64)?;
         if !(1..=65536).contains(&self.episodes) {
             return Err(InvalidSetting::new(

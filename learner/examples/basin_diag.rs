@@ -43,6 +43,10 @@ fn main() -> anyhow::Result<()> {
             .collect();
         println!("{}  {}", task.name, cells.join("  "));
     }
+    anyhow::ensure!(
+        n > 0,
+        "no task of the suite has a basin: `plan` does not search there"
+    );
     println!(
         "tasks {n}: the pick is the measured best on {hits}; picked {:.3} ms, best basin {:.3} ms ({:+.2} %)",
         picked / n as f64,

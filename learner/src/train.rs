@@ -289,8 +289,9 @@ impl<'a> Trainer<'a> {
 
     /// Draws the round's `j`-th plan to measure (seeded by its place, `pick_seed`):
     /// a training task and one plan for it from the current policy, a
-    /// sample, or for a greedy pick ([`Self::greedy_pick`]) what `plan`
-    /// returns (`train.measure_planned`) or the greedy episode.
+    /// sample, for a greedy pick ([`Self::greedy_pick`]) what `plan`
+    /// returns (`train.measure_planned`) or the greedy episode, and for a
+    /// basin pick ([`Self::basin_pick`]) another basin of `plan`'s searches.
     pub fn pick_plan(&mut self, j: usize) -> Pick {
         let id = PickId {
             round: self.counters.iteration,
@@ -1041,6 +1042,12 @@ pub(crate) mod tests {
         // Two of the five picks outside the greedy share.
         let basin_picks: Vec<usize> = (0..10).filter(|&j| trainer.basin_pick(j)).collect();
         assert_eq!(basin_picks, explored[..2]);
+        for (share, picks) in [(0.0, 0), (1.0, explored.len())] {
+            let mut cfg = cfg.clone();
+            cfg.train.measure_basins_share = share;
+            let t = Trainer::new(&cfg, &suite.tasks);
+            assert_eq!((0..10).filter(|&j| t.basin_pick(j)).count(), picks);
+        }
         let (mut other_basins, mut samples) = (0, 0);
         for round in 0..4 {
             trainer.counters.iteration = round;

@@ -287,12 +287,7 @@ impl Model {
             episodes.cost_projections().to_vec(),
             0,
         );
-        let mut distinct: Vec<Vec<usize>> = Vec::new();
-        for h in starts {
-            if !distinct.contains(&h) {
-                distinct.push(h);
-            }
-        }
+        let distinct = distinct(starts);
         let jobs: Vec<usize> = (0..k + distinct.len()).collect();
         in_threads(&jobs, |&j| {
             let (start, infeasible) = match j {
@@ -307,11 +302,12 @@ impl Model {
     }
 
     /// The distinct plans where `plan`'s searches on the cost network end,
-    /// one per basin they reach, cheapest predicted first (the first is
-    /// `plan`'s own when it searches from every start). Measuring the
-    /// others teaches the network the basins it ranks below its pick
-    /// (`train.measure_basins_share`). Empty where `plan` does not
-    /// search from every start.
+    /// one per basin they reach, cheapest predicted first: the first is
+    /// `plan`'s own where it searches from every start and some start
+    /// fits. Measuring the others teaches the network the basins it ranks
+    /// below its pick (`train.measure_basins_share`). Empty where `plan`
+    /// does not search from every start; a search that failed ends in no
+    /// basin.
     pub fn basins(&self, task: &Task, mem: &common::MemoryModel) -> Vec<Vec<usize>> {
         if !self.searches_every_start(task.devices) {
             return Vec::new();
@@ -321,17 +317,11 @@ impl Model {
         let mut found: Vec<(Vec<usize>, f64)> = self
             .searches_each(task, mem, &episodes, self.search_starts(task, mem))
             .into_iter()
-            .filter_map(|(_, _, found)| found)
+            .filter_map(|(_, _, found)| found.filter(|f| f.1.is_finite()))
             .collect();
         // Stable: the first of equal predictions stays first, as in `plan`.
         found.sort_by(|a, b| a.1.total_cmp(&b.1));
-        let mut distinct: Vec<Vec<usize>> = Vec::new();
-        for (plan, _) in found {
-            if !distinct.contains(&plan) {
-                distinct.push(plan);
-            }
-        }
-        distinct
+        distinct(found.into_iter().map(|(plan, _)| plan))
     }
 
     /// Where `plan`'s search on the cost network goes from each of
@@ -502,6 +492,17 @@ impl Model {
         }
         assignment
     }
+}
+
+/// The plans of `plans` in order, each once.
+fn distinct(plans: impl IntoIterator<Item = Vec<usize>>) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for p in plans {
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
 }
 
 /// `f` of each item, in order, spread over up to one thread per core (each
@@ -689,6 +690,7 @@ mod tests {
         model.plan_cfg.plan_samples = 1;
         model.plan_cfg.plan_moves = 0;
         model.plan_cfg.plan_search = 200;
+        let mut several = 0;
         for mut t in suite.tasks.iter().cloned() {
             roomy(&mut t);
             let mdp = MdpTask::new(&t.tables, t.devices, t.cap_bytes(), &cfg.memory);
@@ -709,6 +711,7 @@ mod tests {
             // The basins: every search's end once, cheapest predicted
             // first, `plan`'s own first of all.
             let basins = model.basins(&t, &cfg.memory);
+            several += usize::from(basins.len() > 1);
             assert_eq!(basins[0], found[first].0);
             let predicted = |b: &Vec<usize>| found.iter().find(|f| &f.0 == b).unwrap().1;
             assert!(found.iter().all(|f| basins.contains(&f.0)));
@@ -717,6 +720,7 @@ mod tests {
                 assert!(predicted(&basins[i - 1]) <= predicted(b));
             }
         }
+        assert!(several > 0, "every task's searches ended alike");
         model.plan_cfg.plan_search = 0;
         assert!(model.basins(&task, &cfg.memory).is_empty());
         model.plan_cfg.plan_search = 200;

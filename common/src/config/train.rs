@@ -87,10 +87,14 @@ pub struct TrainConfig {
     /// twelve training seeds it did better than 1 on the densities the
     /// main job does not train on (docs/results.md).
     pub measure_temperature: f64,
-    /// Share of the measured plans outside the greedy share that are where
-    /// `plan`'s searches from its other starts end (the basins the network
-    /// ranks just below its pick) rather than sampled episodes: 0, none;
-    /// 1, all (a sampled episode where every search ends alike).
+    /// Share of the measured plans outside the greedy share that are one
+    /// of the other basins where `plan`'s searches end (drawn among those
+    /// the network ranks below its pick) rather than sampled episodes: 0,
+    /// none; 1, all. A basin pick is a sampled episode where every search
+    /// ends alike, and always where `plan` does not search from every start
+    /// (`model.plan_moves` above 0, `model.plan_search` of 1 or less, or
+    /// `model.plan_search_every_candidate = false`). 0.4 helps with about
+    /// 100 measured plans, not with 200 (docs/results.md).
     pub measure_basins_share: f64,
     pub cost_steps: usize,
     pub cost_batch: usize,

@@ -20,9 +20,8 @@
 //!    and the plans it finds are measured and join the bulk (the search
 //!    seeks out plans the network underrates; DAgger's idea). With
 //!    `pretrain.found_share` they are a fixed share of each batch instead.
-//!    The bulk is
-//!    regenerated from its seed on a resume (`sim` is deterministic), not
-//!    logged: it would take gigabytes.
+//!    The bulk is regenerated from its seed on a resume (`sim` is
+//!    deterministic), not logged: it would take gigabytes.
 //! 2. **Algorithm 1** (`RUN` itself): `learner train` on the same tasks
 //!    from stage 1's networks, with the cluster machinery (actors,
 //!    benchworkers, checkpoints, resume): the plans the policy and `plan`'s

@@ -312,7 +312,7 @@ impl<'a> Trainer<'a> {
             let (assignment, infeasible) = if greedy {
                 episodes.greedy()
             } else {
-                self.other_basin(j, task, seed).map_or_else(
+                self.other_basin(j, task, &episodes, seed).map_or_else(
                     || episodes.sampled(seed, self.cfg.train.measure_temperature),
                     |a| (a, false),
                 )
@@ -358,13 +358,20 @@ impl<'a> Trainer<'a> {
     }
 
     /// For a basin pick ([`Self::basin_pick`]), one of the plans where
-    /// `plan`'s searches end other than its pick, drawn by `seed`; none
-    /// otherwise, or where every search ends in the same plan.
-    fn other_basin(&self, j: usize, task: &Task, seed: u64) -> Option<Vec<usize>> {
+    /// `plan`'s searches end other than its pick (from the task's
+    /// `episodes`), drawn by `seed`; none otherwise, or where every search
+    /// ends in the same plan.
+    fn other_basin(
+        &self,
+        j: usize,
+        task: &Task,
+        episodes: &PlainEpisodes,
+        seed: u64,
+    ) -> Option<Vec<usize>> {
         if !self.basin_pick(j) {
             return None;
         }
-        let mut basins = self.model.basins(task, &self.cfg.memory);
+        let mut basins = self.model.basins_of(task, &self.cfg.memory, episodes);
         if basins.len() < 2 {
             return None;
         }

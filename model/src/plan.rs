@@ -313,9 +313,26 @@ impl Model {
             return Vec::new();
         }
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
-        let episodes = PlainEpisodes::new(&self.policy, &self.cost, &mdp);
+        self.basins_of(
+            task,
+            mem,
+            &PlainEpisodes::new(&self.policy, &self.cost, &mdp),
+        )
+    }
+
+    /// [`Model::basins`] from the task's episodes already made (see
+    /// [`PlainEpisodes::new`]), for a caller that holds them.
+    pub fn basins_of(
+        &self,
+        task: &Task,
+        mem: &common::MemoryModel,
+        episodes: &PlainEpisodes,
+    ) -> Vec<Vec<usize>> {
+        if !self.searches_every_start(task.devices) {
+            return Vec::new();
+        }
         let mut found: Vec<(Vec<usize>, f64)> = self
-            .searches_each(task, mem, &episodes, self.search_starts(task, mem))
+            .searches_each(task, mem, episodes, self.search_starts(task, mem))
             .into_iter()
             .filter_map(|(_, _, found)| found.filter(|f| f.1.is_finite()))
             .collect();

@@ -4,7 +4,10 @@
 //! the choice measured over 1 % above the best candidate are marked `!`.
 //! The `moved` line counts the tables the learned plan places elsewhere
 //! than each heuristic's plan, once devices are matched. The line under
-//! each candidate gives its heaviest device's load, four ways.
+//! each candidate gives its heaviest device's load, four ways. The
+//! `basins` line gives what `plan --verify` measures best once the other
+//! ends of the learned plan's searches join the candidates
+//! ([`model::guard::add_basins`]); the last line sums it over the suite.
 //!
 //! cargo run --release --example guard_diag -- RUN_DIR SUITE
 
@@ -16,6 +19,7 @@ fn main() -> anyhow::Result<()> {
     let shapes = model::shapes::TrainedShapes::read(run);
     let suite = common::Suite::load(std::path::Path::new(&args[1]), &cfg.memory)?;
     let mut oracle = benchworker::build(benchworker::Backend::Sim, &cfg)?;
+    let (mut verified, mut with_basins) = (0.0, 0.0);
     for task in &suite.tasks {
         let mut g = model::guard::plan(&model, shapes.as_ref(), task, &cfg.memory)?;
         let chosen = g.chosen;
@@ -53,7 +57,21 @@ fn main() -> anyhow::Result<()> {
         for d in &g.doubts {
             println!("    doubt: {d}");
         }
+        let added = model::guard::add_basins(&mut g, &model, task, &cfg.memory);
+        model::guard::verify(&mut g, &task.tables, oracle.as_mut())?;
+        let basins = g.candidates[g.chosen].measured.unwrap_or(f64::NAN);
+        println!(
+            "    basins: {added} more measured, best {basins:.3} ({:+.2} %)",
+            (basins / best - 1.0) * 100.0
+        );
+        verified += best;
+        with_basins += basins;
     }
+    println!(
+        "--verify: {verified:.3} ms over the suite; with the other basins {with_basins:.3} ms \
+         ({:+.2} %)",
+        (with_basins / verified - 1.0) * 100.0
+    );
     Ok(())
 }
 

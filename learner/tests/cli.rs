@@ -460,6 +460,10 @@ fn pretrain_then_fine_tune_then_plan_verified_on_sim() {
         err.contains("--verify sim") && err.contains("against the best heuristic"),
         "{err}"
     );
+    assert!(
+        err.contains("of them other ends of the learned plan's searches"),
+        "{err}"
+    );
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let candidates = v["candidates"].as_array().unwrap();
     assert!(candidates.len() >= 4, "{v}");

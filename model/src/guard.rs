@@ -31,7 +31,10 @@
 //!    plans the network underrates, so the learned plan's prediction runs
 //!    lower than a heuristic plan's (the winner's curse).
 //! 4. With an oracle at hand (`plan --verify`), the final candidates are
-//!    measured and the measured best is returned.
+//!    measured and the measured best is returned. They include the other
+//!    ends of `plan`'s searches ([`add_basins`]): the network ranks them
+//!    just below its pick, and it errs between such plans by a few
+//!    percent.
 //!
 //! A task of a shape far from training (tables per device) only warns: on
 //! the main job's model, such tasks still gained 5 to 7 % (docs/cluster.md).
@@ -68,6 +71,12 @@ impl Candidate {
     /// The members' mean prediction.
     pub fn mean(&self) -> f64 {
         self.predicted.iter().sum::<f64>() / self.predicted.len().max(1) as f64
+    }
+
+    /// Whether the plan is the model's (the learned plan or another
+    /// basin of its searches) rather than a heuristic's.
+    pub fn learned(&self) -> bool {
+        self.method == POLICY || self.method == BASIN
     }
 
     /// The highest member prediction: how a doubtful network ranks plans.
@@ -107,13 +116,17 @@ impl Guarded {
     pub fn best_heuristic(&self) -> Option<usize> {
         let key = |c: &Candidate| c.measured.unwrap_or(c.pessimistic());
         (0..self.candidates.len())
-            .filter(|&i| self.candidates[i].method != POLICY)
+            .filter(|&i| !self.candidates[i].learned())
             .min_by(|&a, &b| key(&self.candidates[a]).total_cmp(&key(&self.candidates[b])))
     }
 }
 
 /// The learned plan's name among the candidates.
 pub const POLICY: &str = "policy";
+
+/// The name of the other ends of `plan`'s searches among the candidates
+/// ([`add_basins`]).
+pub const BASIN: &str = "basin";
 
 /// Places `task` with `model`, guarded (see the module's doc). `shapes`:
 /// what the model was trained on, when known. Fails only when no
@@ -250,6 +263,43 @@ fn disagreement(learned: &Candidate, h: &Candidate, margin: f64) -> Option<Strin
             margin * 100.0
         )
     })
+}
+
+/// Adds the other distinct ends of `plan`'s searches on the cost network
+/// ([`Model::basins`]) as candidates named [`BASIN`], for [`verify`] to
+/// measure; a plan already among the candidates is not added again.
+/// Returns how many were added. The choice without measurement does not
+/// change: the network ranks these plans below the learned one. Measured,
+/// one of them is sometimes faster (docs/results.md, "`--verify`
+/// measures the other basins").
+pub fn add_basins(g: &mut Guarded, model: &Model, task: &Task, mem: &MemoryModel) -> usize {
+    let basins: Vec<Plan> = model
+        .basins(task, mem)
+        .into_iter()
+        .map(|assignment| Plan {
+            devices: task.devices,
+            assignment,
+        })
+        .filter(|p| g.candidates.iter().all(|c| &c.plan != p))
+        .collect();
+    if basins.is_empty() {
+        return 0;
+    }
+    let refs: Vec<&Plan> = basins.iter().collect();
+    let predicted = model.member_costs(&task.tables, &refs);
+    let added = basins.len();
+    g.candidates.extend(
+        basins
+            .into_iter()
+            .zip(predicted)
+            .map(|(plan, predicted)| Candidate {
+                method: BASIN,
+                plan,
+                predicted,
+                measured: None,
+            }),
+    );
+    added
 }
 
 /// Measures every candidate on `oracle` and chooses the measured best (the
@@ -469,6 +519,43 @@ mod tests {
         assert_eq!(measured[g.chosen], best);
         let again = oracle.measure(&task.tables, g.plan()).unwrap().cost_ms;
         assert_eq!(again, best, "sim is deterministic");
+    }
+
+    /// The other basins join the candidates once each, as learned plans,
+    /// and change nothing until measured; measured, the best of all wins.
+    #[test]
+    fn basins_join_the_candidates_once_and_only_measurement_picks_them() {
+        let mut added_somewhere = 0;
+        for k in [0, 30, 60] {
+            let (cfg, task) = small_task(k);
+            tch::manual_seed(k as i64);
+            let model = Model::new(&cfg);
+            let mut g = plan(&model, None, &task, &cfg.memory).unwrap();
+            let (before, chosen, heuristic) = (g.candidates.len(), g.chosen, g.best_heuristic());
+            let added = add_basins(&mut g, &model, &task, &cfg.memory);
+            assert_eq!(g.candidates.len(), before + added);
+            assert_eq!(add_basins(&mut g, &model, &task, &cfg.memory), 0, "once");
+            assert_eq!(choose(&g, cfg.model.plan_margin), chosen);
+            assert_eq!(g.best_heuristic(), heuristic, "a basin is no heuristic");
+            let basins = model.basins(&task, &cfg.memory);
+            for (i, c) in g.candidates.iter().enumerate().skip(before) {
+                assert_eq!(c.method, BASIN);
+                assert!(c.learned() && c.predicted[0].is_finite());
+                assert!(basins.contains(&c.plan.assignment));
+                assert!(g.candidates[..i].iter().all(|o| o.plan != c.plan));
+                assert!(c.plan.fits(&task.tables, &cfg.memory, task.cap_bytes()));
+            }
+            added_somewhere += added;
+            let mut oracle = benchworker::build(benchworker::Backend::Sim, &cfg).unwrap();
+            verify(&mut g, &task.tables, oracle.as_mut()).unwrap();
+            let best = g
+                .candidates
+                .iter()
+                .map(|c| c.measured.unwrap())
+                .fold(f64::INFINITY, f64::min);
+            assert_eq!(g.candidates[g.chosen].measured, Some(best));
+        }
+        assert!(added_somewhere > 0, "no task had another basin");
     }
 
     #[test]

@@ -147,8 +147,8 @@ pub enum Command {
     /// was trained on, it returns torchrec's plan, unless every member
     /// predicts the heuristic plan it ranks best 2 % cheaper. A warning
     /// says why.
-    /// --verify BACKEND measures every candidate and returns the measured
-    /// best.
+    /// --verify BACKEND measures every candidate, with the other ends of the
+    /// learned plan's searches, and returns the measured best.
     ///
     /// Examples:
     ///
@@ -185,10 +185,11 @@ pub struct PlanArgs {
     /// model, models/pretrained). --checkpoint is the same.
     #[arg(long = "run", visible_alias = "checkpoint", value_name = "DIR")]
     pub checkpoint: Option<PathBuf>,
-    /// Measure the final candidates (the learned plan and the heuristics'
-    /// plans) on this oracle and return the measured best, printing its
-    /// measured gain over the best heuristic: `sim` and `cpu` run in this
-    /// process (`cuda` on a GPU host built with the cuda feature).
+    /// Measure the final candidates (the learned plan, the other ends of its
+    /// searches, the heuristics' plans) on this oracle and return the
+    /// measured best, printing its measured gain over the best heuristic:
+    /// `sim` and `cpu` run in this process (`cuda` on a GPU host built with
+    /// the cuda feature).
     #[arg(long, value_enum, value_name = "BACKEND")]
     pub verify: Option<benchworker::Backend>,
     /// What places the tables: `policy` (the trained model, guarded by

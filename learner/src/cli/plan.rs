@@ -56,7 +56,17 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut oracle = backend
         .map(|b| benchworker::build(b, &run_cfg))
         .transpose()?;
-    if let (Some(o), Some(_)) = (oracle.as_mut(), args.verify) {
+    if let (Some(o), Some(b)) = (oracle.as_mut(), args.verify) {
+        if args.method == Method::Policy {
+            let added = model::guard::add_basins(&mut guarded, &model, &task, &run_cfg.memory);
+            tracing::info!(
+                "--verify {}: measuring {}, {} of them other ends of the learned plan's \
+                 searches",
+                b.name(),
+                common::count(guarded.candidates.len(), "candidate"),
+                added
+            );
+        }
         model::guard::verify(&mut guarded, &task.tables, o.as_mut())?;
     }
     if args.method == Method::Policy {

@@ -14,8 +14,9 @@ pub enum Error {
         path: PathBuf,
         cause: std::io::Error,
     },
-    /// A CSV record or field is malformed or out of range.
-    #[error("{path}:{line}: field `{field}`: {message}")]
+    /// A CSV record or field is malformed or out of range (`field` empty:
+    /// the whole record or header).
+    #[error("{path}:{line}: {}{message}", in_field(field))]
     Csv {
         path: PathBuf,
         line: u64,
@@ -66,5 +67,15 @@ impl Error {
             path: path.into(),
             cause: source,
         }
+    }
+}
+
+/// `field `name`: ` before a CSV error's message, nothing for a whole
+/// record.
+fn in_field(field: &str) -> String {
+    if field.is_empty() {
+        String::new()
+    } else {
+        format!("field `{field}`: ")
     }
 }

@@ -134,7 +134,7 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
     let full = header();
     let got = rdr
         .headers()
-        .map_err(|e| csv_err(1, "header", e.to_string()))?
+        .map_err(|e| csv_err(1, "", format!("header: {e}")))?
         .clone();
     let got: Vec<String> = got.iter().map(|s| s.to_string()).collect();
     let short = SHORT_HEADERS.contains(&got.len()) && got[..] == full[..got.len()];
@@ -143,9 +143,9 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
             lines
                 .line_of(rdr.headers().ok().and_then(|h| h.position()))
                 .max(1),
-            "header",
+            "",
             format!(
-                "expected `name,rows,dim`, optionally followed by `pooling_factor` or by \
+                "header: expected `name,rows,dim`, optionally followed by `pooling_factor` or by \
                  `pooling_factor,bin_0,…,bin_16`, found `{}` (scripts/pool-from-trace.py \
                  writes every column from a lookup trace)",
                 got.join(",")
@@ -156,13 +156,22 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
     let mut tables = Vec::new();
     let mut names = HashSet::new();
     for rec in rdr.records() {
-        let rec = rec.map_err(|e| csv_err(lines.line_of(e.position()), "record", e.to_string()))?;
+        let rec = rec.map_err(|e| csv_err(lines.line_of(e.position()), "", e.to_string()))?;
         let line = lines.line_of(rec.position());
         if rec.len() != expected.len() {
             return Err(csv_err(
                 line,
-                "record",
-                format!("expected {} fields, found {}", expected.len(), rec.len()),
+                "",
+                format!(
+                    "expected {} fields, found {} (the header has {})",
+                    expected.len(),
+                    rec.len(),
+                    if expected.len() > 4 {
+                        "name,rows,dim,pooling_factor,bin_0,…,bin_16".to_string()
+                    } else {
+                        expected.join(",")
+                    }
+                ),
             ));
         }
         let name = rec[0].to_string();
@@ -235,7 +244,7 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
         });
     }
     if tables.is_empty() {
-        return Err(csv_err(1, "record", "the pool holds no table".into()));
+        return Err(csv_err(1, "", "the pool holds no table".into()));
     }
     if expected.len() < full.len() {
         tracing::warn!("{}: {}", path.display(), defaults_taken(expected.len()));
@@ -485,7 +494,10 @@ mod tests {
         for (text, words) in [
             ("rows,name,dim\n1,a,2\n", "found `rows,name,dim`"),
             ("name,rows,dim,bin_0\na,1,2,1\n", "pool-from-trace.py"),
-            ("name,rows,dim\na,10\n", "expected 3 fields, found 2"),
+            (
+                "name,rows,dim\na,10\n",
+                "expected 3 fields, found 2 (the header has name,rows,dim)",
+            ),
         ] {
             let e = read_from(text.as_bytes(), p).unwrap_err().to_string();
             assert!(e.contains(words), "{words:?} not in {e}");

@@ -124,4 +124,4 @@ FEATURES=()
 TARGET_DIR=${CARGO_TARGET_DIR:-$EMBSHARD_ROOT/target}
 [ -x "$TARGET_DIR/release/learner" ] || need_space "$TARGET_DIR" 4 "the first release build"
 echo "setup: building the release binaries${FEATURES[*]:+ (with the cuda backend)}" >&2
-(cd "$EMBSHARD_ROOT" && cargo build --release --workspace --quiet "${FEATURES[@]}")
+(cd "$EMBSHARD_ROOT" && cargo build --release --workspace "${FEATURES[@]}")

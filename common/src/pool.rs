@@ -278,8 +278,21 @@ fn parse_finite(s: &str) -> std::result::Result<f64, BadNumber> {
     }
 }
 
+/// A positive integer up to `max`, written out (`500000000`) or in
+/// scientific notation (`5e8`, as hash sizes often are) when that is a
+/// whole number.
 fn parse_positive_int(s: &str, max: u64) -> std::result::Result<u64, BadNumber> {
-    let v: i128 = s.parse().map_err(|_| BadNumber::NotAnInteger)?;
+    let v: i128 = match s.parse() {
+        Ok(v) => v,
+        Err(_) if s.contains(['e', 'E']) => {
+            let f: f64 = s.parse().map_err(|_| BadNumber::NotAnInteger)?;
+            if !(f.is_finite() && f.fract() == 0.0 && f.abs() < 1e30) {
+                return Err(BadNumber::NotAnInteger);
+            }
+            f as i128
+        }
+        Err(_) => return Err(BadNumber::NotAnInteger),
+    };
     if v <= 0 {
         return Err(BadNumber::NotPositive);
     }
@@ -446,6 +459,20 @@ mod tests {
         let pool = read_from(text.as_bytes(), Path::new("w.csv")).unwrap();
         assert_eq!(pool.len(), 1);
         assert_eq!(pool[0].rows, 10);
+    }
+
+    #[test]
+    fn rows_may_be_written_in_scientific_notation() {
+        assert_eq!(parse_positive_int("5e8", u64::MAX), Ok(500_000_000));
+        assert_eq!(parse_positive_int("2.5E3", u64::MAX), Ok(2500));
+        assert_eq!(parse_positive_int("1200", u64::MAX), Ok(1200));
+        for bad in ["2.5e0", "1e-3", "-1e3", "1e400", "x1e3", "12.0"] {
+            assert!(parse_positive_int(bad, u64::MAX).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_positive_int("1e4", 5000),
+            Err(BadNumber::TooLarge(5000))
+        );
     }
 
     #[test]

@@ -133,6 +133,14 @@ pub enum Precision {
 }
 
 impl Precision {
+    /// The name a config and `--precision` take.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp16 => "fp16",
+            Precision::Fp32 => "fp32",
+        }
+    }
+
     pub fn bytes(self) -> u64 {
         match self {
             Precision::Fp16 => 2,
@@ -181,6 +189,16 @@ pub enum Optimizer {
 }
 
 impl Optimizer {
+    /// The name a config and `--optimizer` take.
+    pub fn name(self) -> &'static str {
+        match self {
+            Optimizer::Sgd => "sgd",
+            Optimizer::RowwiseAdagrad => "rowwise_adagrad",
+            Optimizer::Adagrad => "adagrad",
+            Optimizer::Adam => "adam",
+        }
+    }
+
     /// State bytes for a table of `rows × dim`.
     pub fn state_bytes(self, rows: u64, dim: u32) -> u64 {
         match self {

@@ -38,6 +38,10 @@ pub struct Report {
     pub tasks: Vec<String>,
     pub best_heuristic: Option<String>,
     pub methods: BTreeMap<String, MethodResult>,
+    /// The best heuristic's results where it was not asked for (measured
+    /// as the yardstick).
+    #[serde(skip)]
+    pub reference: Option<MethodResult>,
     #[serde(skip)]
     pub order: Vec<String>,
 }
@@ -209,7 +213,11 @@ fn report(
 ) -> Report {
     let best = best_heuristic(&per_method);
     let mut out = BTreeMap::new();
-    for m in methods {
+    let mut reference = None;
+    // The best heuristic's row too, apart, where it was measured only as
+    // the reference.
+    let apart = best.filter(|b| !methods.contains(b));
+    for m in methods.iter().chain(apart.as_ref()) {
         let Some(v) = per_method.get(m) else {
             continue;
         };
@@ -224,16 +232,18 @@ fn report(
             }
             (theirs > 0.0).then(|| 100.0 * (mine / theirs - 1.0))
         });
-        out.insert(
-            m.name().to_string(),
-            MethodResult {
-                mean_cost_ms: (!solved.is_empty())
-                    .then(|| solved.iter().sum::<f64>() / solved.len() as f64),
-                failures: v.len() - solved.len(),
-                per_task_ms: v.clone(),
-                vs_best_heuristic_pct: vs,
-            },
-        );
+        let result = MethodResult {
+            mean_cost_ms: (!solved.is_empty())
+                .then(|| solved.iter().sum::<f64>() / solved.len() as f64),
+            failures: v.len() - solved.len(),
+            per_task_ms: v.clone(),
+            vs_best_heuristic_pct: vs,
+        };
+        if Some(*m) == apart {
+            reference = Some(result);
+        } else {
+            out.insert(m.name().to_string(), result);
+        }
     }
     Report {
         suite: suite.path.display().to_string(),
@@ -241,6 +251,7 @@ fn report(
         tasks: suite.tasks.iter().map(|t| t.name.clone()).collect(),
         best_heuristic: best.map(|m| m.name().to_string()),
         methods: out,
+        reference,
         order: methods.iter().map(|m| m.name().to_string()).collect(),
     }
 }
@@ -280,6 +291,16 @@ impl std::fmt::Display for Report {
                 "{name:<12} {mean:>12} {:>8} {vs:>20}",
                 format!("{}/{}", r.failures, self.tasks.len())
             )?;
+        }
+        if let (Some(name), Some(r)) = (&self.best_heuristic, &self.reference) {
+            if let Some(mean) = r.mean_cost_ms {
+                writeln!(
+                    f,
+                    "{name:<12} {mean:>12.3} {:>8} {:>20}  (not asked for: the yardstick)",
+                    format!("{}/{}", r.failures, self.tasks.len()),
+                    "+0.00%"
+                )?;
+            }
         }
         if marked {
             writeln!(
@@ -379,6 +400,15 @@ mod tests {
         let only = evaluate(&s, &[Method::Random], &mut sim, &setting, || {}).unwrap();
         assert_eq!(only.best_heuristic, r.best_heuristic);
         assert_eq!(only.methods.len(), 1);
+        // The yardstick's own row is printed apart, and only then.
+        let best = only.best_heuristic.clone().unwrap();
+        assert!(
+            only.to_string()
+                .lines()
+                .any(|l| l.starts_with(&best) && l.ends_with("(not asked for: the yardstick)")),
+            "{only}"
+        );
+        assert!(!r.to_string().contains("not asked for"), "{r}");
         assert!(only.methods["random"].vs_best_heuristic_pct.unwrap() > 0.0);
         let json = serde_json::to_value(&r).unwrap();
         assert!(json["methods"]["size"]["per_task_ms"].is_array());

@@ -482,6 +482,44 @@ fn pretrain_then_fine_tune_then_plan_verified_on_sim() {
     );
 }
 
+/// Memory is counted with the model's precision and optimizer unless
+/// `--precision` and `--optimizer` say otherwise, and the summary says
+/// which.
+#[test]
+fn plan_counts_memory_with_the_precision_and_optimizer_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("big.csv");
+    // 10^8 rows of dim 64: 12.3 GiB at fp16 with rowwise Adagrad, 71.5 at
+    // fp32 with Adam.
+    std::fs::write(&csv, "name,rows,dim\nbig,100000000,64\nsmall,1000,16\n").unwrap();
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "plan",
+            "--tables",
+            csv.to_str().unwrap(),
+            "--devices",
+            "2",
+            "--memory-gb",
+            "16",
+        ];
+        a.extend_from_slice(extra);
+        learner(&a)
+    };
+    let (ok, _, err) = args(&[]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("memory counts fp16 weights and rowwise_adagrad state"),
+        "{err}"
+    );
+    let (ok, _, err) = args(&["--precision", "fp32", "--optimizer", "adam"]);
+    assert!(!ok && err.contains("cannot fit memory"), "{err}");
+    assert!(err.contains("--precision fp32"), "{err}");
+    let (ok, _, err) = args(&["--optimizer", "adam"]);
+    assert!(!ok && err.contains("cannot fit memory"), "{err}");
+    let (ok, _, err) = args(&["--precision", "fp64"]);
+    assert!(!ok && err.contains("expected fp16 or fp32"), "{err}");
+}
+
 /// A user who knows only `name,rows,dim`: one command places the tables
 /// with the shipped model, prints a summary per device, and with
 /// --compare --verify sim every candidate measured beside the chosen one;
@@ -518,7 +556,7 @@ fn three_columns_are_enough_to_place_and_compare() {
         "{err}"
     );
     assert!(
-        err.contains("<- bottleneck") && err.contains("memory GB (cap)"),
+        err.contains("<- bottleneck") && err.contains("memory GiB (cap)"),
         "{err}"
     );
     assert!(

@@ -41,8 +41,20 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let suites = args
         .suite
         .iter()
-        .map(|p| Suite::load(p, &cfg.memory))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|p| {
+            Suite::load(p, &cfg.memory).with_context(|| {
+                if p.exists() {
+                    format!("--suite {}", p.display())
+                } else {
+                    format!(
+                        "--suite {}: no such suite (`learner generate --config C` writes the \
+                         suites of configuration C; the default's are under data/generated)",
+                        p.display()
+                    )
+                }
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     warn_of_search_cost(&args, &cfg, &methods, &suites);
     let mut oracle = benchworker::build(args.backend, &cfg)?;
     let batch = match args.backend {
@@ -62,6 +74,21 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             warn_far_outside(suite, shapes);
         }
         let bar = progress(suite.tasks.len() as u64, &suite.path.display().to_string());
+        // Without a terminal for the bar, a line every 10 s at most.
+        let (tasks, mut done) = (suite.tasks.len(), 0usize);
+        let mut said = std::time::Instant::now();
+        if bar.is_hidden() {
+            tracing::info!(
+                "evaluating {} on {}: {}",
+                methods
+                    .iter()
+                    .map(|m| m.name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                suite.path.display(),
+                common::count(tasks, "task")
+            );
+        }
         let report: Result<Report, _> = evaluate(
             suite,
             &methods,
@@ -73,7 +100,14 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 model: model.as_ref(),
                 shapes: shapes.as_ref(),
             },
-            || bar.inc(1),
+            || {
+                bar.inc(1);
+                done += 1;
+                if bar.is_hidden() && done < tasks && said.elapsed().as_secs() >= 10 {
+                    said = std::time::Instant::now();
+                    tracing::info!("{}: {done}/{tasks} tasks", suite.path.display());
+                }
+            },
         );
         bar.finish_and_clear();
         // The oracle failed every measurement of this suite: said, and the

@@ -178,9 +178,20 @@ pub struct PlanArgs {
     /// Devices (GPUs) to place the tables on.
     #[arg(long)]
     pub devices: usize,
-    /// Memory per device, GB (GiB).
-    #[arg(long)]
+    /// Memory per device, GiB (2^30 bytes), for weights and optimizer
+    /// state.
+    #[arg(long, allow_negative_numbers = true)]
     pub memory_gb: f64,
+    /// Weight precision on the devices, for counting memory: fp16 or fp32
+    /// (default: the model's `[memory] precision`, fp16 for the shipped
+    /// model). The cost network learned its costs at its own precision.
+    #[arg(long, value_name = "fp16|fp32")]
+    pub precision: Option<common::Precision>,
+    /// Optimizer whose state sits beside the weights, for counting memory:
+    /// sgd, rowwise_adagrad, adagrad or adam (default: the model's
+    /// `[memory] optimizer`, rowwise_adagrad for the shipped model).
+    #[arg(long, value_name = "NAME")]
+    pub optimizer: Option<common::Optimizer>,
     /// Run directory of a trained model (default: the shipped pre-trained
     /// model, models/pretrained). --checkpoint is the same.
     #[arg(long = "run", visible_alias = "checkpoint", value_name = "DIR")]

@@ -23,7 +23,20 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             shipped
         }
     };
-    let (run_cfg, model) = crate::checkpoint::load_run(&checkpoint)?;
+    let (mut run_cfg, model) = crate::checkpoint::load_run(&checkpoint)?;
+    if let Some(p) = args.precision.filter(|&p| p != run_cfg.memory.precision) {
+        tracing::warn!(
+            "--precision {}: memory is counted with {} weights, but the model learned its \
+             costs with {} weights, so its predicted times are for those",
+            p.name(),
+            p.name(),
+            run_cfg.memory.precision.name()
+        );
+        run_cfg.memory.precision = p;
+    }
+    if let Some(o) = args.optimizer {
+        run_cfg.memory.optimizer = o;
+    }
     let task = user_task(&args, &run_cfg.memory)?;
     let shapes = TrainedShapes::read(&checkpoint);
     // libtorch prepares each kind of operation on its first call; one tiny
@@ -299,7 +312,7 @@ fn summary(
     );
     let _ = writeln!(
         s,
-        "  device  tables      memory GB (cap)      fwd  fwd_comm  bwd_comm      bwd    total"
+        "  device  tables     memory GiB (cap)      fwd  fwd_comm  bwd_comm      bwd    total"
     );
     for (d, c) in devices.iter().enumerate() {
         let _ = writeln!(
@@ -345,6 +358,12 @@ fn summary(
         s,
         "  the model learned its costs from the `{}` backend{kernel}",
         backend.name()
+    );
+    let _ = writeln!(
+        s,
+        "  memory counts {} weights and {} state (--precision, --optimizer)",
+        cfg.memory.precision.name(),
+        cfg.memory.optimizer.name()
     );
     s
 }

@@ -304,16 +304,25 @@ pub fn add_basins(g: &mut Guarded, model: &Model, task: &Task, mem: &MemoryModel
 
 /// Measures every candidate on `oracle` and chooses the measured best (the
 /// learned plan on a tie). A candidate the oracle fails on is left out
-/// (with a warning); it fails only when none was measured.
+/// (with a warning); it fails only when none was measured. Returns the
+/// largest repeat-to-repeat spread of a measurement (interquartile range
+/// over the median) for oracles that time real work: gains under it are
+/// ties.
 pub fn verify(
     g: &mut Guarded,
     tables: &[common::Table],
     oracle: &mut dyn Oracle,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<f64>> {
     let mut first_error = None;
+    let mut spread: Option<f64> = None;
     for c in &mut g.candidates {
         match oracle.measure(tables, &c.plan) {
-            Ok(m) => c.measured = Some(m.cost_ms),
+            Ok(m) => {
+                c.measured = Some(m.cost_ms);
+                if let Some(s) = oracle.spread() {
+                    spread = Some(spread.unwrap_or(0.0).max(s.relative_iqr()));
+                }
+            }
             Err(e) => {
                 tracing::warn!(
                     "--verify: {} could not measure `{}`'s plan: {e}",
@@ -330,7 +339,7 @@ pub fn verify(
     match best {
         Some((i, _)) => {
             g.chosen = i;
-            Ok(())
+            Ok(spread)
         }
         None => Err(anyhow::anyhow!(
             "--verify: {} measured none of the {} candidates ({})",
@@ -513,12 +522,21 @@ mod tests {
         let model = Model::new(&cfg);
         let mut g = plan(&model, None, &task, &cfg.memory).unwrap();
         let mut oracle = benchworker::build(benchworker::Backend::Sim, &cfg).unwrap();
-        verify(&mut g, &task.tables, oracle.as_mut()).unwrap();
+        let spread = verify(&mut g, &task.tables, oracle.as_mut()).unwrap();
+        assert_eq!(spread, None, "sim is exact: no spread");
         let measured: Vec<f64> = g.candidates.iter().map(|c| c.measured.unwrap()).collect();
         let best = measured.iter().copied().fold(f64::INFINITY, f64::min);
         assert_eq!(measured[g.chosen], best);
         let again = oracle.measure(&task.tables, g.plan()).unwrap().cost_ms;
         assert_eq!(again, best, "sim is deterministic");
+        // Timed work has a spread, the largest of the candidates'.
+        let mut cfg = cfg;
+        cfg.cpu.batch = 64;
+        cfg.cpu.max_rows = 1000;
+        cfg.cpu.repeats = 3;
+        let mut cpu = benchworker::build(benchworker::Backend::Cpu, &cfg).unwrap();
+        let spread = verify(&mut g, &task.tables, cpu.as_mut()).unwrap().unwrap();
+        assert!(spread.is_finite() && spread >= 0.0, "{spread}");
     }
 
     /// The other basins join the candidates once each, as learned plans,

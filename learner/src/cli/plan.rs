@@ -69,6 +69,7 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut oracle = backend
         .map(|b| benchworker::build(b, &run_cfg))
         .transpose()?;
+    let mut noise = None;
     if let (Some(o), Some(b)) = (oracle.as_mut(), args.verify) {
         if args.method == Method::Policy {
             let added = model::guard::add_basins(&mut guarded, &model, &task, &run_cfg.memory);
@@ -80,11 +81,11 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 added
             );
         }
-        model::guard::verify(&mut guarded, &task.tables, o.as_mut())?;
+        noise = model::guard::verify(&mut guarded, &task.tables, o.as_mut())?;
     }
     if args.method == Method::Policy {
         if let Some(b) = args.verify {
-            log_verified(&guarded, b);
+            log_verified(&guarded, b, noise, &run_cfg);
         }
     } else {
         let oracle = oracle
@@ -174,8 +175,15 @@ fn warn_of_doubts(guarded: &Guarded) {
     }
 }
 
-/// Logs the measured gain of the plan chosen over the best heuristic.
-fn log_verified(guarded: &Guarded, backend: benchworker::Backend) {
+/// Logs the measured gain of the plan chosen over the best heuristic, a
+/// tie where it is under the measurements' spread (`noise`), and on the
+/// `cpu` backend that the tables were measured shrunk.
+fn log_verified(
+    guarded: &Guarded,
+    backend: benchworker::Backend,
+    noise: Option<f64>,
+    cfg: &common::config::Config,
+) {
     let chosen = &guarded.candidates[guarded.chosen];
     let Some(h) = guarded.best_heuristic() else {
         return;
@@ -189,6 +197,23 @@ fn log_verified(guarded: &Guarded, backend: benchworker::Backend) {
             chosen.method,
             (c / b - 1.0) * 100.0,
             h.method
+        );
+        let tie = noise.filter(|&n| chosen.method != h.method && (c / b - 1.0).abs() < n);
+        if let Some(n) = tie {
+            tracing::info!(
+                "--verify {}: that is within the measurements' spread (quartiles up to {:.1} % \
+                 apart): a tie",
+                backend.name(),
+                n * 100.0
+            );
+        }
+    }
+    if backend == benchworker::Backend::Cpu {
+        tracing::info!(
+            "--verify cpu: measured at a batch of {} with each table's rows capped at {} \
+             (cpu.batch, cpu.max_rows), on this CPU: it ranks plans, it does not time a GPU",
+            cfg.cpu.batch,
+            cfg.cpu.max_rows
         );
     }
 }

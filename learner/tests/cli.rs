@@ -226,6 +226,14 @@ fn train_then_plan_writes_a_placement_of_every_table() {
         metrics,
         std::fs::read_to_string(run.join("metrics.jsonl")).unwrap()
     );
+    // A finished run resumed says so, and learns nothing more.
+    let (ok, _, err) = learner(&["train", "--run-dir", run_str, "--resume"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("has already run all 2 iterations"), "{err}");
+    assert_eq!(
+        metrics,
+        std::fs::read_to_string(run.join("metrics.jsonl")).unwrap()
+    );
 
     let pool = data.join("pool.test.csv");
     let plan_with = |devices: &str, memory_gb: &str, run: &std::path::Path, extra: &[&str]| {

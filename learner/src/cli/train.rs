@@ -93,6 +93,14 @@ pub(super) fn train_with(
         }
     };
     trainer.prior = prior;
+    if trainer.done() {
+        tracing::info!(
+            "{} has already run all {} iterations (train.iterations): nothing to train; \
+             raise train.iterations in its config.toml to train further",
+            run.path().display(),
+            cfg.train.iterations
+        );
+    }
     let t = &cfg.train;
     // Ctrl-C (or SIGTERM): finish the update in progress, checkpoint, exit.
     let stop = net::link::stop_on_signal();

@@ -286,7 +286,10 @@ fn parse_positive_int(s: &str, max: u64) -> std::result::Result<u64, BadNumber> 
         Ok(v) => v,
         Err(_) if s.contains(['e', 'E']) => {
             let f: f64 = s.parse().map_err(|_| BadNumber::NotAnInteger)?;
-            if !(f.is_finite() && f.fract() == 0.0 && f.abs() < 1e30) {
+            if f.is_infinite() || f >= 1e30 {
+                return Err(BadNumber::TooLarge(max));
+            }
+            if !(f.is_finite() && f.fract() == 0.0) {
                 return Err(BadNumber::NotAnInteger);
             }
             f as i128
@@ -466,8 +469,15 @@ mod tests {
         assert_eq!(parse_positive_int("5e8", u64::MAX), Ok(500_000_000));
         assert_eq!(parse_positive_int("2.5E3", u64::MAX), Ok(2500));
         assert_eq!(parse_positive_int("1200", u64::MAX), Ok(1200));
-        for bad in ["2.5e0", "1e-3", "-1e3", "1e400", "x1e3", "12.0"] {
+        for bad in ["2.5e0", "1e-3", "-1e3", "x1e3", "12.0", "1e3.5"] {
             assert!(parse_positive_int(bad, u64::MAX).is_err(), "{bad}");
+        }
+        for huge in ["1e30", "1e400"] {
+            assert_eq!(
+                parse_positive_int(huge, 9),
+                Err(BadNumber::TooLarge(9)),
+                "{huge}"
+            );
         }
         assert_eq!(
             parse_positive_int("1e4", 5000),

@@ -40,7 +40,7 @@ pub struct Report {
     pub methods: BTreeMap<String, MethodResult>,
     /// The best heuristic's results where it was not asked for (measured
     /// as the yardstick).
-    #[serde(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<MethodResult>,
     #[serde(skip)]
     pub order: Vec<String>,

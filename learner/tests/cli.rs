@@ -469,7 +469,7 @@ fn pretrain_then_fine_tune_then_plan_verified_on_sim() {
         "{err}"
     );
     assert!(
-        err.contains("of them other ends of the learned plan's searches"),
+        err.contains("of them `basin`: other ends of `plan`'s searches"),
         "{err}"
     );
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();

@@ -542,7 +542,7 @@ mod tests {
     /// The other basins join the candidates once each, as learned plans,
     /// and change nothing until measured; measured, the best of all wins.
     #[test]
-    fn basins_join_the_candidates_once_and_only_measurement_picks_them() {
+    fn basins_join_the_candidates_once_and_change_nothing_until_measured() {
         let mut added_somewhere = 0;
         for k in [0, 30, 60] {
             let (cfg, task) = small_task(k);

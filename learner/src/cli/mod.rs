@@ -182,14 +182,16 @@ pub struct PlanArgs {
     /// state.
     #[arg(long, allow_negative_numbers = true)]
     pub memory_gb: f64,
-    /// Weight precision on the devices, for counting memory: fp16 or fp32
-    /// (default: the model's `[memory] precision`, fp16 for the shipped
-    /// model). The cost network learned its costs at its own precision.
+    /// Weight precision on the devices: fp16 or fp32 (default: the model's
+    /// `[memory] precision`, fp16 for the shipped model). It counts memory,
+    /// and --verify's oracle and torchrec's estimator use it too; the cost
+    /// network learned its costs at its own precision.
     #[arg(long, value_name = "fp16|fp32")]
     pub precision: Option<common::Precision>,
-    /// Optimizer whose state sits beside the weights, for counting memory:
-    /// sgd, rowwise_adagrad, adagrad or adam (default: the model's
-    /// `[memory] optimizer`, rowwise_adagrad for the shipped model).
+    /// Optimizer whose state sits beside the weights: sgd, rowwise_adagrad,
+    /// adagrad or adam (default: the model's `[memory] optimizer`,
+    /// rowwise_adagrad for the shipped model). It counts memory, and
+    /// --verify's oracle uses it too.
     #[arg(long, value_name = "NAME")]
     pub optimizer: Option<common::Optimizer>,
     /// Run directory of a trained model (default: the shipped pre-trained

@@ -34,7 +34,13 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         );
         run_cfg.memory.precision = p;
     }
-    if let Some(o) = args.optimizer {
+    if let Some(o) = args.optimizer.filter(|&o| o != run_cfg.memory.optimizer) {
+        tracing::info!(
+            "--optimizer {}: memory is counted with its state; the model learned its costs \
+             with {}",
+            o.name(),
+            run_cfg.memory.optimizer.name()
+        );
         run_cfg.memory.optimizer = o;
     }
     let task = user_task(&args, &run_cfg.memory)?;
@@ -74,8 +80,8 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         if args.method == Method::Policy {
             let added = model::guard::add_basins(&mut guarded, &model, &task, &run_cfg.memory);
             tracing::info!(
-                "--verify {}: measuring {}, {} of them other ends of the learned plan's \
-                 searches",
+                "--verify {}: measuring {}, {} of them `basin`: other ends of `plan`'s \
+                 searches on the cost network",
                 b.name(),
                 common::count(guarded.candidates.len(), "candidate"),
                 added
@@ -150,7 +156,13 @@ fn user_task(args: &PlanArgs, mem: &common::MemoryModel) -> anyhow::Result<commo
         "--memory-gb must be a positive number"
     );
     if let Some(why) = task.infeasibility(mem) {
-        anyhow::bail!("{}: cannot fit memory: {why}", args.tables.display());
+        anyhow::bail!(
+            "{}: cannot fit memory: {why} (counting {} weights and {} state: --precision, \
+             --optimizer)",
+            args.tables.display(),
+            mem.precision.name(),
+            mem.optimizer.name()
+        );
     }
     Ok(task)
 }

@@ -468,12 +468,21 @@ fn pretrain_then_fine_tune_then_plan_verified_on_sim() {
         err.contains("--verify sim") && err.contains("against the best heuristic"),
         "{err}"
     );
-    assert!(
-        err.contains("of them `basin`: other ends of `plan`'s searches"),
-        "{err}"
-    );
+    // The log names how many basins joined; the JSON lists that many.
+    let basins: usize = err
+        .split(" of them `basin`: other ends of `plan`'s searches")
+        .next()
+        .and_then(|head| head.rsplit(", ").next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no count of basins in: {err}"));
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let candidates = v["candidates"].as_array().unwrap();
+    assert_eq!(
+        candidates.iter().filter(|c| c["method"] == "basin").count(),
+        basins,
+        "{v}"
+    );
+    assert!(basins > 0, "this seeded task has other basins: {err}");
     assert!(candidates.len() >= 4, "{v}");
     let measured: Vec<f64> = candidates
         .iter()

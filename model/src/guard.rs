@@ -539,6 +539,97 @@ mod tests {
         assert!(spread.is_finite() && spread >= 0.0, "{spread}");
     }
 
+    use common::oracle::{OracleError, Spread};
+
+    /// Measures on `sim`, but fails on the calls in `fail` and reports the
+    /// `k`-th call's repeat-to-repeat spread as `spreads[k]` (relative IQR).
+    struct Scripted {
+        sim: Box<dyn Oracle>,
+        calls: usize,
+        fail: Vec<usize>,
+        spreads: Vec<f64>,
+    }
+
+    impl Oracle for Scripted {
+        fn name(&self) -> &'static str {
+            "scripted"
+        }
+        fn measure(
+            &mut self,
+            tables: &[common::Table],
+            plan: &Plan,
+        ) -> Result<common::Measurement, OracleError> {
+            self.calls += 1;
+            if self.fail.contains(&(self.calls - 1)) {
+                return Err(OracleError::Backend {
+                    backend: "scripted",
+                    message: "scripted failure".into(),
+                });
+            }
+            self.sim.measure(tables, plan)
+        }
+        fn spread(&self) -> Option<Spread> {
+            let s = self.spreads[self.calls - 1];
+            Some(Spread {
+                median_ms: 10.0,
+                p25_ms: 10.0 * (1.0 - s / 2.0),
+                p75_ms: 10.0 * (1.0 + s / 2.0),
+                min_ms: 9.0,
+                max_ms: 11.0,
+                repeats: 5,
+            })
+        }
+    }
+
+    /// A candidate the oracle fails on is left out; the spread returned is
+    /// the largest of the measured candidates'; with none measured, the
+    /// error names the oracle.
+    #[test]
+    fn verify_skips_failed_candidates_and_returns_the_largest_spread() {
+        let (cfg, task) = small_task(30);
+        tch::manual_seed(0);
+        let model = Model::new(&cfg);
+        let mut g = plan(&model, None, &task, &cfg.memory).unwrap();
+        let n = g.candidates.len();
+        assert!(n >= 3, "{n} candidates");
+        let sim = || benchworker::build(benchworker::Backend::Sim, &cfg).unwrap();
+        // The largest spread (0.09) belongs to a call that fails: not counted.
+        let mut spreads = vec![0.01; n];
+        spreads[1] = 0.09;
+        spreads[n - 1] = 0.04;
+        let mut oracle = Scripted {
+            sim: sim(),
+            calls: 0,
+            fail: vec![1],
+            spreads,
+        };
+        let spread = verify(&mut g, &task.tables, &mut oracle).unwrap().unwrap();
+        assert!((spread - 0.04).abs() < 1e-12, "{spread}");
+        assert_eq!(g.candidates[1].measured, None);
+        let best = g
+            .candidates
+            .iter()
+            .filter_map(|c| c.measured)
+            .fold(f64::INFINITY, f64::min);
+        assert_eq!(g.candidates[g.chosen].measured, Some(best));
+        assert_ne!(g.chosen, 1);
+
+        let mut g = plan(&model, None, &task, &cfg.memory).unwrap();
+        let mut none = Scripted {
+            sim: sim(),
+            calls: 0,
+            fail: (0..n).collect(),
+            spreads: vec![0.0; n],
+        };
+        let err = verify(&mut g, &task.tables, &mut none)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("scripted measured none of the") && err.contains("scripted failure"),
+            "{err}"
+        );
+    }
+
     /// The other basins join the candidates once each, as learned plans,
     /// and change nothing until measured; measured, the best of all wins.
     #[test]

@@ -211,6 +211,76 @@ fn a_trace_becomes_the_pool_its_features_describe() {
     }
 }
 
+/// `scripts/synthetic-trace.py` writes a trace and its tables file that
+/// `pool-from-trace.py` reads: reuse in one or two buckets around the
+/// range asked for, almost no row read once, dims and sizes as written.
+#[test]
+fn a_synthetic_trace_has_the_reuse_it_promises() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("syn.pt");
+    let (ok, out, err) = run_python(&[
+        root().join("scripts/synthetic-trace.py").to_str().unwrap(),
+        "--out",
+        trace.to_str().unwrap(),
+        "--tables",
+        "5",
+        "--batch",
+        "4096",
+        "--reuse-lo",
+        "5",
+        "--reuse-hi",
+        "6",
+        "--seed",
+        "3",
+    ]);
+    assert!(ok && out.contains("5 tables"), "{out}{err}");
+    let tables = dir.path().join("syn.tables.csv");
+    let csv = dir.path().join("syn.csv");
+    let (ok, _, err) = script(&[
+        trace.to_str().unwrap(),
+        "--tables",
+        tables.to_str().unwrap(),
+        "--out",
+        csv.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let pool = common::pool::read(&csv).unwrap();
+    assert_eq!(pool.len(), 5);
+    let written = std::fs::read_to_string(&tables).unwrap();
+    for (table, line) in pool.iter().zip(written.lines().skip(1)) {
+        assert_eq!(line, format!("{},{},{}", table.name, table.rows, table.dim));
+        assert!(
+            (16..=32).contains(&table.dim) && table.dim % 4 == 0,
+            "{line}"
+        );
+        assert!(table.bins[0] < 0.01, "{}: {:?}", table.name, table.bins);
+        // Rows read 2^5 to 2^6 times on average: buckets 5 to 7 hold them.
+        let middle: f64 = table.bins[5..=7].iter().sum();
+        let top_two = table
+            .bins
+            .windows(2)
+            .map(|w| w[0] + w[1])
+            .fold(0.0, f64::max);
+        assert!(
+            middle > 0.95 && top_two > 0.8,
+            "{}: {:?}",
+            table.name,
+            table.bins
+        );
+    }
+    // Bad ranges are refused with the rule.
+    let (ok, _, err) = run_python(&[
+        root().join("scripts/synthetic-trace.py").to_str().unwrap(),
+        "--out",
+        trace.to_str().unwrap(),
+        "--reuse-lo",
+        "9",
+        "--reuse-hi",
+        "3",
+    ]);
+    assert!(!ok && err.contains("--reuse-lo <= --reuse-hi"), "{err}");
+}
+
 #[test]
 fn table_names_and_sizes_come_from_a_file_and_bad_input_is_named() {
     let dir = tempfile::tempdir().unwrap();

@@ -95,8 +95,8 @@ pub enum Style {
     /// pooling 1–100.
     Dlrm,
     /// Like tables derived from a lookup trace: each task has a narrow band
-    /// of dims, reuse is concentrated in middle buckets, and almost no row
-    /// is used once.
+    /// of dims, reuse is concentrated in middle buckets (up to nearly all
+    /// rows in one), and almost no row is used once.
     TraceLike,
     /// Extremely skewed: most lookups fall on rows read thousands of times.
     Hot,
@@ -553,9 +553,11 @@ fn table_of(cfg: &SpaceConfig, look: &TaskLook, rng: &mut impl Rng, name: String
         }
         Style::TraceLike => {
             let (a, b) = look.dims;
+            // Widths from 0.3 buckets (a spike: a hot set read uniformly,
+            // each row about as often) to 2 (a broad bump).
             let mut bins = bump(
                 look.centre + rng.gen_range(-1.0..1.0),
-                rng.gen_range(0.7..2.0),
+                rng.gen_range(0.3..2.0),
             );
             bins[0] *= 0.05;
             (
@@ -802,6 +804,10 @@ mod tests {
         let trace = many(&only(Style::TraceLike), 200, 3);
         let near_none_once = trace.iter().filter(|t| t.bins[0] < 0.05).count();
         assert!(near_none_once > 150, "{near_none_once} of 200");
+        // Spikes too: nearly every row in one bucket (a uniform hot set).
+        let peak = |t: &Table| t.bins.iter().copied().fold(0.0, f64::max);
+        let spikes = trace.iter().filter(|t| peak(t) > 0.9).count();
+        assert!((2..100).contains(&spikes), "{spikes} of 200");
         let cold = many(&only(Style::Cold), 200, 3);
         let mostly_once = cold.iter().filter(|t| t.bins[0] > 0.8).count();
         assert!(mostly_once > 100, "{mostly_once} of 200");

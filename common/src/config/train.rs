@@ -93,8 +93,9 @@ pub struct TrainConfig {
     /// none; 1, all. A basin pick is a sampled episode where every search
     /// ends alike, and always where `plan` does not search from every start
     /// (`model.plan_moves` above 0, `model.plan_search` of 1 or less, or
-    /// `model.plan_search_every_candidate = false`). 0.4 helps with about
-    /// 100 measured plans, not with 200 (docs/results.md).
+    /// `model.plan_search_every_candidate = false`). With about 100
+    /// measured plans, 0.4 gains on the trained shapes and loses on others;
+    /// at 200 it widens the spread between seeds (docs/results.md).
     pub measure_basins_share: f64,
     pub cost_steps: usize,
     pub cost_batch: usize,

@@ -26,6 +26,7 @@ Needs PyTorch (the project's .venv has it after scripts/setup.sh).
 
 import argparse
 import math
+import os
 import sys
 import warnings
 
@@ -56,10 +57,13 @@ def parse_args(argv):
         p.error("--tables and --batch must be positive")
     if not 0 <= a.reuse_lo <= a.reuse_hi <= 16:
         p.error("need 0 <= --reuse-lo <= --reuse-hi <= 16")
-    if not 4 <= a.dim_lo <= a.dim_hi:
-        p.error("need 4 <= --dim-lo <= --dim-hi")
+    if not 4 <= a.dim_lo <= a.dim_hi or (a.dim_lo + 3) // 4 > a.dim_hi // 4:
+        p.error("need 4 <= --dim-lo <= --dim-hi, with a multiple of 4 between them")
     if a.pooling_median <= 0 or a.max_pooling <= 0:
         p.error("pooling must be positive")
+    folder = os.path.dirname(os.path.abspath(a.out))
+    if not os.path.isdir(folder):
+        p.error(f"--out {a.out}: no folder {folder}")
     return a
 
 
@@ -84,8 +88,10 @@ def main(argv):
         hot_rows = torch.randperm(rows, generator=g)[:hot] if rows <= 1 << 24 else torch.randint(rows, (hot,), generator=g)
         indices.append(hot_rows[torch.randint(hot, (lookups,), generator=g)])
         lengths.append(bags)
+        # A multiple of 4 within [--dim-lo, --dim-hi].
         dim = 4 * round(uniform(a.dim_lo, a.dim_hi) / 4)
-        tables.append((f"{a.prefix}{t}", rows, max(4, dim)))
+        dim = min(max(dim, 4 * ((a.dim_lo + 3) // 4)), 4 * (a.dim_hi // 4))
+        tables.append((f"{a.prefix}{t}", rows, dim))
     lengths = torch.stack(lengths)
     flat = lengths.flatten()
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), flat.cumsum(0)])

@@ -45,11 +45,16 @@ fn run_python(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-fn script(args: &[&str]) -> (bool, String, String) {
-    let path = root().join("scripts/pool-from-trace.py");
+/// `scripts/NAME` run with `args`: (success, stdout, stderr).
+fn run_script(name: &str, args: &[&str]) -> (bool, String, String) {
+    let path = root().join("scripts").join(name);
     let mut all = vec![path.to_str().unwrap()];
     all.extend_from_slice(args);
-    let (ok, out, err) = run_python(&all);
+    run_python(&all)
+}
+
+fn script(args: &[&str]) -> (bool, String, String) {
+    let (ok, out, err) = run_script("pool-from-trace.py", args);
     assert!(!err.contains("Traceback"), "{err}");
     (ok, out, err)
 }
@@ -218,21 +223,23 @@ fn a_trace_becomes_the_pool_its_features_describe() {
 fn a_synthetic_trace_has_the_reuse_it_promises() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("syn.pt");
-    let (ok, out, err) = run_python(&[
-        root().join("scripts/synthetic-trace.py").to_str().unwrap(),
-        "--out",
-        trace.to_str().unwrap(),
-        "--tables",
-        "5",
-        "--batch",
-        "4096",
-        "--reuse-lo",
-        "5",
-        "--reuse-hi",
-        "6",
-        "--seed",
-        "3",
-    ]);
+    let (ok, out, err) = run_script(
+        "synthetic-trace.py",
+        &[
+            "--out",
+            trace.to_str().unwrap(),
+            "--tables",
+            "5",
+            "--batch",
+            "4096",
+            "--reuse-lo",
+            "5",
+            "--reuse-hi",
+            "6",
+            "--seed",
+            "3",
+        ],
+    );
     assert!(ok && out.contains("5 tables"), "{out}{err}");
     let tables = dir.path().join("syn.tables.csv");
     let csv = dir.path().join("syn.csv");
@@ -269,15 +276,17 @@ fn a_synthetic_trace_has_the_reuse_it_promises() {
         );
     }
     // Bad ranges are refused with the rule.
-    let (ok, _, err) = run_python(&[
-        root().join("scripts/synthetic-trace.py").to_str().unwrap(),
-        "--out",
-        trace.to_str().unwrap(),
-        "--reuse-lo",
-        "9",
-        "--reuse-hi",
-        "3",
-    ]);
+    let (ok, _, err) = run_script(
+        "synthetic-trace.py",
+        &[
+            "--out",
+            trace.to_str().unwrap(),
+            "--reuse-lo",
+            "9",
+            "--reuse-hi",
+            "3",
+        ],
+    );
     assert!(!ok && err.contains("--reuse-lo <= --reuse-hi"), "{err}");
 }
 

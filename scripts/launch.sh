@@ -23,6 +23,10 @@
 #                        config's [cluster] backend, else sim; a resumed run,
 #                        the one it used); cuda builds the binaries
 #                        with the cuda backend and needs GPUs (docs/gpu.md)
+#   --measurements N     plans the benchworkers measure in training, spread
+#                        over the config's train.iterations rounds (default:
+#                        iterations × train.measure_per_iteration, 200); a
+#                        new run only
 #   --search-budget N    measurements per task for `search` in the final
 #                        evaluation (default: the config's eval.search_budget
 #                        on sim, 20 on cpu and cuda)
@@ -69,6 +73,7 @@ need() { [ "$1" -ge 2 ] || { usage >&2; echo "launch: $2 needs a value" >&2; exi
 CONFIG=""
 BACKEND=""
 BUDGET=""
+MEASUREMENTS=""
 RUN_DIR=""
 ACTORS=2
 BENCHES=1
@@ -86,6 +91,7 @@ while [ $# -gt 0 ]; do
     --config) need $# --config; CONFIG=$(realpath -m "$2"); shift 2 ;;
     --backend) need $# --backend; BACKEND=$2; shift 2 ;;
     --search-budget) need $# --search-budget; BUDGET=$2; shift 2 ;;
+    --measurements) need $# --measurements; MEASUREMENTS=$2; shift 2 ;;
     --run-dir) need $# --run-dir; RUN_DIR=$(realpath -m "$2"); RESUME_ASKED=0; shift 2 ;;
     --resume) need $# --resume; RUN_DIR=$(realpath -m "$2"); RESUME_ASKED=1; shift 2 ;;
     --actors) need $# --actors; ACTORS=$2; shift 2 ;;
@@ -112,6 +118,7 @@ case "$BACKEND" in
   *) die "--backend '$BACKEND': the backends are sim, cpu and cuda" ;;
 esac
 [ -z "$BUDGET" ] || [[ "$BUDGET" =~ ^[0-9]+$ ]] || die "--search-budget '$BUDGET' is not a number"
+[ -z "$MEASUREMENTS" ] || [[ "$MEASUREMENTS" =~ ^[0-9]+$ ]] || die "--measurements '$MEASUREMENTS' is not a number"
 [ -z "$CONFIG" ] || [ -f "$CONFIG" ] || die "--config $CONFIG: no such file"
 # An IPv4 address or one of this host's interfaces (ZeroMQ binds nothing
 # else; no IPv6: the learner's socket does not enable it).
@@ -265,6 +272,8 @@ if [ "$RESUME_ASKED" = 1 ] || compgen -G "$RUN_DIR/checkpoints/step-[0-9]*[0-9]"
   RESUME=1
   [ -z "$CONFIG" ] || [ "$CONFIG" = "$RUN_DIR/config.toml" ] ||
     echo "launch: warning: continuing the run in $RUN_DIR with its own config.toml; --config $CONFIG is ignored (by training, generate and eval)" >&2
+  [ -z "$MEASUREMENTS" ] ||
+    echo "launch: warning: continuing the run in $RUN_DIR with its own budget (its config.toml); --measurements $MEASUREMENTS is ignored" >&2
   CONFIG=$RUN_DIR/config.toml
   # Recorded in its config.toml ([cluster] backend); runs from before that
   # record kept it in RUN/backend.
@@ -340,6 +349,7 @@ if [ "$RESUME" = 1 ]; then
   fi
 else
   TRAIN+=(--config "$CONFIG")
+  [ -z "$MEASUREMENTS" ] || TRAIN+=(--measurements "$MEASUREMENTS")
 fi
 [ -z "$TOKEN_FILE" ] || TRAIN+=(--token-file "$TOKEN_FILE")
 session "$LOGS/learner.log" "learner"

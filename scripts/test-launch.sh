@@ -83,7 +83,7 @@ TOKEN=$(cat "$T/token")
 TIMEOUT=$(command -v timeout)
 launch() { PATH="$T/bin:$PATH" "$TIMEOUT" 300 "$ROOT/scripts/launch.sh" --config "$T/small.toml" \
   --token-file "$T/token" --port 0 --no-eval "$@"; }
-trained() { grep -q "trained .*: $WANT measurements" "$1/logs/learner.out"; }
+trained() { grep -q "trained .*: ${2:-$WANT} measurements" "$1/logs/learner.out"; }
 no_token() { ! grep -qF "$TOKEN" "$1"; }
 joined() { # joined LOG... : distinct actor ids that joined, over the logs
   cat "$@" | grep -o 'Actor [0-9]* joined' | sort -u | wc -l
@@ -164,9 +164,12 @@ fi
 
 # On this host, with an EMBSHARD_TOKEN left in the environment (one meant
 # for --add-actors) and no --token-file: the cluster makes its own token.
+# --measurements doubles the config's budget over the same rounds.
 if EMBSHARD_TOKEN=stray "$TIMEOUT" 300 "$ROOT/scripts/launch.sh" --config "$T/small.toml" \
-  --run-dir "$T/local" --actors 1 --benchworkers 1 --no-eval >"$T/local.out" 2>&1; then
-  check "local: training finished with $WANT measurements" trained "$T/local"
+  --run-dir "$T/local" --actors 1 --benchworkers 1 --measurements $((2 * WANT)) --no-eval \
+  >"$T/local.out" 2>&1; then
+  check "local: training finished with the $((2 * WANT)) measurements of --measurements" \
+    trained "$T/local" $((2 * WANT))
   check "local: a token of its own in DIR/token, not the environment's" \
     test -s "$T/local/token" -a "$(cat "$T/local/token" 2>/dev/null)" != stray
   check "local: the learner's progress lines shown while it trained" \

@@ -612,3 +612,50 @@ fn three_columns_are_enough_to_place_and_compare() {
     let (ok, _, err) = with(&["--method", "lookup,size"]);
     assert!(!ok && err.contains("one method, not a list"), "{err}");
 }
+
+/// `--measurements N` spreads a budget over the configured rounds: a
+/// budget that does not split evenly is refused with the nearest ones that
+/// do, one that does is what the run measures, and a resumed run keeps
+/// its own.
+#[test]
+fn a_measurement_budget_is_spread_over_the_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _) = small_run_config(dir.path(), 2);
+    let run = dir.path().join("run");
+    let train = |extra: &[&str]| {
+        let mut a = vec![
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--run-dir",
+            run.to_str().unwrap(),
+            "--actors",
+            "0",
+            "--benchworkers",
+            "0",
+        ];
+        a.extend_from_slice(extra);
+        learner(&a)
+    };
+    let (ok, _, err) = train(&["--measurements", "7"]);
+    assert!(!ok && err.contains("give 6 or 8"), "{err}");
+    let (ok, _, err) = train(&["--measurements", "1"]);
+    assert!(!ok && err.contains("give at least 2"), "{err}");
+    assert!(!run.exists(), "a refused run leaves no folder");
+    // The config measures 3 a round; the budget makes it 5.
+    let (ok, out, err) = train(&["--measurements", "10"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("10 measurements"), "{out}");
+    let log = learner::costlog::CostLog::read(&run.join("cost_buffer.jsonl")).unwrap();
+    assert_eq!(log.samples.len(), 10);
+    let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(resolved.contains("measure_per_iteration = 5"), "{resolved}");
+    let (ok, _, err) = learner(&[
+        "train",
+        "--resume",
+        run.to_str().unwrap(),
+        "--measurements",
+        "4",
+    ]);
+    assert!(!ok && err.contains("drop --measurements"), "{err}");
+}

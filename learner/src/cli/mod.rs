@@ -336,6 +336,12 @@ pub struct TrainArgs {
     /// run's config.toml as train.init.
     #[arg(long, value_name = "RUN")]
     pub init: Option<PathBuf>,
+    /// The measurement budget: N plans measured in all, spread evenly over
+    /// the train.iterations rounds (it sets train.measure_per_iteration to
+    /// N / iterations). A smaller budget keeps the rounds: their cost and
+    /// policy steps are what learns from the measurements. A new run only.
+    #[arg(long, value_name = "N")]
+    pub measurements: Option<usize>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -58,6 +58,14 @@ impl TrainSetup {
             },
         };
         let init = apply_init(args, start, &mut cfg)?;
+        if let Some(n) = args.measurements {
+            anyhow::ensure!(
+                start == Start::Fresh,
+                "--measurements sets a new run's budget; a resumed run keeps the one in its \
+                 config.toml (drop --measurements)"
+            );
+            cfg.train.measure_per_iteration = per_round(n, cfg.train.iterations)?;
+        }
         // The threads asked for are part of the run: written to its
         // config.toml, so that a resume runs the same way unless told
         // otherwise.
@@ -124,6 +132,27 @@ fn apply_init(args: &TrainArgs, start: Start, cfg: &mut Config) -> anyhow::Resul
     }
     cfg.model = init_cfg.model;
     Ok(Some(model))
+}
+
+/// Plans per round for a budget of `n` over `rounds` rounds; refuses a
+/// budget that does not split evenly, naming the nearest ones that do.
+fn per_round(n: usize, rounds: usize) -> anyhow::Result<usize> {
+    anyhow::ensure!(
+        rounds > 0,
+        "train.iterations is 0: there is no round to measure in"
+    );
+    anyhow::ensure!(
+        n >= rounds,
+        "--measurements {n} is fewer than the {rounds} rounds of train.iterations: give at \
+         least {rounds} (one plan a round), or lower train.iterations"
+    );
+    let (lower, upper) = (n / rounds * rounds, n.div_ceil(rounds) * rounds);
+    anyhow::ensure!(
+        n % rounds == 0,
+        "--measurements {n} does not split evenly over the {rounds} rounds of \
+         train.iterations: give {lower} or {upper}, or set train.iterations to a divisor of {n}"
+    );
+    Ok(n / rounds)
 }
 
 /// Whether the run trains alone in this thread (no actor or benchworker

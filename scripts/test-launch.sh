@@ -219,6 +219,8 @@ check "refused: a --bind-host that is no IPv4 address or interface" \
 check "refused: a hostfile without hosts" refused "no hosts in" "$T/bin:$PATH" --hostfile "$T/comments"
 check "refused: an unknown --backend, before building" \
   refused "the backends are sim, cpu and cuda" "$NO_SRUN" --backend gpu
+check "refused: a --measurements that is not a number" \
+  refused "--measurements 'lots' is not a number" "$NO_SRUN" --measurements lots
 check "refused: a --config that does not exist" \
   refused "no such file" "$NO_SRUN" --config "$T/missing.toml"
 check "refused: --slurm without srun" refused "srun not found" "$NO_SRUN" --slurm

@@ -23,10 +23,11 @@
 #                        config's [cluster] backend, else sim; a resumed run,
 #                        the one it used); cuda builds the binaries
 #                        with the cuda backend and needs GPUs (docs/gpu.md)
-#   --measurements N     plans the benchworkers measure in training, spread
-#                        over the config's train.iterations rounds (default:
-#                        iterations × train.measure_per_iteration, 200); a
-#                        new run only
+#   --measurements N     plans the benchworkers measure in training, N /
+#                        iterations in each of the config's train.iterations
+#                        rounds: a multiple of them (default: iterations ×
+#                        train.measure_per_iteration, 200 with
+#                        configs/default.toml); a new run only
 #   --search-budget N    measurements per task for `search` in the final
 #                        evaluation (default: the config's eval.search_budget
 #                        on sim, 20 on cpu and cuda)

@@ -205,7 +205,7 @@ refused() { # refused MESSAGE PATH ARGS...
   local out status=0 run=$T/refused-$((R += 1))
   out=$(PATH="$path" "$TIMEOUT" 120 "$ROOT/scripts/launch.sh" --config "$T/small.toml" --run-dir "$run" "$@" 2>&1) ||
     status=$?
-  [ "$status" = 2 ] && grep -qF "$message" <<<"$out" && [ ! -e "$run" ] || { echo "$out" | tail -n 5 >&2; false; }
+  [ "$status" = 2 ] && grep -qF -- "$message" <<<"$out" && [ ! -e "$run" ] || { echo "$out" | tail -n 5 >&2; false; }
 }
 NO_SRUN=$(mktemp -d "$T/path.XXXX")
 for tool in bash env sed awk cat mkdir dirname realpath grep tr sort; do

@@ -641,11 +641,34 @@ fn a_measurement_budget_is_spread_over_the_rounds() {
     assert!(!ok && err.contains("give 6 or 8"), "{err}");
     let (ok, _, err) = train(&["--measurements", "1"]);
     assert!(!ok && err.contains("give at least 2"), "{err}");
+    // The largest budget has no multiple above it; a huge one that splits
+    // is over a round's bound.
+    let (ok, _, err) = train(&["--measurements", &u64::MAX.to_string()]);
+    assert!(
+        !ok && err.contains("give 18446744073709551614, or"),
+        "{err}"
+    );
+    let (ok, _, err) = train(&["--measurements", "2000000000000"]);
+    assert!(!ok && err.contains("must lie in 1..=1000000"), "{err}");
+    let (ok, _, err) = learner(&[
+        "pretrain",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--run-dir",
+        run.to_str().unwrap(),
+        "--measurements",
+        "10",
+    ]);
+    assert!(!ok && err.contains("drop --measurements"), "{err}");
     assert!(!run.exists(), "a refused run leaves no folder");
     // The config measures 3 a round; the budget makes it 5.
     let (ok, out, err) = train(&["--measurements", "10"]);
     assert!(ok, "{err}");
     assert!(out.contains("10 measurements"), "{out}");
+    assert!(
+        err.contains("5 in each of 2 rounds; 3 of a round's"),
+        "{err}"
+    );
     let log = learner::costlog::CostLog::read(&run.join("cost_buffer.jsonl")).unwrap();
     assert_eq!(log.samples.len(), 10);
     let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();

@@ -535,12 +535,17 @@ mod tests {
                 "[model]\ncost_head_gates = 257\n",
                 "model.cost_head_gates = 257 must lie in 0..=256",
             ),
+            (
+                "[train]\nmeasure_per_iteration = 1000001\n",
+                "train.measure_per_iteration = 1000001 must lie in 1..=1000000",
+            ),
         ] {
             let e = Config::from_toml(text, path).unwrap_err().to_string();
             assert!(e.contains(words), "{words:?} not in {e}");
         }
         assert!(Config::from_toml("[sim]\nbatch = 4194304\n", path).is_ok());
         assert!(Config::from_toml("[model]\ncost_head_gates = 256\n", path).is_ok());
+        assert!(Config::from_toml("[train]\nmeasure_per_iteration = 1000000\n", path).is_ok());
     }
 
     #[test]

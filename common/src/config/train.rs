@@ -197,13 +197,22 @@ impl Default for TrainConfig {
     }
 }
 
+/// The most plans one round may measure.
+pub const MAX_MEASURE_PER_ITERATION: usize = 1_000_000;
+
 impl TrainConfig {
     pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
         positive("train.iterations", self.iterations as f64)?;
-        positive(
-            "train.measure_per_iteration",
-            self.measure_per_iteration as f64,
-        )?;
+        if !(1..=MAX_MEASURE_PER_ITERATION).contains(&self.measure_per_iteration) {
+            return Err(InvalidSetting::new(
+                "train.measure_per_iteration",
+                format!(
+                    "train.measure_per_iteration = {} must lie in 1..={MAX_MEASURE_PER_ITERATION} \
+                     (a round's plans are drawn and held in memory at once)",
+                    self.measure_per_iteration
+                ),
+            ));
+        }
         positive("train.measure_temperature", self.measure_temperature)?;
         share("train.measure_greedy_share", self.measure_greedy_share)?;
         share("train.measure_basins_share", self.measure_basins_share)?;

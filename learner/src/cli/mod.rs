@@ -336,10 +336,12 @@ pub struct TrainArgs {
     /// run's config.toml as train.init.
     #[arg(long, value_name = "RUN")]
     pub init: Option<PathBuf>,
-    /// The measurement budget: N plans measured in all, spread evenly over
-    /// the train.iterations rounds (it sets train.measure_per_iteration to
-    /// N / iterations). A smaller budget keeps the rounds: their cost and
-    /// policy steps are what learns from the measurements. A new run only.
+    /// The measurement budget: N plans measured in all, N / iterations in
+    /// each of the train.iterations rounds (it sets
+    /// train.measure_per_iteration). N must be a multiple of
+    /// train.iterations (20 in configs/default.toml). Fewer measurements
+    /// mean fewer plans a round, not fewer rounds: the rounds' cost and
+    /// policy steps learn from them. A new run only; not for pretrain.
     #[arg(long, value_name = "N")]
     pub measurements: Option<usize>,
 }

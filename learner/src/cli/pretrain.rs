@@ -21,6 +21,11 @@ pub(super) fn pretrain(mut args: TrainArgs, out: &mut dyn Write) -> anyhow::Resu
         "pretrain starts from fresh networks (its stage 1 is what `train --init` would \
          load): drop --init"
     );
+    anyhow::ensure!(
+        args.measurements.is_none(),
+        "pretrain measures its bulk and its stage 2 as its configuration says (set \
+         train.measure_per_iteration there): drop --measurements"
+    );
     let stage1 = dir.join(pretrain::STAGE1);
     let cfg = if args.resume && dir.join(RunDir::CONFIG).exists() {
         Config::load_run(&dir.join(RunDir::CONFIG))?

@@ -65,6 +65,15 @@ impl TrainSetup {
                  config.toml (drop --measurements)"
             );
             cfg.train.measure_per_iteration = per_round(n, cfg.train.iterations)?;
+            let t = &cfg.train;
+            let greedy = (t.measure_greedy_share * t.measure_per_iteration as f64).round();
+            tracing::info!(
+                "measuring {n} plans, {} in each of {} rounds; {greedy} of a round's are \
+                 the model's own pick (train.measure_greedy_share = {})",
+                t.measure_per_iteration,
+                t.iterations,
+                t.measure_greedy_share
+            );
         }
         // The threads asked for are part of the run: written to its
         // config.toml, so that a resume runs the same way unless told
@@ -146,12 +155,17 @@ fn per_round(n: usize, rounds: usize) -> anyhow::Result<usize> {
         "--measurements {n} is fewer than the {rounds} rounds of train.iterations: give at \
          least {rounds} (one plan a round), or lower train.iterations"
     );
-    let (lower, upper) = (n / rounds * rounds, n.div_ceil(rounds) * rounds);
-    anyhow::ensure!(
-        n % rounds == 0,
-        "--measurements {n} does not split evenly over the {rounds} rounds of \
-         train.iterations: give {lower} or {upper}, or set train.iterations to a divisor of {n}"
-    );
+    if n % rounds != 0 {
+        let lower = n / rounds * rounds;
+        let nearest = match n.checked_next_multiple_of(rounds) {
+            Some(upper) => format!("{lower} or {upper}"),
+            None => lower.to_string(),
+        };
+        anyhow::bail!(
+            "--measurements {n} does not split evenly over the {rounds} rounds of \
+             train.iterations: give {nearest}, or set train.iterations to a divisor of {n}"
+        );
+    }
     Ok(n / rounds)
 }
 

@@ -506,15 +506,17 @@ mod tests {
     fn the_shipped_default_config_spells_out_the_defaults() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/default.toml");
         let mut c = Config::load(Some(&path)).unwrap();
-        // The two fields the main job sets: it also trains on 8-device
-        // tasks, and it fine-tunes the shipped model.
+        // The three fields the main job sets: it also trains on 8-device
+        // tasks, fine-tunes the shipped model, and updates with REINFORCE.
         assert_eq!(
             c.train.extra_suites,
             [PathBuf::from("data/generated/dlrm-100x8.train.json")]
         );
         assert_eq!(c.train.init, Some(PathBuf::from("models/pretrained")));
+        assert_eq!(c.train.update, train::Update::Reinforce);
         c.train.extra_suites.clear();
         c.train.init = None;
+        c.train.update = train::Update::Vtrace;
         assert_eq!(c, Config::default());
     }
 

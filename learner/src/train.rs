@@ -1,7 +1,7 @@
 //! Training, DreamShard's Algorithm 1 in one thread: each iteration measures
 //! plans drawn from the current policy on the oracle, fits the cost network
 //! to every measurement so far by MSE, then improves the policy on the
-//! estimated MDP with V-trace.
+//! estimated MDP with V-trace or REINFORCE (`train.update`).
 //!
 //! The losses ([`model::loss`]) are the pieces the asynchronous learner
 //! reuses: the cost loss over a batch of measured plans, the policy loss

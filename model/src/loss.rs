@@ -187,9 +187,11 @@ pub fn replay(policy: &PolicyNet, task: &MdpTask, u: &Unroll) -> Replay {
     }
 }
 
-/// The IMPALA loss of an unroll under the current policy: policy gradient
-/// with V-trace advantages, value regression to the V-trace targets, and an
-/// entropy bonus; sums over steps, means over episodes.
+/// The policy loss of an unroll under the current policy, with an entropy
+/// bonus; sums over steps, means over episodes. V-trace (IMPALA's loss):
+/// policy gradient with V-trace advantages and value regression to the
+/// V-trace targets. REINFORCE: each episode's return against the batch's
+/// mean.
 pub fn policy_loss(
     policy: &PolicyNet,
     task: &MdpTask,

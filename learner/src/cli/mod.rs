@@ -89,7 +89,7 @@ pub enum Command {
     ///
     /// Measures plans drawn from the current policy on the oracle, fits the
     /// cost network to them, and improves the policy on the estimated MDP
-    /// with V-trace. Actors roll out episodes and benchworkers measure
+    /// with V-trace or REINFORCE (train.update). Actors roll out episodes and benchworkers measure
     /// plans: as threads of this process (--actors, --benchworkers), and as
     /// processes on any host that connect to --bind (`actor run`,
     /// `benchworker serve`; scripts/launch.sh starts them). With

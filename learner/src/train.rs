@@ -267,8 +267,7 @@ impl<'a> Trainer<'a> {
 
     /// How many of a round's measured plans are greedy picks.
     fn greedy_picks(&self) -> usize {
-        let t = &self.cfg.train;
-        (t.measure_greedy_share * t.measure_per_iteration as f64).round() as usize
+        self.cfg.train.greedy_picks()
     }
 
     /// The seed of the `j`-th pick of the current round: a pick depends on

@@ -201,6 +201,12 @@ impl Default for TrainConfig {
 pub const MAX_MEASURE_PER_ITERATION: usize = 1_000_000;
 
 impl TrainConfig {
+    /// How many of a round's measured plans are the model's own pick
+    /// (`measure_greedy_share` of `measure_per_iteration`, rounded).
+    pub fn greedy_picks(&self) -> usize {
+        (self.measure_greedy_share * self.measure_per_iteration as f64).round() as usize
+    }
+
     pub fn validate(&self) -> std::result::Result<(), InvalidSetting> {
         positive("train.iterations", self.iterations as f64)?;
         if !(1..=MAX_MEASURE_PER_ITERATION).contains(&self.measure_per_iteration) {

@@ -66,12 +66,12 @@ impl TrainSetup {
             );
             cfg.train.measure_per_iteration = per_round(n, cfg.train.iterations)?;
             let t = &cfg.train;
-            let greedy = (t.measure_greedy_share * t.measure_per_iteration as f64).round();
             tracing::info!(
-                "measuring {n} plans, {} in each of {} rounds; {greedy} of a round's are \
-                 the model's own pick (train.measure_greedy_share = {})",
+                "measuring {n} plans, {} in each of {} rounds; {} of a round's are the \
+                 model's own pick (train.measure_greedy_share = {})",
                 t.measure_per_iteration,
                 t.iterations,
+                t.greedy_picks(),
                 t.measure_greedy_share
             );
         }

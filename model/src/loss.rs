@@ -191,7 +191,8 @@ pub fn replay(policy: &PolicyNet, task: &MdpTask, u: &Unroll) -> Replay {
 /// bonus; sums over steps, means over episodes. V-trace (IMPALA's loss):
 /// policy gradient with V-trace advantages and value regression to the
 /// V-trace targets. REINFORCE: each episode's return against the batch's
-/// mean.
+/// mean, each step weighted by its action's likelihood ratio (current
+/// policy over the actor's) clipped at ρ̄_pg.
 pub fn policy_loss(
     policy: &PolicyNet,
     task: &MdpTask,
@@ -206,7 +207,14 @@ pub fn policy_loss(
     if cfg.update == Update::Reinforce {
         // Every step of an episode shares its return; the batch mean is the baseline.
         let adv = (&final_rewards - final_rewards.mean(Kind::Float)).unsqueeze(0);
-        let pg_loss = -(&r.logp * adv).sum(Kind::Float) / n;
+        // Each step weighted by how much likelier its action is under the
+        // current policy than under the actor's, clipped at ρ̄_pg: 1 where
+        // the actor's weights were the current ones.
+        let rho = (&r.logp - &u.behaviour_logp)
+            .detach()
+            .exp()
+            .clamp_max(cfg.clip_pg_rho);
+        let pg_loss = -(&r.logp * rho * adv).sum(Kind::Float) / n;
         let loss: Tensor = &pg_loss - &entropy * cfg.entropy_cost;
         let stats = PolicyStats {
             loss: loss.double_value(&[]),
@@ -419,6 +427,37 @@ mod tests {
         loss.backward();
         assert_eq!(stats.baseline_loss, 0.0);
         assert!(stats.loss.is_finite());
+    }
+
+    /// REINFORCE weighs each step by the current policy's probability of
+    /// its action over the actor's, clipped at ρ̄_pg: unchanged on policy,
+    /// a quarter where the actor's weights made every action four times
+    /// likelier, and unchanged where they made it less likely (clipped).
+    #[test]
+    fn reinforce_weighs_stale_actions_by_their_clipped_likelihood_ratio() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cfg, model, mdp, mut u) = fresh_unroll(dir.path(), 16, 1);
+        let costs: Vec<f32> = (0..16).map(|k| 10.0 + (k * 7 % 16) as f32).collect();
+        u.predicted_cost_ms = Tensor::from_slice(&costs);
+        cfg.train.update = Update::Reinforce;
+        cfg.train.clip_pg_rho = 1.0;
+        let current = tch::no_grad(|| replay(&model.policy, &mdp, &u)).logp;
+        let pg = |u: &Unroll| policy_loss(&model.policy, &mdp, u, &cfg.train).1.pg_loss;
+        u.behaviour_logp = current.copy();
+        let on_policy = pg(&u);
+        assert!(on_policy.abs() > 1e-6, "{on_policy}");
+        u.behaviour_logp = &current + 4f64.ln();
+        let stale = pg(&u);
+        assert!(
+            (stale - on_policy / 4.0).abs() < 1e-4 * on_policy.abs().max(1.0),
+            "{stale} {on_policy}"
+        );
+        u.behaviour_logp = &current - 4f64.ln();
+        let clipped = pg(&u);
+        assert!(
+            (clipped - on_policy).abs() < 1e-4 * on_policy.abs().max(1.0),
+            "{clipped} {on_policy}"
+        );
     }
 
     #[test]

@@ -15,6 +15,9 @@ pub enum Update {
     #[default]
     Vtrace,
     /// DreamShard's REINFORCE: the episode's return against the batch mean.
+    /// Each step is weighted by its action's likelihood ratio, current
+    /// policy over the actor's, clipped at `clip_pg_rho`: an actor's stale
+    /// weights count for less (1 in one thread).
     Reinforce,
 }
 
@@ -117,7 +120,8 @@ pub struct TrainConfig {
     pub entropy_cost: f64,
     pub baseline_cost: f64,
     pub max_grad_norm: f64,
-    /// V-trace's ρ̄, c̄ and ρ̄_pg.
+    /// V-trace's ρ̄, c̄ and ρ̄_pg. REINFORCE clips its likelihood ratios at
+    /// ρ̄_pg too.
     pub clip_rho: f64,
     pub clip_c: f64,
     pub clip_pg_rho: f64,

@@ -187,6 +187,11 @@ pub fn replay(policy: &PolicyNet, task: &MdpTask, u: &Unroll) -> Replay {
     }
 }
 
+/// The largest difference of log-probabilities that REINFORCE's
+/// likelihood ratios take for rounding (the replay and the actor's plain
+/// arrays agree to about 1e-5 on the same weights).
+const ROUNDING: f64 = 1e-3;
+
 /// The policy loss of an unroll under the current policy, with an entropy
 /// bonus; sums over steps, means over episodes. V-trace (IMPALA's loss):
 /// policy gradient with V-trace advantages and value regression to the
@@ -209,10 +214,14 @@ pub fn policy_loss(
         let adv = (&final_rewards - final_rewards.mean(Kind::Float)).unsqueeze(0);
         // Each step weighted by how much likelier its action is under the
         // current policy than under the actor's, clipped at ρ̄_pg: 1 where
-        // the actor's weights were the current ones.
-        let rho = (&r.logp - &u.behaviour_logp)
-            .detach()
-            .exp()
+        // the actor's weights were the current ones. The actor's plain
+        // arrays and the replay round apart, a ratio within ROUNDING of 1
+        // is 1: a run in one thread learns bit for bit as without weights.
+        let diff = (&r.logp - &u.behaviour_logp).detach();
+        let ratio = diff.exp();
+        let rho = ratio
+            .ones_like()
+            .where_self(&diff.abs().le(ROUNDING), &ratio)
             .clamp_max(cfg.clip_pg_rho);
         let pg_loss = -(&r.logp * rho * adv).sum(Kind::Float) / n;
         let loss: Tensor = &pg_loss - &entropy * cfg.entropy_cost;
@@ -446,6 +455,9 @@ mod tests {
         u.behaviour_logp = current.copy();
         let on_policy = pg(&u);
         assert!(on_policy.abs() > 1e-6, "{on_policy}");
+        // Rounding apart is on policy, bit for bit.
+        u.behaviour_logp = &current + 1e-5;
+        assert_eq!(pg(&u), on_policy);
         u.behaviour_logp = &current + 4f64.ln();
         let stale = pg(&u);
         assert!(

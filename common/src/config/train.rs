@@ -17,7 +17,7 @@ pub enum Update {
     /// DreamShard's REINFORCE: the episode's return against the batch mean.
     /// Each step is weighted by its action's likelihood ratio, current
     /// policy over the actor's, clipped at `clip_pg_rho`: an actor's stale
-    /// weights count for less (1 in one thread).
+    /// weights count for less (in one thread every weight is 1).
     Reinforce,
 }
 

@@ -188,8 +188,9 @@ pub fn replay(policy: &PolicyNet, task: &MdpTask, u: &Unroll) -> Replay {
 }
 
 /// The largest difference of log-probabilities that REINFORCE's
-/// likelihood ratios take for rounding (the replay and the actor's plain
-/// arrays agree to about 1e-5 on the same weights).
+/// likelihood ratios take for rounding (the actor's step-by-step rollout
+/// and the learner's batched replay agree to about 1e-5 on the same
+/// weights).
 const ROUNDING: f64 = 1e-3;
 
 /// The policy loss of an unroll under the current policy, with an entropy
@@ -214,9 +215,9 @@ pub fn policy_loss(
         let adv = (&final_rewards - final_rewards.mean(Kind::Float)).unsqueeze(0);
         // Each step weighted by how much likelier its action is under the
         // current policy than under the actor's, clipped at ρ̄_pg: 1 where
-        // the actor's weights were the current ones. The actor's plain
-        // arrays and the replay round apart, a ratio within ROUNDING of 1
-        // is 1: a run in one thread learns bit for bit as without weights.
+        // the actor's weights were the current ones. The rollout and the
+        // replay round apart, so a ratio within ROUNDING of 1 is 1: with
+        // ρ̄_pg ≥ 1 a run in one thread learns bit for bit as unweighted.
         let diff = (&r.logp - &u.behaviour_logp).detach();
         let ratio = diff.exp();
         let rho = ratio
@@ -450,16 +451,44 @@ mod tests {
         u.predicted_cost_ms = Tensor::from_slice(&costs);
         cfg.train.update = Update::Reinforce;
         cfg.train.clip_pg_rho = 1.0;
+        cfg.train.entropy_cost = 0.0;
         let current = tch::no_grad(|| replay(&model.policy, &mdp, &u)).logp;
         let pg = |u: &Unroll| policy_loss(&model.policy, &mdp, u, &cfg.train).1.pg_loss;
+        // The loss's gradient, flattened: the weights are constants in it.
+        let grad = |u: &Unroll| {
+            model.policy_vs.trainable_variables().iter().for_each(|v| {
+                let mut g = v.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            });
+            policy_loss(&model.policy, &mdp, u, &cfg.train).0.backward();
+            let parts: Vec<Tensor> = model
+                .policy_vs
+                .trainable_variables()
+                .iter()
+                .map(|v| v.grad().flatten(0, -1))
+                .collect();
+            Tensor::cat(&parts, 0)
+        };
         u.behaviour_logp = current.copy();
         let on_policy = pg(&u);
-        assert!(on_policy.abs() > 1e-6, "{on_policy}");
+        assert!(on_policy.abs() > 1e-2, "{on_policy}");
+        let on_policy_grad = grad(&u);
         // Rounding apart is on policy, bit for bit.
         u.behaviour_logp = &current + 1e-5;
         assert_eq!(pg(&u), on_policy);
         u.behaviour_logp = &current + 4f64.ln();
         let stale = pg(&u);
+        let off = (grad(&u) * 4.0 - &on_policy_grad)
+            .abs()
+            .max()
+            .double_value(&[]);
+        let scale = on_policy_grad.abs().max().double_value(&[]);
+        assert!(
+            scale > 0.0 && off < 1e-4 * scale,
+            "gradient off by {off} of {scale}"
+        );
         assert!(
             (stale - on_policy / 4.0).abs() < 1e-4 * on_policy.abs().max(1.0),
             "{stale} {on_policy}"

@@ -17,7 +17,8 @@ pub enum Update {
     /// DreamShard's REINFORCE: the episode's return against the batch mean.
     /// Each step is weighted by its action's likelihood ratio, current
     /// policy over the actor's, clipped at `clip_pg_rho`: an actor's stale
-    /// weights count for less (in one thread every weight is 1).
+    /// weights count for less (in one thread every weight is 1, or
+    /// `clip_pg_rho` where that is lower).
     Reinforce,
 }
 

@@ -406,13 +406,18 @@ mod tests {
         assert!(grads > 0.0 && stats.loss.is_finite());
     }
 
+    /// An untrained cost network may predict anything: known, distinct
+    /// predicted costs for the unroll's 16 episodes.
+    fn set_known_costs(u: &mut Unroll) {
+        let costs: Vec<f32> = (0..16).map(|k| 10.0 + (k * 7 % 16) as f32).collect();
+        u.predicted_cost_ms = Tensor::from_slice(&costs);
+    }
+
     #[test]
     fn reward_scalings_and_reinforce_follow_their_definitions() {
         let dir = tempfile::tempdir().unwrap();
         let (mut cfg, model, mdp, mut u) = fresh_unroll(dir.path(), 16, 1);
-        // An untrained cost network may predict anything; use known costs.
-        let costs: Vec<f32> = (0..16).map(|k| 10.0 + (k * 7 % 16) as f32).collect();
-        u.predicted_cost_ms = Tensor::from_slice(&costs);
+        set_known_costs(&mut u);
         let cost = &u.predicted_cost_ms;
         let raw = scaled_rewards(&u, RewardScale::Raw);
         assert!((&raw + cost).abs().max().double_value(&[]) < 1e-6);
@@ -447,8 +452,7 @@ mod tests {
     fn reinforce_weighs_stale_actions_by_their_clipped_likelihood_ratio() {
         let dir = tempfile::tempdir().unwrap();
         let (mut cfg, model, mdp, mut u) = fresh_unroll(dir.path(), 16, 1);
-        let costs: Vec<f32> = (0..16).map(|k| 10.0 + (k * 7 % 16) as f32).collect();
-        u.predicted_cost_ms = Tensor::from_slice(&costs);
+        set_known_costs(&mut u);
         cfg.train.update = Update::Reinforce;
         cfg.train.clip_pg_rho = 1.0;
         cfg.train.entropy_cost = 0.0;
@@ -456,12 +460,9 @@ mod tests {
         let pg = |u: &Unroll| policy_loss(&model.policy, &mdp, u, &cfg.train).1.pg_loss;
         // The loss's gradient, flattened: the weights are constants in it.
         let grad = |u: &Unroll| {
-            model.policy_vs.trainable_variables().iter().for_each(|v| {
-                let mut g = v.grad();
-                if g.defined() {
-                    let _ = g.zero_();
-                }
-            });
+            for mut v in model.policy_vs.trainable_variables() {
+                v.zero_grad();
+            }
             policy_loss(&model.policy, &mdp, u, &cfg.train).0.backward();
             let parts: Vec<Tensor> = model
                 .policy_vs

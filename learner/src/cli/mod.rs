@@ -90,8 +90,9 @@ pub enum Command {
     /// Measures plans drawn from the current policy on the oracle, fits the
     /// cost network to them, and improves the policy on the estimated MDP
     /// with V-trace or REINFORCE (train.update). Actors roll out episodes
-    /// and benchworkers measure plans: as threads of this process (--actors, --benchworkers), and as
-    /// processes on any host that connect to --bind (`actor run`,
+    /// and benchworkers measure plans: as threads of this process
+    /// (--actors, --benchworkers), and as processes on any host that
+    /// connect to --bind (`actor run`,
     /// `benchworker serve`; scripts/launch.sh starts them). With
     /// --actors 0 --benchworkers 0 and no --bind, everything runs in one
     /// thread, reproducibly. Ctrl-C writes a checkpoint and stops every peer;

@@ -12,8 +12,9 @@
 //! - **improving the policy**: once a round's cost steps are done, the
 //!   weights are published with a new version and unrolls acted with older
 //!   ones (a superseded cost network) are dropped; each later unroll is one
-//!   policy update (V-trace or REINFORCE, `train.update`), and new weights go out after each. Unrolls more than
-//!   `max_policy_lag` versions old are dropped and counted.
+//!   policy update (V-trace or REINFORCE, `train.update`), and new
+//!   weights go out after each. Unrolls more than `max_policy_lag`
+//!   versions old are dropped and counted.
 //!
 //! The round — measurements, cost steps, policy updates in DreamShard's
 //! proportions — is what checkpoints close. Actors send unrolls under

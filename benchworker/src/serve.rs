@@ -237,7 +237,7 @@ fn heartbeating<T: Send>(
 /// hands their plans to other benchworkers, wide enough ones.
 fn too_wide(tasks: &[Task], most: usize) -> Option<String> {
     // The welcome's tight-memory copies are only rolled out, never measured.
-    let tasks: Vec<&Task> = tasks.iter().filter(|t| !t.is_tight_copy()).collect();
+    let tasks: Vec<&Task> = tasks.iter().filter(|t| !t.is_rollout_copy()).collect();
     let wide: Vec<&&Task> = tasks.iter().filter(|t| t.devices > most).collect();
     let widest = wide.iter().max_by_key(|t| t.devices)?;
     Some(format!(

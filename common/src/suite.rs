@@ -29,6 +29,8 @@ pub struct TaskSpec {
 
 /// What a tight-memory copy's name adds to its training task's.
 const TIGHT_COPY_MARK: &str = " (tight memory ";
+/// What a reshaped copy's name adds to its training task's.
+const RESHAPED_COPY_MARK: &str = " (reshaped ";
 
 /// The suite file as written on disk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,10 +57,17 @@ impl Task {
         format!("{name}{TIGHT_COPY_MARK}{copy})")
     }
 
-    /// Whether this is a tight-memory copy of a training task (no plan of
-    /// it is ever measured).
-    pub fn is_tight_copy(&self) -> bool {
-        self.name.contains(TIGHT_COPY_MARK)
+    /// The name of reshaped copy `copy` of the training task `name`: a
+    /// task that only rollouts place (`train.reshape_copies`), on another
+    /// number of devices.
+    pub fn reshaped_copy_name(name: &str, copy: usize) -> String {
+        format!("{name}{RESHAPED_COPY_MARK}{copy})")
+    }
+
+    /// Whether this is a copy of a training task that only rollouts place
+    /// (tight-memory or reshaped): no plan of it is ever measured.
+    pub fn is_rollout_copy(&self) -> bool {
+        self.name.contains(TIGHT_COPY_MARK) || self.name.contains(RESHAPED_COPY_MARK)
     }
 
     /// The per-device memory cap in bytes.

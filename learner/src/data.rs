@@ -117,7 +117,9 @@ pub fn train_tasks(cfg: &Config) -> anyhow::Result<Vec<common::Task>> {
 
 /// The tasks rollouts place: the training tasks, then
 /// `train.tight_memory` tight copies of each (less memory per device, see
-/// [`tight_copy`]). Measured plans are of the training tasks alone.
+/// [`tight_copy`]), then `train.reshape_copies` reshaped copies of each
+/// (another device count, see [`reshaped_copy`]). Measured plans are of
+/// the training tasks alone.
 pub fn rollout_tasks(tasks: &[common::Task], cfg: &Config) -> Vec<common::Task> {
     let mut all = tasks.to_vec();
     for copy in 0..cfg.train.tight_memory {
@@ -128,7 +130,70 @@ pub fn rollout_tasks(tasks: &[common::Task], cfg: &Config) -> Vec<common::Task> 
                 .filter_map(|(k, task)| tight_copy(task, k, copy, cfg)),
         );
     }
+    for copy in 0..cfg.train.reshape_copies {
+        all.extend(
+            tasks
+                .iter()
+                .enumerate()
+                .filter_map(|(k, task)| reshaped_copy(task, k, copy, cfg)),
+        );
+    }
     all
+}
+
+/// A number drawn from `[low, high]` for copy `copy` of training task
+/// `k`, uniformly or log-uniformly: seeded by `train.seed`, `k`, `copy`
+/// and what the copy is for (`kind`).
+fn copy_draw(
+    cfg: &Config,
+    (k, copy, kind): (usize, usize, &[u8]),
+    [low, high]: [f64; 2],
+    log_uniform: bool,
+) -> f64 {
+    use rand::{Rng, SeedableRng};
+    if high <= low {
+        return low;
+    }
+    let mut seed = Vec::with_capacity(24 + kind.len());
+    for n in [cfg.train.seed, k as u64, copy as u64] {
+        seed.extend_from_slice(&n.to_le_bytes());
+    }
+    seed.extend_from_slice(kind);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(common::fs::fnv1a(&seed));
+    if log_uniform {
+        rng.gen_range(low.ln()..=high.ln()).exp()
+    } else {
+        rng.gen_range(low..=high)
+    }
+}
+
+/// Copy `copy` of training task `k` on another number of devices: its
+/// tables per device at a multiple of the task's drawn log-uniformly from
+/// `train.reshape_density`, rounded to a device count of at least 2 and at
+/// most one per table. Memory per device stays the same multiple of an
+/// even share of the tables' memory. `None` when the count comes out as
+/// the task's own.
+pub fn reshaped_copy(
+    task: &common::Task,
+    k: usize,
+    copy: usize,
+    cfg: &Config,
+) -> Option<common::Task> {
+    let factor = copy_draw(cfg, (k, copy, b"reshape"), cfg.train.reshape_density, true);
+    let most = task.tables.len().max(2);
+    let devices = ((task.devices as f64 / factor).round() as usize).clamp(2, most);
+    if devices == task.devices {
+        return None;
+    }
+    let bytes: u64 = task.tables.iter().map(|t| cfg.memory.table_bytes(t)).sum();
+    let even = bytes as f64 / task.devices.max(1) as f64;
+    let slack = (task.cap_bytes() as f64 / even.max(1.0)).max(1.0);
+    Some(common::Task {
+        name: common::Task::reshaped_copy_name(&task.name, copy),
+        devices,
+        memory_gb: common::suite::share_memory_gb(&task.tables, devices, slack, &cfg.memory),
+        tables: task.tables.clone(),
+    })
 }
 
 /// Copy `copy` of training task `k` with memory per device at a multiple
@@ -142,18 +207,7 @@ pub fn tight_copy(
     copy: usize,
     cfg: &Config,
 ) -> Option<common::Task> {
-    use rand::{Rng, SeedableRng};
-    let [low, high] = cfg.train.tight_memory_slack;
-    let mut seed = Vec::with_capacity(24);
-    for n in [cfg.train.seed, k as u64, copy as u64] {
-        seed.extend_from_slice(&n.to_le_bytes());
-    }
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(common::fs::fnv1a(&seed));
-    let slack = if high > low {
-        rng.gen_range(low..=high)
-    } else {
-        low
-    };
+    let slack = copy_draw(cfg, (k, copy, b""), cfg.train.tight_memory_slack, false);
     let tight = common::Task {
         name: common::Task::tight_copy_name(&task.name, copy),
         devices: task.devices,
@@ -190,7 +244,7 @@ mod tests {
         for (i, copy) in all[6..].iter().enumerate() {
             let of = &tasks[i % 6];
             assert_eq!((&copy.tables, copy.devices), (&of.tables, of.devices));
-            assert!(copy.is_tight_copy() && !of.is_tight_copy());
+            assert!(copy.is_rollout_copy() && !of.is_rollout_copy());
             assert!(copy.memory_gb < of.memory_gb);
             let bytes: Vec<u64> = of.tables.iter().map(|t| mem.table_bytes(t)).collect();
             let largest = *bytes.iter().max().unwrap();
@@ -220,6 +274,79 @@ mod tests {
         // A task already tighter than any copy gets none.
         let tight = vec![task(0, 1e-3)];
         assert_eq!(rollout_tasks(&tight, &cfg), tight);
+    }
+
+    #[test]
+    fn reshaped_copies_place_the_same_tables_at_other_densities() {
+        let pool = generate_pool(&Config::default().generate, 5).unwrap();
+        let mem = common::MemoryModel::default();
+        let tasks: Vec<_> = (0..8)
+            .map(|k| {
+                let tables = pool[k * 48..(k + 1) * 48].to_vec();
+                common::Task {
+                    name: format!("t{k}"),
+                    devices: 6,
+                    memory_gb: suite::share_memory_gb(&tables, 6, 1.3, &mem),
+                    tables,
+                }
+            })
+            .collect();
+        let mut cfg = Config::default();
+        cfg.train.reshape_copies = 2;
+        cfg.train.reshape_density = [0.5, 3.0];
+        let all = rollout_tasks(&tasks, &cfg);
+        assert_eq!(all[..8], tasks[..], "the training tasks come first");
+        assert!(all.len() > 8);
+        let mut counts = std::collections::BTreeSet::new();
+        let mut slacks = Vec::new();
+        for copy in &all[8..] {
+            let of = tasks
+                .iter()
+                .find(|t| copy.name.starts_with(&t.name))
+                .unwrap();
+            assert!(copy.is_rollout_copy() && !of.is_rollout_copy());
+            assert_eq!(copy.tables, of.tables);
+            assert_ne!(copy.devices, of.devices, "{}", copy.name);
+            // 48 tables on 6 devices at 0.5 to 3 times 8 per device: 2 to
+            // 12 devices.
+            assert!((2..=12).contains(&copy.devices), "{}", copy.devices);
+            counts.insert(copy.devices);
+            // The task's multiple of an even share of memory per device,
+            // unless the largest table needs more.
+            let bytes: Vec<u64> = copy.tables.iter().map(|t| mem.table_bytes(t)).collect();
+            let largest = *bytes.iter().max().unwrap();
+            let total = bytes.iter().sum::<u64>() as f64;
+            let slack = |t: &common::Task| t.cap_bytes() as f64 * t.devices as f64 / total;
+            let at_largest = copy.cap_bytes() <= largest + 1;
+            assert!(
+                at_largest || (slack(copy) / slack(of) - 1.0).abs() < 1e-3,
+                "{}: {} against {}",
+                copy.name,
+                slack(copy),
+                slack(of)
+            );
+            slacks.push(slack(of));
+            assert!(copy.cap_bytes() >= largest, "{}", copy.name);
+            assert_eq!(copy.infeasibility(&mem), None, "{}", copy.name);
+        }
+        assert!(counts.len() > 2, "drawn, not one count: {counts:?}");
+        // The tasks' own multiples differ (some set by a large table).
+        assert!(
+            slacks.iter().any(|&s| (s - slacks[0]).abs() > 0.1),
+            "{slacks:?}"
+        );
+        assert_eq!(
+            rollout_tasks(&tasks, &cfg),
+            all,
+            "the same seed, the same copies"
+        );
+        cfg.train.seed = 1;
+        assert_ne!(rollout_tasks(&tasks, &cfg), all);
+        // Never one device, nor more devices than tables.
+        cfg.train.reshape_density = [0.01, 100.0];
+        for copy in &rollout_tasks(&tasks, &cfg)[8..] {
+            assert!((2..=48).contains(&copy.devices), "{}", copy.devices);
+        }
     }
 
     #[test]

@@ -506,17 +506,20 @@ mod tests {
     fn the_shipped_default_config_spells_out_the_defaults() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/default.toml");
         let mut c = Config::load(Some(&path)).unwrap();
-        // The three fields the main job sets: it also trains on 8-device
-        // tasks, fine-tunes the shipped model, and updates with REINFORCE.
+        // The four fields the main job sets: it also trains on 8-device
+        // tasks, fine-tunes the shipped model, updates with REINFORCE, and
+        // rolls out on reshaped copies of its tasks.
         assert_eq!(
             c.train.extra_suites,
             [PathBuf::from("data/generated/dlrm-100x8.train.json")]
         );
         assert_eq!(c.train.init, Some(PathBuf::from("models/pretrained")));
         assert_eq!(c.train.update, train::Update::Reinforce);
+        assert_eq!(c.train.reshape_copies, 1);
         c.train.extra_suites.clear();
         c.train.init = None;
         c.train.update = train::Update::Vtrace;
+        c.train.reshape_copies = 0;
         assert_eq!(c, Config::default());
     }
 
@@ -700,6 +703,14 @@ mod tests {
             );
         }
         refused("[train]\ntight_memory = 9\n", "train.tight_memory");
+        // Reshaped copies: positive multiples of a task's density, ordered.
+        for v in ["[0.0, 2.0]", "[2.0, 0.5]", "[0.5, inf]", "[nan, 2.0]"] {
+            refused(
+                &format!("[train]\nreshape_density = {v}\n"),
+                "train.reshape_density",
+            );
+        }
+        refused("[train]\nreshape_copies = 9\n", "train.reshape_copies");
         for v in ["0.0", "-1.0", "nan", "inf"] {
             refused(
                 &format!("[train]\nmeasure_temperature = {v}\n"),

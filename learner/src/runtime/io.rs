@@ -56,7 +56,7 @@ impl<'t, 'a> Learner<'t, 'a> {
         )?;
         fits(
             "the welcome (the configuration and every rollout task's tables: the training tasks \
-             and train.tight_memory copies of each)",
+             and the train.tight_memory and train.reshape_copies copies of each)",
             &Message::Welcome {
                 peer: 0,
                 config_toml: welcome_config.clone(),

@@ -236,7 +236,8 @@ fn heartbeating<T: Send>(
 /// more devices than this benchworker can measure (`most`): the learner
 /// hands their plans to other benchworkers, wide enough ones.
 fn too_wide(tasks: &[Task], most: usize) -> Option<String> {
-    // The welcome's tight-memory copies are only rolled out, never measured.
+    // The welcome's tight-memory and reshaped copies are only rolled out,
+    // never measured.
     let tasks: Vec<&Task> = tasks.iter().filter(|t| !t.is_rollout_copy()).collect();
     let wide: Vec<&&Task> = tasks.iter().filter(|t| t.devices > most).collect();
     let widest = wide.iter().max_by_key(|t| t.devices)?;
@@ -691,6 +692,10 @@ mod tests {
             })
             .collect();
         tasks.extend(copies);
+        // Nor reshaped ones, even on more devices than any training task.
+        let mut wide = task("b", 16);
+        wide.name = Task::reshaped_copy_name("b", 0);
+        tasks.push(wide);
         assert_eq!(too_wide(&tasks, 8), None);
         let w = too_wide(&tasks, 4).unwrap();
         assert!(w.contains("2 of the learner's 4 training tasks"), "{w}");

@@ -172,7 +172,7 @@ fn copy_draw(
 /// `train.reshape_density`, rounded to a device count of at least 2 and at
 /// most one per table. Memory per device stays the same multiple of an
 /// even share of the tables' memory. `None` when the count comes out as
-/// the task's own.
+/// the task's own, or the task has a single table.
 pub fn reshaped_copy(
     task: &common::Task,
     k: usize,
@@ -180,7 +180,10 @@ pub fn reshaped_copy(
     cfg: &Config,
 ) -> Option<common::Task> {
     let factor = copy_draw(cfg, (k, copy, b"reshape"), cfg.train.reshape_density, true);
-    let most = task.tables.len().max(2);
+    let most = task.tables.len();
+    if most < 2 {
+        return None;
+    }
     let devices = ((task.devices as f64 / factor).round() as usize).clamp(2, most);
     if devices == task.devices {
         return None;
@@ -347,6 +350,12 @@ mod tests {
         for copy in &rollout_tasks(&tasks, &cfg)[8..] {
             assert!((2..=48).contains(&copy.devices), "{}", copy.devices);
         }
+        // A single table has no other device count to go to.
+        let single = vec![common::Task {
+            tables: tasks[0].tables[..1].to_vec(),
+            ..tasks[0].clone()
+        }];
+        assert_eq!(rollout_tasks(&single, &cfg), single);
     }
 
     #[test]

@@ -153,7 +153,7 @@ impl Counters {
 pub struct Trainer<'a> {
     cfg: &'a Config,
     tasks: &'a [Task],
-    /// The training tasks, then their tight-memory copies
+    /// The training tasks, then their tight-memory and reshaped copies
     /// ([`crate::data::rollout_tasks`]): what rollouts place.
     rollout_tasks: Vec<Task>,
     /// The rollout tasks' MDPs, in the same order.
@@ -252,7 +252,7 @@ impl<'a> Trainer<'a> {
     }
 
     /// What rollouts place: the training tasks, then their tight-memory
-    /// copies (an unroll names its task by its index here).
+    /// and reshaped copies (an unroll names its task by its index here).
     pub fn rollout_tasks(&self) -> &[Task] {
         &self.rollout_tasks
     }

@@ -67,7 +67,7 @@ pub enum Message {
     Hello { role: Role, token: String },
     /// The learner accepts a peer: its id, the resolved configuration
     /// (TOML) and the tasks rollouts place (the training tasks, then their
-    /// tight-memory copies), which unrolls refer to by index.
+    /// tight-memory and reshaped copies), which unrolls refer to by index.
     Welcome {
         peer: u64,
         config_toml: String,

@@ -121,22 +121,21 @@ pub fn train_tasks(cfg: &Config) -> anyhow::Result<Vec<common::Task>> {
 /// (another device count, see [`reshaped_copy`]). Measured plans are of
 /// the training tasks alone.
 pub fn rollout_tasks(tasks: &[common::Task], cfg: &Config) -> Vec<common::Task> {
+    type MakeCopy = fn(&common::Task, usize, usize, &Config) -> Option<common::Task>;
+    let kinds: [(usize, MakeCopy); 2] = [
+        (cfg.train.tight_memory, tight_copy),
+        (cfg.train.reshape_copies, reshaped_copy),
+    ];
     let mut all = tasks.to_vec();
-    for copy in 0..cfg.train.tight_memory {
-        all.extend(
-            tasks
-                .iter()
-                .enumerate()
-                .filter_map(|(k, task)| tight_copy(task, k, copy, cfg)),
-        );
-    }
-    for copy in 0..cfg.train.reshape_copies {
-        all.extend(
-            tasks
-                .iter()
-                .enumerate()
-                .filter_map(|(k, task)| reshaped_copy(task, k, copy, cfg)),
-        );
+    for (copies, make) in kinds {
+        for copy in 0..copies {
+            all.extend(
+                tasks
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(k, task)| make(task, k, copy, cfg)),
+            );
+        }
     }
     all
 }

@@ -523,6 +523,25 @@ mod tests {
         assert_eq!(c, Config::default());
     }
 
+    #[test]
+    fn the_mixed_config_is_the_main_job_with_denser_tasks_added() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let main = Config::load(Some(&dir.join("default.toml"))).unwrap();
+        let mut mixed = Config::load(Some(&dir.join("mixed.toml"))).unwrap();
+        assert_eq!(
+            mixed.train.extra_suites,
+            [
+                PathBuf::from("data/generated/dlrm-100x8.train.json"),
+                PathBuf::from("data/generated/dlrm-100x4.train.json")
+            ]
+        );
+        mixed.train.extra_suites.pop();
+        assert_eq!(
+            mixed, main,
+            "mixed.toml differs from the main job elsewhere"
+        );
+    }
+
     /// Batches and pools without bound are refused, naming the setting.
     #[test]
     fn batches_and_pools_have_upper_bounds() {

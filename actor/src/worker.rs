@@ -97,24 +97,13 @@ fn setup(welcome: &Welcome) -> anyhow::Result<Setup> {
         (1..=MAX_EPISODES).contains(&episodes),
         "the learner's train.episodes = {episodes}: an unroll holds 1 to {MAX_EPISODES} episodes"
     );
+    check_rollout_tasks(&welcome.tasks, episodes)
+        .map_err(|e| anyhow::anyhow!("the learner's {e}"))?;
     let mdps = welcome
         .tasks
         .iter()
-        .enumerate()
-        .map(|(k, task)| {
-            let bad = |e: BadTask| {
-                anyhow::anyhow!("the learner's rollout task {k} (`{}`) {e}", task.name)
-            };
-            check_task(task).map_err(bad)?;
-            check_unroll_size(k, task, episodes).map_err(bad)?;
-            Ok(MdpTask::new(
-                &task.tables,
-                task.devices,
-                task.cap_bytes(),
-                &cfg.memory,
-            ))
-        })
-        .collect::<anyhow::Result<_>>()?;
+        .map(|task| MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory))
+        .collect();
     Ok(Setup {
         mdps,
         heartbeat,
@@ -150,6 +139,31 @@ enum BadTask {
         episodes: usize,
         bytes: String,
     },
+}
+
+/// Whether an actor can roll out each of `tasks` (a learner's rollout
+/// tasks, in order) with unrolls of `episodes` episodes: `Err` names the
+/// first that it cannot and why, as "rollout task K (`name`) ...". The
+/// learner asks before it starts a cluster, the actor on each welcome.
+pub fn check_rollout_tasks(tasks: &[Task], episodes: usize) -> anyhow::Result<()> {
+    for (k, task) in tasks.iter().enumerate() {
+        check_task(task)
+            .and_then(|()| check_unroll_size(k, task, episodes).map(drop))
+            .map_err(|e| {
+                // Its training task fits on fewer devices: the copies'
+                // settings are a way out too.
+                let copy = match e {
+                    BadTask::UnrollTooBig { .. } if task.is_reshaped_copy() => {
+                        "; it is a reshaped copy, on more devices than its training task: \
+                         raise the low end of train.reshape_density or set \
+                         train.reshape_copies = 0"
+                    }
+                    _ => "",
+                };
+                anyhow::anyhow!("rollout task {k} (`{}`) {e}{copy}", task.name)
+            })?;
+    }
+    Ok(())
 }
 
 /// What a task needs for a rollout: a device, a table, a memory cap, and
@@ -444,6 +458,17 @@ mod tests {
         let e = check_unroll_size(0, &big, 2570).unwrap_err();
         assert!(!e.to_string().contains("at least"), "{e}");
         assert!(check_unroll_size(0, &big, 2400).is_ok());
+        // A reshaped copy on more devices than its task outgrows the frame
+        // first: the message says which settings made it.
+        let mut copy = task(&Task::reshaped_copy_name("big", 0), 100, 16);
+        let e = check_rollout_tasks(&[big.clone(), copy.clone()], 2400).unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.starts_with("rollout task 1 (`big (reshaped 0)`)"), "{e}");
+        assert!(e.contains("train.reshape_density"), "{e}");
+        copy.devices = 8;
+        assert!(check_rollout_tasks(&[big.clone(), copy], 2400).is_ok());
+        let e = format!("{:#}", check_rollout_tasks(&[big], 2570).unwrap_err());
+        assert!(!e.contains("reshape"), "{e}");
     }
 
     #[test]

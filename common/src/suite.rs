@@ -70,6 +70,12 @@ impl Task {
         self.name.contains(TIGHT_COPY_MARK) || self.name.contains(RESHAPED_COPY_MARK)
     }
 
+    /// Whether this is a reshaped copy: a training task's tables on
+    /// another number of devices, that only rollouts place.
+    pub fn is_reshaped_copy(&self) -> bool {
+        self.name.contains(RESHAPED_COPY_MARK)
+    }
+
     /// The per-device memory cap in bytes.
     pub fn cap_bytes(&self) -> u64 {
         (self.memory_gb * BYTES_PER_GB) as u64

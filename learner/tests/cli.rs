@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::{eval_methods, learner, small_run_config};
+use support::{eval_methods, learner, small_run_config, train_args};
 
 #[test]
 fn generate_then_eval_reports_every_method_as_json() {
@@ -681,4 +681,30 @@ fn a_measurement_budget_is_spread_over_the_rounds() {
         "4",
     ]);
     assert!(!ok && err.contains("drop --measurements"), "{err}");
+}
+
+#[test]
+fn a_cluster_its_actors_cannot_roll_out_for_is_refused_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _) = small_run_config(dir.path(), 2);
+    // 12 tables on 3 devices: an unroll of 40,000 episodes fits a frame;
+    // on the 6 devices of a copy at half the density it does not.
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "episodes = 4\n",
+        "episodes = 40000\nreshape_copies = 1\nreshape_density = [0.5, 0.5]\n",
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let run = dir.path().join("run");
+    let args = train_args(&cfg, &run);
+    let cluster = [&args[..], &["--actors", "1", "--benchworkers", "1"]].concat();
+    let (ok, _, err) = learner(&cluster);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("actors could not roll out this run's tasks: rollout task 4 (`")
+            && err.contains("(reshaped 0)`) (12 tables on 6 devices)")
+            && err.contains("train.episodes = 40000")
+            && err.contains("train.reshape_density"),
+        "{err}"
+    );
+    assert!(!run.exists(), "a refused run leaves no folder");
 }

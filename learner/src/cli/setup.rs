@@ -89,6 +89,13 @@ impl TrainSetup {
         })?;
         let alone = alone(args, &cfg, &run)?;
         let tasks = crate::data::train_tasks(&cfg)?;
+        if !alone {
+            // An actor refuses a task it cannot roll out, and the cluster
+            // would wait for it until the stall timeout: say so now.
+            let rollout = crate::data::rollout_tasks(&tasks, &cfg);
+            actor::worker::check_rollout_tasks(&rollout, cfg.train.episodes)
+                .with_context(|| "actors could not roll out this run's tasks".to_string())?;
+        }
         let backend = run.backend(&cfg, args.backend, start)?;
         cfg.cluster.backend = Some(backend);
         common::fs::create_dir_durable(dir)

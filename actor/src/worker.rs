@@ -155,7 +155,7 @@ pub fn check_rollout_tasks(tasks: &[Task], episodes: usize) -> anyhow::Result<()
                 let copy = match e {
                     BadTask::UnrollTooBig { .. } if task.is_reshaped_copy() => {
                         "; it is a reshaped copy, on more devices than its training task: \
-                         raise the low end of train.reshape_density or set \
+                         raise the low end of train.reshape_density toward 1, or set \
                          train.reshape_copies = 0"
                     }
                     _ => "",

@@ -700,11 +700,37 @@ fn a_cluster_its_actors_cannot_roll_out_for_is_refused_before_the_run() {
     let (ok, _, err) = learner(&cluster);
     assert!(!ok, "{err}");
     assert!(
-        err.contains("actors could not roll out this run's tasks: rollout task 4 (`")
+        err.contains("actors cannot roll out this run's tasks: rollout task 4 (`")
             && err.contains("(reshaped 0)`) (12 tables on 6 devices)")
             && err.contains("train.episodes = 40000")
-            && err.contains("train.reshape_density"),
+            && err.contains("train.reshape_density")
+            && err.contains("A run alone"),
         "{err}"
     );
     assert!(!run.exists(), "a refused run leaves no folder");
+    // Pre-training's stage 2 runs on the cluster too: refused before stage
+    // 1 measures anything (16 tables on 4 devices here: 138 MB of floats).
+    let pre_cfg = dir.path().join("pre.toml");
+    std::fs::write(
+        &pre_cfg,
+        "[pretrain]\ntasks = 6\nplans_per_task = 12\ncost_steps = 20\n[pretrain.space]\ndevices_min = 4\ndevices_max = 4\nper_device_min = 4\nper_device_max = 4\n[train]\nepisodes = 65536\n",
+    )
+    .unwrap();
+    let (ok, _, err) = learner(&[
+        "pretrain",
+        "--config",
+        pre_cfg.to_str().unwrap(),
+        "--run-dir",
+        run.to_str().unwrap(),
+        "--actors",
+        "1",
+        "--benchworkers",
+        "1",
+    ]);
+    assert!(
+        !ok && err.contains("actors cannot roll out this run's tasks: rollout task ")
+            && err.contains("train.episodes = 65536"),
+        "{err}"
+    );
+    assert!(!run.exists(), "a refused pre-training leaves no folder");
 }

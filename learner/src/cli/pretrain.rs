@@ -41,6 +41,11 @@ pub(super) fn pretrain(mut args: TrainArgs, out: &mut dyn Write) -> anyhow::Resu
         Config::load(args.config.as_deref())?
     };
     let tasks = pretrain::tasks(&cfg);
+    // Stage 2 trains on the cluster's machinery: a task its actors cannot
+    // roll out stops it now, not after stage 1.
+    if super::setup::has_peers(&args, &cfg) {
+        super::setup::check_rollouts(&tasks, &cfg)?;
+    }
     let suite = pretrain::write_tasks(&dir, &tasks)?;
     let here = std::env::current_dir().context("the current folder")?;
     let mut cfg = cfg.with_absolute_paths(&here);

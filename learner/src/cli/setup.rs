@@ -90,11 +90,7 @@ impl TrainSetup {
         let alone = alone(args, &cfg, &run)?;
         let tasks = crate::data::train_tasks(&cfg)?;
         if !alone {
-            // An actor refuses a task it cannot roll out, and the cluster
-            // would wait for it until the stall timeout: say so now.
-            let rollout = crate::data::rollout_tasks(&tasks, &cfg);
-            actor::worker::check_rollout_tasks(&rollout, cfg.train.episodes)
-                .with_context(|| "actors could not roll out this run's tasks".to_string())?;
+            check_rollouts(&tasks, &cfg)?;
         }
         let backend = run.backend(&cfg, args.backend, start)?;
         cfg.cluster.backend = Some(backend);
@@ -176,12 +172,34 @@ fn per_round(n: usize, rounds: usize) -> anyhow::Result<usize> {
     Ok(n / rounds)
 }
 
+/// Whether actors can roll out a cluster run's training `tasks` and
+/// their copies (see [`crate::data::rollout_tasks`]). An actor refuses a
+/// task it cannot roll out, and the learner would wait for its unrolls
+/// until the stall timeout: the learner asks first.
+pub(super) fn check_rollouts(tasks: &[Task], cfg: &Config) -> anyhow::Result<()> {
+    let rollout = crate::data::rollout_tasks(tasks, cfg);
+    actor::worker::check_rollout_tasks(&rollout, cfg.train.episodes).map_err(|e| {
+        anyhow::anyhow!(
+            "actors cannot roll out this run's tasks: {e:#}. A run alone (--actors 0 \
+             --benchworkers 0, no --bind) sends no unrolls"
+        )
+    })
+}
+
+/// Whether the run has peers: actor or benchworker threads, or `--bind`
+/// (the command line's counts over the configuration's).
+pub(super) fn has_peers(args: &TrainArgs, cfg: &Config) -> bool {
+    let actors = args.actors.unwrap_or(cfg.cluster.actors);
+    let benchworkers = args.benchworkers.unwrap_or(cfg.cluster.benchworkers);
+    actors > 0 || benchworkers > 0 || args.bind.is_some()
+}
+
 /// Whether the run trains alone in this thread (no actor or benchworker
 /// thread, no `--bind`); refuses a mix, and a cluster run resumed without
 /// its peers.
 fn alone(args: &TrainArgs, cfg: &Config, run: &RunDir) -> anyhow::Result<bool> {
     let (actors, benchworkers) = (cfg.cluster.actors, cfg.cluster.benchworkers);
-    let alone = actors == 0 && benchworkers == 0 && args.bind.is_none();
+    let alone = !has_peers(args, cfg);
     anyhow::ensure!(
         alone || args.bind.is_some() || (actors > 0 && benchworkers > 0),
         "without --bind, training needs at least one actor and one benchworker thread \

@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::{eval_methods, learner, small_run_config, train_args};
+use support::{append, eval_methods, learner, small_run_config, train_args};
 
 #[test]
 fn generate_then_eval_reports_every_method_as_json() {
@@ -733,4 +733,28 @@ fn a_cluster_its_actors_cannot_roll_out_for_is_refused_before_the_run() {
         "{err}"
     );
     assert!(!run.exists(), "a refused pre-training leaves no folder");
+}
+
+#[test]
+fn a_cluster_whose_networks_no_message_can_carry_is_refused_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _) = small_run_config(dir.path(), 2);
+    // A cost table MLP of 21 → 65,536 → 256: about 73 MB of weights,
+    // over the 64 MiB a message may have.
+    append(
+        &cfg,
+        "[model]\ncost_table_hidden = 65536\ncost_table_out = 256\n",
+    );
+    let run = dir.path().join("run");
+    let args = train_args(&cfg, &run);
+    let cluster = [&args[..], &["--actors", "1", "--benchworkers", "1"]].concat();
+    let (ok, _, err) = learner(&cluster);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("no peer could join this run: the networks' weights")
+            && err.contains("MiB on the wire, more than the 64 MiB")
+            && err.contains("A run alone"),
+        "{err}"
+    );
+    assert!(!run.exists(), "a refused run leaves no folder");
 }

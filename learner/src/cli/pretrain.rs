@@ -42,9 +42,9 @@ pub(super) fn pretrain(mut args: TrainArgs, out: &mut dyn Write) -> anyhow::Resu
     };
     let tasks = pretrain::tasks(&cfg);
     // Stage 2 trains on the cluster's machinery: a task its actors cannot
-    // roll out stops it now, not after stage 1.
+    // roll out, or networks too big to send, stop it now, not after stage 1.
     if super::setup::has_peers(&args, &cfg) {
-        super::setup::check_rollouts(&tasks, &cfg)?;
+        super::setup::check_peers(&tasks, &cfg)?;
     }
     let suite = pretrain::write_tasks(&dir, &tasks)?;
     let here = std::env::current_dir().context("the current folder")?;

@@ -90,7 +90,7 @@ impl TrainSetup {
         let alone = alone(args, &cfg, &run)?;
         let tasks = crate::data::train_tasks(&cfg)?;
         if !alone {
-            check_rollouts(&tasks, &cfg)?;
+            check_peers(&tasks, &cfg)?;
         }
         let backend = run.backend(&cfg, args.backend, start)?;
         cfg.cluster.backend = Some(backend);
@@ -172,18 +172,29 @@ fn per_round(n: usize, rounds: usize) -> anyhow::Result<usize> {
     Ok(n / rounds)
 }
 
-/// Whether actors can roll out a cluster run's training `tasks` and
-/// their copies (see [`crate::data::rollout_tasks`]). An actor refuses a
-/// task it cannot roll out, and the learner would wait for its unrolls
-/// until the stall timeout: the learner asks first.
-pub(super) fn check_rollouts(tasks: &[Task], cfg: &Config) -> anyhow::Result<()> {
+/// Whether a cluster run's peers can start: actors can roll out its
+/// training `tasks` and their copies (see [`crate::data::rollout_tasks`]),
+/// and the welcome and the networks' weights fit a message. An actor
+/// refuses a task it cannot roll out, and the learner would wait for its
+/// unrolls until the stall timeout; a message too big reaches no peer.
+/// The learner asks before it makes the run folder.
+pub(super) fn check_peers(tasks: &[Task], cfg: &Config) -> anyhow::Result<()> {
     let rollout = crate::data::rollout_tasks(tasks, cfg);
     actor::worker::check_rollout_tasks(&rollout, cfg.train.episodes).map_err(|e| {
         anyhow::anyhow!(
             "actors cannot roll out this run's tasks: {e:#}. A run alone (--actors 0 \
              --benchworkers 0, no --bind) sends no unrolls"
         )
-    })
+    })?;
+    // The weights' size depends on the layer sizes alone: fresh networks
+    // of the run's [model] weigh what its own will.
+    crate::runtime::welcome_config(cfg, &rollout, &model::Model::new(cfg)).map_err(|e| {
+        anyhow::anyhow!(
+            "no peer could join this run: {e:#}. A run alone (--actors 0 --benchworkers 0, \
+             no --bind) sends no messages"
+        )
+    })?;
+    Ok(())
 }
 
 /// Whether the run has peers: actor or benchworker threads, or `--bind`

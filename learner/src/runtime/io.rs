@@ -41,28 +41,8 @@ impl<'t, 'a> Learner<'t, 'a> {
         hub: Hub,
         token: String,
     ) -> anyhow::Result<Self> {
-        // Peers take their backend from their own command line: the run's
-        // record of it stays out of what they parse.
-        let mut shared = trainer.config().clone();
-        shared.cluster.backend = None;
-        let welcome_config = toml::to_string(&shared)?;
-        fits(
-            "the networks' weights (the [model] widths and members)",
-            &Message::Weights(Weights {
-                version: 0,
-                policy: export(&trainer.model.policy_vs),
-                cost: export(&trainer.model.cost_vs),
-            }),
-        )?;
-        fits(
-            "the welcome (the configuration and every rollout task's tables: the training tasks \
-             and the train.tight_memory and train.reshape_copies copies of each)",
-            &Message::Welcome {
-                peer: 0,
-                config_toml: welcome_config.clone(),
-                tasks: trainer.rollout_tasks().to_vec(),
-            },
-        )?;
+        let welcome_config =
+            welcome_config(trainer.config(), trainer.rollout_tasks(), &trainer.model)?;
         let setup = Setup {
             cluster: trainer.config().cluster.clone(),
             token,
@@ -146,6 +126,41 @@ impl<'t, 'a> Learner<'t, 'a> {
             Ok(report)
         })
     }
+}
+
+/// The configuration peers are welcomed with, once the welcome and the
+/// networks' weights are known to fit a frame: else no peer could ever
+/// get them. The command line checks it before it makes a run folder
+/// (the weights' size depends on the layer sizes alone), and [`Learner`]
+/// again with the run's own networks.
+pub(crate) fn welcome_config(
+    config: &common::config::Config,
+    rollout_tasks: &[common::Task],
+    model: &model::Model,
+) -> anyhow::Result<String> {
+    // Peers take their backend from their own command line: the run's
+    // record of it stays out of what they parse.
+    let mut shared = config.clone();
+    shared.cluster.backend = None;
+    let welcome_config = toml::to_string(&shared)?;
+    fits(
+        "the networks' weights (the [model] widths and members)",
+        &Message::Weights(Weights {
+            version: 0,
+            policy: export(&model.policy_vs),
+            cost: export(&model.cost_vs),
+        }),
+    )?;
+    fits(
+        "the welcome (the configuration and every rollout task's tables: the training tasks \
+         and the train.tight_memory and train.reshape_copies copies of each)",
+        &Message::Welcome {
+            peer: 0,
+            config_toml: welcome_config.clone(),
+            tasks: rollout_tasks.to_vec(),
+        },
+    )?;
+    Ok(welcome_config)
 }
 
 /// How often the socket thread shows the peers on the status page.

@@ -65,6 +65,7 @@ mod learn;
 mod sessions;
 
 pub use cluster::{train_cluster, ClusterRun, ThreadsReport};
+pub(crate) use io::welcome_config;
 pub use io::Learner;
 
 use crate::train::Pick;

@@ -514,13 +514,13 @@ fn measure(args: MeasureArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(gb) = args.memory_gb {
         anyhow::ensure!(
             gb.is_finite() && gb > 0.0,
-            "--memory-gb {gb}: must be a positive number of GB"
+            "--memory-gb {gb}: must be a positive number of GiB"
         );
         let cap = gb * common::table::BYTES_PER_GB;
         let used = plan.device_bytes(&tables, &cfg.memory);
         if let Some((d, &b)) = used.iter().enumerate().find(|&(_, &b)| b as f64 > cap) {
             anyhow::bail!(
-                "{}: device {d} holds {:.3} GB of tables (weights and optimizer state, as \
+                "{}: device {d} holds {:.3} GiB of tables (weights and optimizer state, as \
                  the config's [memory] counts them), over --memory-gb {gb}",
                 args.placement.display(),
                 b as f64 / common::table::BYTES_PER_GB,

@@ -25,9 +25,9 @@ pub fn build(backend: Backend, cfg: &Config) -> Result<Box<dyn Oracle>, OracleEr
 pub fn not_built() -> OracleError {
     OracleError::Backend {
         backend: "cuda",
-        message: "this binary was built without the `cuda` feature; build the benchworker \
-                  with `cargo build --release -p embshard-benchworker --features cuda` \
-                  (docs/gpu.md)"
+        message: "this binary was built without the `cuda` feature; on a GPU host, \
+                  `EMBSHARD_CUDA=1 scripts/setup.sh` builds the learner and the benchworker \
+                  with it (`--features cuda`; docs/gpu.md)"
             .into(),
     }
 }

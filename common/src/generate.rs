@@ -448,7 +448,7 @@ impl std::fmt::Display for PoolStats {
                 "n/a".into(),
             ),
             (
-                "memory of all tables (GB)",
+                "memory of all tables (GiB)",
                 format!("{:.1}", self.total_gb),
                 "n/a".into(),
             ),

@@ -125,6 +125,16 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
     // The csv crate's line numbers skip blank lines and count a CRLF
     // file's one short: a record's line is counted here, from where its
     // first byte lies, so that errors name the line an editor shows.
+    // A suite or a placement given where a pool goes.
+    if text.trim_ascii_start().starts_with(b"{") {
+        return Err(csv_err(
+            1,
+            "",
+            "this is a JSON file, not a pool CSV (a pool CSV starts `name,rows,dim`; a suite \
+             JSON goes to `learner eval --suite`, and its tables are the pool CSV it names)"
+                .into(),
+        ));
+    }
     let mut lines = LineCounter::new(&text);
     let mut rdr = csv::ReaderBuilder::new()
         .has_headers(true)
@@ -492,6 +502,13 @@ mod tests {
             .to_string();
         assert!(e.contains("p.csv:1") && e.contains("header"), "{e}");
         assert!(e.contains("expected `name,rows,dim`"), "{e}");
+        let e = read_from(" {\"pool\": \"pool.csv\"}".as_bytes(), Path::new("s.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("s.json:1") && e.contains("JSON file, not a pool CSV"),
+            "{e}"
+        );
         let e = err_of("t0,10,8");
         assert!(e.contains("expected 21 fields, found 3"), "{e}");
         let e = err_of("");

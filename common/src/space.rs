@@ -313,7 +313,7 @@ impl SpaceConfig {
                 "space.log10_rows_min",
                 format!(
                     "space.log10_rows_min = {}: {fewest} rows of dim space.dim_min = {} \
-                 need more than space.device_gb = {} GB",
+                 need more than space.device_gb = {} GiB",
                     self.log10_rows_min, self.dim_min, self.device_gb
                 ),
             ));
@@ -760,7 +760,7 @@ mod tests {
         assert!(touched <= rows, "{name}: touches {touched} of {rows} rows");
         assert!(
             mem().table_gb(t) <= cfg.device_gb,
-            "{name}: {} GB",
+            "{name}: {} GiB",
             mem().table_gb(t)
         );
     }

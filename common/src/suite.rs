@@ -92,7 +92,7 @@ impl Task {
             .filter(|t| mem.table_bytes(t) > cap);
         if let Some(t) = largest {
             return Some(format!(
-                "table `{}`, the largest, needs {:.3} GB, more than the {} GB of one device: \
+                "table `{}`, the largest, needs {:.3} GiB, more than the {} GiB of one device: \
                  give each device at least that",
                 t.name,
                 mem.table_gb(t),
@@ -106,8 +106,8 @@ impl Task {
         if total > cap.saturating_mul(self.devices as u64) {
             let gb = total as f64 / BYTES_PER_GB;
             return Some(format!(
-                "its tables need {gb:.3} GB in all, more than {} × {} GB: give each device at \
-                 least {:.3} GB, or use at least {} devices",
+                "its tables need {gb:.3} GiB in all, more than {} × {} GiB: give each device at \
+                 least {:.3} GiB, or use at least {} devices",
                 crate::count(self.devices, "device"),
                 self.memory_gb,
                 gb / self.devices as f64,
@@ -345,7 +345,7 @@ pub fn generate(
             context: context(),
             message: match spec.memory {
                 SuiteMemory::Gb(gb) => format!(
-                    "none of {MAX_DRAWS} draws of {} tables fits {} devices × {gb} GB",
+                    "none of {MAX_DRAWS} draws of {} tables fits {} devices × {gb} GiB",
                     spec.tables_per_task, spec.devices
                 ),
                 SuiteMemory::Share(share) => format!(
@@ -414,7 +414,7 @@ mod tests {
             .infeasibility(&mem())
             .unwrap();
         assert!(
-            e.contains("`bigger`, the largest") && e.contains(&format!("{:.3} GB", gb(&bigger))),
+            e.contains("`bigger`, the largest") && e.contains(&format!("{:.3} GiB", gb(&bigger))),
             "{e}"
         );
         let small: Vec<Table> = (0..10)

@@ -103,10 +103,19 @@ pub fn train_tasks(cfg: &Config) -> anyhow::Result<Vec<common::Task>> {
         .chain(extra.map(|(i, p)| (format!("train.extra_suites[{i}]"), p)));
     for (key, path) in suites {
         let loaded = common::Suite::load(path, &cfg.memory).with_context(|| {
+            let dir = cfg.data.dir.display();
             let hint = if path.exists() {
-                ""
+                String::new()
+            } else if path.starts_with(&cfg.data.dir) {
+                format!(
+                    " (`learner generate --config` with this configuration writes its suites \
+                     into data.dir = {dir})"
+                )
             } else {
-                " (`learner generate --config` with this configuration writes its suites)"
+                format!(
+                    " (not found from the current folder; `learner generate` writes suites \
+                     into data.dir = {dir}, or into its --out folder: set {key} to one of them)"
+                )
             };
             format!("{key} = {}{hint}", path.display())
         })?;

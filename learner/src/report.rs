@@ -257,12 +257,7 @@ fn curve(lines: &[serde_json::Value], field: &str) -> Vec<(f64, f64)> {
 /// The whole page for the run in `dir`.
 pub fn render(dir: &Path) -> anyhow::Result<String> {
     let run = RunDir::new(dir);
-    anyhow::ensure!(
-        dir.join(RunDir::CONFIG).is_file(),
-        "{} holds no run (no {}): give the folder `learner train --run-dir` wrote",
-        dir.display(),
-        RunDir::CONFIG
-    );
+    RunDir::ensure_holds_run(dir)?;
     let lines = metrics(&run)?;
     let logged = CostLog::read(&run.cost_log())?;
     let series = |name: &str, field: &str| Series {

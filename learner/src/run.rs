@@ -41,6 +41,18 @@ impl RunDir {
     pub const CHECKPOINTS: &'static str = "checkpoints";
     pub const LOCK: &'static str = "lock";
 
+    /// Fails unless `dir` holds a run (its config.toml), naming the
+    /// folder a user should give instead.
+    pub fn ensure_holds_run(dir: &Path) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            dir.join(Self::CONFIG).is_file(),
+            "{} holds no run (no {}): give the folder `learner train --run-dir` wrote",
+            dir.display(),
+            Self::CONFIG
+        );
+        Ok(())
+    }
+
     pub fn new(path: impl Into<PathBuf>) -> RunDir {
         RunDir { path: path.into() }
     }

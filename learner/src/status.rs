@@ -342,7 +342,7 @@ async function refresh() {
     document.getElementById('run').textContent = s.run;
     const last = s.points[s.points.length - 1];
     if (last) document.getElementById('progress').textContent =
-      `update ${last.step}/${s.total_updates}, round ${last.iteration}, ${last.measurements} measured plans, ${last.env_steps} env steps, ${last.elapsed_s.toFixed(0)} s`;
+      `update ${last.step}/${s.total_updates}, round ${last.iteration + 1}, ${last.measurements} measured plans, ${last.env_steps} env steps, ${last.elapsed_s.toFixed(0)} s`;
     document.getElementById('curves').innerHTML =
       chart('policy loss', [series(s.points, 'loss', 'policy_loss')]) +
       chart('cost-network loss', [series(s.points, 'loss', 'cost_loss')]) +

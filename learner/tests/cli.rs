@@ -609,8 +609,14 @@ fn three_columns_are_enough_to_place_and_compare() {
         .map(|a| a["device"].as_u64().unwrap())
         .collect();
     assert_eq!(rr.len(), 6);
-    let (ok, _, err) = with(&["--method", "lookup,size"]);
-    assert!(!ok && err.contains("one method, not a list"), "{err}");
+    for list in ["lookup,size", "all"] {
+        let (ok, _, err) = with(&["--method", list]);
+        assert!(
+            !ok && err.contains("one method, not a list; give one of random, ")
+                && !err.contains("or all"),
+            "{err}"
+        );
+    }
 }
 
 /// `--measurements N` spreads a budget over the configured rounds: a
@@ -637,6 +643,17 @@ fn a_measurement_budget_is_spread_over_the_rounds() {
         a.extend_from_slice(extra);
         learner(&a)
     };
+    // Negative counts are named as such, not taken for flags.
+    let (ok, _, err) = train(&["--measurements", "-5"]);
+    assert!(
+        !ok && err.contains("'-5' for '--measurements <N>': must be 1 or more"),
+        "{err}"
+    );
+    let (ok, _, err) = learner(&[&train_args(&cfg, &run)[..], &["--actors", "-1"]].concat());
+    assert!(
+        !ok && err.contains("'-1' for '--actors <ACTORS>': must be 0 or more"),
+        "{err}"
+    );
     let (ok, _, err) = train(&["--measurements", "7"]);
     assert!(!ok && err.contains("give 6 or 8"), "{err}");
     let (ok, _, err) = train(&["--measurements", "1"]);

@@ -155,7 +155,7 @@ pub fn plan(
     }
     anyhow::ensure!(
         !candidates.is_empty(),
-        "neither the policy nor any heuristic found a placement that fits {} GB per \
+        "neither the policy nor any heuristic found a placement that fits {} GiB per \
          device; try more devices or memory",
         task.memory_gb
     );

@@ -144,10 +144,10 @@ pub enum Command {
     ///
     /// The heuristics' plans always compete with the learned one. Where the
     /// cost-network members disagree, plan returns the heuristic plan the
-    /// network ranks best. Where a table feature lies outside what the model
-    /// was trained on, it returns torchrec's plan, unless every member
-    /// predicts the heuristic plan it ranks best 2 % cheaper. A warning
-    /// says why.
+    /// network ranks best (by its worst member's prediction). Where a table
+    /// feature lies outside what the model was trained on, it returns
+    /// torchrec's plan, unless every member predicts the heuristic plan it
+    /// ranks best 2 % cheaper. A warning says why.
     /// --verify BACKEND measures every candidate, with the other ends of the
     /// learned plan's searches, and returns the measured best.
     ///
@@ -177,7 +177,7 @@ pub struct PlanArgs {
     #[arg(long)]
     pub tables: PathBuf,
     /// Devices (GPUs) to place the tables on.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = at_least_one)]
     pub devices: usize,
     /// Memory per device, GiB (2^30 bytes), for weights and optimizer
     /// state.
@@ -201,7 +201,8 @@ pub struct PlanArgs {
     pub checkpoint: Option<PathBuf>,
     /// Measure the final candidates (the learned plan, the other ends of its
     /// searches, the heuristics' plans) on this oracle and return the
-    /// measured best, printing its measured gain over the best heuristic:
+    /// measured best, printing its measured cost against the best
+    /// heuristic's (negative: faster):
     /// `sim` and `cpu` run in this process (`cuda` on a GPU host built with
     /// the cuda feature).
     #[arg(long, value_enum, value_name = "BACKEND")]
@@ -317,11 +318,11 @@ pub struct TrainArgs {
     /// Actor threads beside the learner (default: the config's cluster.actors).
     /// A new run keeps them in its config.toml, so --resume runs as many;
     /// given with --resume, they hold for that session.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole)]
     pub actors: Option<usize>,
     /// Benchworker threads beside the learner (default: cluster.benchworkers;
     /// kept like --actors).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole)]
     pub benchworkers: Option<usize>,
     /// File holding the cluster token that peers must present (or set
     /// EMBSHARD_TOKEN). With --bind and neither, a random token is written
@@ -343,7 +344,7 @@ pub struct TrainArgs {
     /// train.iterations (20 in configs/default.toml). Fewer measurements
     /// mean fewer plans a round, not fewer rounds: the rounds' cost and
     /// policy steps learn from them. A new run only; not for pretrain.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = at_least_one)]
     pub measurements: Option<usize>,
 }
 
@@ -375,7 +376,7 @@ pub struct EvalArgs {
     pub config: Option<PathBuf>,
     /// Oracle measurements the `search` reference may spend per task
     /// (default: the config's eval.search_budget).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole)]
     pub search_budget: Option<usize>,
     /// Print JSON instead of a table: one object per suite, one per line.
     #[arg(long)]
@@ -394,6 +395,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Config(args) => {
             let cfg = match &args.run {
                 Some(run) => {
+                    crate::run::RunDir::ensure_holds_run(run)?;
                     common::config::Config::load_run(&run.join(crate::run::RunDir::CONFIG))?
                 }
                 None => common::config::Config::load(args.config.as_deref())?,
@@ -422,16 +424,44 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     }
 }
 
-/// Training's progress bar (policy updates), with the key figures as its
-/// message; hidden when stderr is not a terminal.
-/// One placement method by name (`--method`).
-fn parse_method(s: &str) -> Result<model::baselines::Method, String> {
-    match model::baselines::Method::parse_list(s)?.as_slice() {
-        [m] if s.trim() != "all" => Ok(*m),
-        _ => Err(format!("`{s}`: one method, not a list")),
+/// A whole number (0 or more) from the command line. Clap alone would
+/// read `-2` as a flag; this names it as a negative number.
+fn whole(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<i128>() {
+        Ok(n) if n < 0 => Err("must be 0 or more".into()),
+        _ => s
+            .trim()
+            .parse()
+            .map_err(|e: std::num::ParseIntError| format!("not a whole number: {e}")),
     }
 }
 
+/// A whole number of at least 1 from the command line.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<i128>() {
+        Ok(n) if n < 1 => Err("must be 1 or more".into()),
+        _ => whole(s),
+    }
+}
+
+/// One placement method by name (`--method`); the message lists the
+/// names it takes.
+fn parse_method(s: &str) -> Result<model::baselines::Method, String> {
+    use model::baselines::Method;
+    let name = s.trim();
+    let methods = || Method::ALL.into_iter().chain([Method::Policy]);
+    methods().find(|m| m.name() == name).ok_or_else(|| {
+        let known: Vec<&str> = methods().map(|m| m.name()).collect();
+        let what = match name.contains(',') || name == "all" {
+            true => "one method, not a list",
+            false => "unknown method",
+        };
+        format!("`{name}`: {what}; give one of {}", known.join(", "))
+    })
+}
+
+/// Training's progress bar (policy updates), with the key figures as its
+/// message; hidden when stderr is not a terminal.
 fn train_progress(len: u64) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();

@@ -277,7 +277,7 @@ fn choose_method(
             let ctx = model::baselines::Context::for_task(task, &cfg.memory, model.batch);
             let plan = model::baselines::place(m, &ctx, &mut rng).ok_or_else(|| {
                 anyhow::anyhow!(
-                    "`{}` found no placement that fits {} GB per device",
+                    "`{}` found no placement that fits {} GiB per device",
                     m.name(),
                     task.memory_gb
                 )
@@ -418,7 +418,10 @@ fn comparison(guarded: &Guarded) -> String {
         "candidates on these tables ({} cost against the chosen plan):",
         if measured { "measured" } else { "predicted" }
     );
-    let _ = writeln!(s, "  method        predicted ms  measured ms  vs chosen");
+    let _ = writeln!(
+        s,
+        "  method        predicted ms  worst member  measured ms  vs chosen"
+    );
     for (i, c) in guarded.candidates.iter().enumerate() {
         let vs = match (key(c), key(chosen)) {
             (Some(x), Some(y)) if y > 0.0 => format!("{:+.2} %", (x / y - 1.0) * 100.0),
@@ -426,9 +429,10 @@ fn comparison(guarded: &Guarded) -> String {
         };
         let _ = writeln!(
             s,
-            "  {:<12}  {:>12.3}  {:>11}  {:>9}{}",
+            "  {:<12}  {:>12.3}  {:>12.3}  {:>11}  {:>9}{}",
             c.method,
             c.mean(),
+            c.pessimistic(),
             c.measured.map_or("-".into(), |m| format!("{m:.3}")),
             vs,
             if i == guarded.chosen {
@@ -436,6 +440,13 @@ fn comparison(guarded: &Guarded) -> String {
             } else {
                 ""
             }
+        );
+    }
+    if !measured {
+        let _ = writeln!(
+            s,
+            "  (unmeasured, the heuristics' plans rank by their worst member: the cost network's \
+             members must all agree before one plan counts as cheaper)"
         );
     }
     s

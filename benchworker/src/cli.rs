@@ -174,7 +174,7 @@ pub struct MeasureArgs {
     pub placement: PathBuf,
     #[command(flatten)]
     pub setup: Setup,
-    /// Memory of each device in GB: a plan that puts more on a device (weights
+    /// Memory of each device in GiB: a plan that puts more on a device (weights
     /// and optimizer state, as `[memory]` in the config counts them) is
     /// refused, naming the device. Unchecked when omitted.
     #[arg(long)]

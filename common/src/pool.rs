@@ -122,9 +122,6 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
     reader
         .read_to_end(&mut text)
         .map_err(|e| Error::io(path, e))?;
-    // The csv crate's line numbers skip blank lines and count a CRLF
-    // file's one short: a record's line is counted here, from where its
-    // first byte lies, so that errors name the line an editor shows.
     // A suite or a placement given where a pool goes.
     if text.trim_ascii_start().starts_with(b"{") {
         return Err(csv_err(
@@ -135,6 +132,9 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
                 .into(),
         ));
     }
+    // The csv crate's line numbers skip blank lines and count a CRLF
+    // file's one short: a record's line is counted here, from where its
+    // first byte lies, so that errors name the line an editor shows.
     let mut lines = LineCounter::new(&text);
     let mut rdr = csv::ReaderBuilder::new()
         .has_headers(true)

@@ -459,7 +459,7 @@ fn a_learner_that_stops_for_want_of_progress_checkpoints_first_and_resumes() {
     let err = std::fs::read_to_string(&l2.err).unwrap();
     assert!(
         err.contains(&format!(
-            "resuming from {} (iteration 0, 3 measurements)",
+            "resuming from {} (0 rounds done, 3 measurements)",
             checkpoints[0].display()
         )),
         "{err}"

@@ -429,10 +429,14 @@ fn comparison(guarded: &Guarded) -> String {
         };
         let _ = writeln!(
             s,
-            "  {:<12}  {:>12.3}  {:>12.3}  {:>11}  {:>9}{}",
+            "  {:<12}  {:>12.3}  {:>12}  {:>11}  {:>9}{}",
             c.method,
             c.mean(),
-            c.pessimistic(),
+            // A plan priced by the members' mean alone has no worst member.
+            match c.predicted.len() {
+                1 => "-".to_string(),
+                _ => format!("{:.3}", c.pessimistic()),
+            },
             c.measured.map_or("-".into(), |m| format!("{m:.3}")),
             vs,
             if i == guarded.chosen {
@@ -445,8 +449,8 @@ fn comparison(guarded: &Guarded) -> String {
     if !measured {
         let _ = writeln!(
             s,
-            "  (unmeasured, the heuristics' plans rank by their worst member: the cost network's \
-             members must all agree before one plan counts as cheaper)"
+            "  (unmeasured, the guard ranks the heuristics' plans by their worst member's \
+             prediction, the highest)"
         );
     }
     s

@@ -218,9 +218,9 @@ fn resumed_trainer<'a>(
         return Ok(t);
     };
     tracing::info!(
-        "resuming from {} (iteration {}, {})",
+        "resuming from {} ({} done, {})",
         loaded.path.display(),
-        loaded.counters.iteration,
+        common::count(loaded.counters.iteration, "round"),
         common::count(read.samples.len(), "measurement")
     );
     // A log with fewer measurements than the checkpoint saw lost some:
@@ -374,23 +374,17 @@ impl ProgressLines {
             None => "-".into(),
         };
         let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2} ms"));
-        // Before any plan is measured there are no costs to show.
-        let costs = match (m.mean_measured_ms, m.mean_predicted_ms) {
-            (None, None) => String::new(),
-            (measured, predicted) => format!(
-                ", plans {} measured against {} predicted",
-                ms(measured),
-                ms(predicted)
-            ),
-        };
         // Rounds count from 1, as updates do: the last is `rounds/rounds`.
         Some(format!(
-            "update {step}/{}, round {}/{}, {}/{} measured{costs}, {rate} env steps/s, eta {eta}",
+            "update {step}/{}, round {}/{}, {}/{} measured, plans {} measured against {} \
+             predicted, {rate} env steps/s, eta {eta}",
             self.total,
             (m.iteration + 1).min(self.rounds),
             self.rounds,
             m.measurements,
             self.measurements,
+            ms(m.mean_measured_ms),
+            ms(m.mean_predicted_ms),
         ))
     }
 }
@@ -647,17 +641,5 @@ mod tests {
         assert!(p.line(&at(13, 650, 10), t0 + s(41)).is_some());
         let last = p.line(&at(200, 9950, 100), t0 + s(42)).unwrap();
         assert!(last.starts_with("update 200/200, round 20/20,"), "{last}");
-        // No cost yet: no costs in the line.
-        let mut fresh = ProgressLines::new(200, 20, 100);
-        let none = Metrics {
-            mean_measured_ms: None,
-            ..at(1, 50, 0)
-        };
-        let line = fresh.line(&none, t0).unwrap();
-        assert!(
-            line.starts_with("update 1/200, round 1/20, 0/100 measured, ")
-                && !line.contains("plans"),
-            "{line}"
-        );
     }
 }

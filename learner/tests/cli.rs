@@ -700,6 +700,16 @@ fn a_measurement_budget_is_spread_over_the_rounds() {
     assert!(!ok && err.contains("drop --measurements"), "{err}");
 }
 
+/// `learner train` of `cfg` into `run` with an actor and a benchworker
+/// thread, which must fail: its error output.
+fn refused_cluster_train(cfg: &std::path::Path, run: &std::path::Path) -> String {
+    let args = train_args(cfg, run);
+    let cluster = [&args[..], &["--actors", "1", "--benchworkers", "1"]].concat();
+    let (ok, _, err) = learner(&cluster);
+    assert!(!ok, "{err}");
+    err
+}
+
 #[test]
 fn a_cluster_its_actors_cannot_roll_out_for_is_refused_before_the_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -712,10 +722,7 @@ fn a_cluster_its_actors_cannot_roll_out_for_is_refused_before_the_run() {
     );
     std::fs::write(&cfg, text).unwrap();
     let run = dir.path().join("run");
-    let args = train_args(&cfg, &run);
-    let cluster = [&args[..], &["--actors", "1", "--benchworkers", "1"]].concat();
-    let (ok, _, err) = learner(&cluster);
-    assert!(!ok, "{err}");
+    let err = refused_cluster_train(&cfg, &run);
     assert!(
         err.contains("actors cannot roll out this run's tasks: rollout task 4 (`")
             && err.contains("(reshaped 0)`) (12 tables on 6 devices)")
@@ -763,10 +770,7 @@ fn a_cluster_whose_networks_no_message_can_carry_is_refused_before_the_run() {
         "[model]\ncost_table_hidden = 65536\ncost_table_out = 256\n",
     );
     let run = dir.path().join("run");
-    let args = train_args(&cfg, &run);
-    let cluster = [&args[..], &["--actors", "1", "--benchworkers", "1"]].concat();
-    let (ok, _, err) = learner(&cluster);
-    assert!(!ok, "{err}");
+    let err = refused_cluster_train(&cfg, &run);
     assert!(
         err.contains("no peer could join this run: the networks' weights")
             && err.contains("MiB on the wire, more than the 64 MiB")

@@ -427,21 +427,22 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
 /// A whole number (0 or more) from the command line. Clap alone would
 /// read `-2` as a flag; this names it as a negative number.
 fn whole(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<i128>() {
-        Ok(n) if n < 0 => Err("must be 0 or more".into()),
-        _ => s
-            .trim()
-            .parse()
-            .map_err(|e: std::num::ParseIntError| format!("not a whole number: {e}")),
-    }
+    at_least(s, 0)
 }
 
 /// A whole number of at least 1 from the command line.
 fn at_least_one(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<i128>() {
-        Ok(n) if n < 1 => Err("must be 1 or more".into()),
-        _ => whole(s),
+    at_least(s, 1)
+}
+
+/// A whole number of at least `min`, read wide enough that a negative
+/// one is named as such.
+fn at_least(s: &str, min: usize) -> Result<usize, String> {
+    let n: i128 = (s.trim().parse()).map_err(|e| format!("not a whole number: {e}"))?;
+    if n < min as i128 {
+        return Err(format!("must be {min} or more"));
     }
+    usize::try_from(n).map_err(|_| format!("must be at most {}", usize::MAX))
 }
 
 /// One placement method by name (`--method`); the message lists the

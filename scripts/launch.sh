@@ -28,6 +28,9 @@
 #                        rounds: a multiple of them (default: iterations ×
 #                        train.measure_per_iteration, 200 with
 #                        configs/default.toml); a new run only
+#   --seed N             the run's seed (train.seed; a new run only): runs
+#                        of other seeds place together with `learner plan
+#                        --run A --run B`, steadier than one
 #   --search-budget N    measurements per task for `search` in the final
 #                        evaluation (default: the config's eval.search_budget
 #                        on sim, 20 on cpu and cuda)
@@ -75,6 +78,7 @@ CONFIG=""
 BACKEND=""
 BUDGET=""
 MEASUREMENTS=""
+SEED=""
 RUN_DIR=""
 ACTORS=2
 BENCHES=1
@@ -93,6 +97,7 @@ while [ $# -gt 0 ]; do
     --backend) need $# --backend; BACKEND=$2; shift 2 ;;
     --search-budget) need $# --search-budget; BUDGET=$2; shift 2 ;;
     --measurements) need $# --measurements; MEASUREMENTS=$2; shift 2 ;;
+    --seed) need $# --seed; SEED=$2; shift 2 ;;
     --run-dir) need $# --run-dir; RUN_DIR=$(realpath -m "$2"); RESUME_ASKED=0; shift 2 ;;
     --resume) need $# --resume; RUN_DIR=$(realpath -m "$2"); RESUME_ASKED=1; shift 2 ;;
     --actors) need $# --actors; ACTORS=$2; shift 2 ;;
@@ -120,6 +125,7 @@ case "$BACKEND" in
 esac
 [ -z "$BUDGET" ] || [[ "$BUDGET" =~ ^[0-9]+$ ]] || die "--search-budget '$BUDGET' is not a number"
 [ -z "$MEASUREMENTS" ] || [[ "$MEASUREMENTS" =~ ^[0-9]+$ ]] || die "--measurements '$MEASUREMENTS' is not a number"
+[ -z "$SEED" ] || [[ "$SEED" =~ ^[0-9]+$ ]] || die "--seed '$SEED' is not a whole number"
 [ -z "$CONFIG" ] || [ -f "$CONFIG" ] || die "--config $CONFIG: no such file"
 # An IPv4 address or one of this host's interfaces (ZeroMQ binds nothing
 # else; no IPv6: the learner's socket does not enable it).
@@ -275,6 +281,8 @@ if [ "$RESUME_ASKED" = 1 ] || compgen -G "$RUN_DIR/checkpoints/step-[0-9]*[0-9]"
     echo "launch: warning: continuing the run in $RUN_DIR with its own config.toml; --config $CONFIG is ignored (by training, generate and eval)" >&2
   [ -z "$MEASUREMENTS" ] ||
     echo "launch: warning: continuing the run in $RUN_DIR with its own budget (its config.toml); --measurements $MEASUREMENTS is ignored" >&2
+  [ -z "$SEED" ] ||
+    echo "launch: warning: continuing the run in $RUN_DIR with its own seed (its config.toml); --seed $SEED is ignored" >&2
   CONFIG=$RUN_DIR/config.toml
   # Recorded in its config.toml ([cluster] backend); runs from before that
   # record kept it in RUN/backend.
@@ -351,6 +359,7 @@ if [ "$RESUME" = 1 ]; then
 else
   TRAIN+=(--config "$CONFIG")
   [ -z "$MEASUREMENTS" ] || TRAIN+=(--measurements "$MEASUREMENTS")
+  [ -z "$SEED" ] || TRAIN+=(--seed "$SEED")
 fi
 [ -z "$TOKEN_FILE" ] || TRAIN+=(--token-file "$TOKEN_FILE")
 session "$LOGS/learner.log" "learner"

@@ -164,12 +164,16 @@ fi
 
 # On this host, with an EMBSHARD_TOKEN left in the environment (one meant
 # for --add-actors) and no --token-file: the cluster makes its own token.
-# --measurements doubles the config's budget over the same rounds.
+# --measurements doubles the config's budget over the same rounds; --seed
+# sets the run's train.seed.
 if EMBSHARD_TOKEN=stray "$TIMEOUT" 300 "$ROOT/scripts/launch.sh" --config "$T/small.toml" \
-  --run-dir "$T/local" --actors 1 --benchworkers 1 --measurements $((2 * WANT)) --no-eval \
-  >"$T/local.out" 2>&1; then
+  --run-dir "$T/local" --actors 1 --benchworkers 1 --measurements $((2 * WANT)) --seed 3 \
+  --no-eval >"$T/local.out" 2>&1; then
   check "local: training finished with the $((2 * WANT)) measurements of --measurements" \
     trained "$T/local" $((2 * WANT))
+  check "local: --seed 3 is the run's train.seed" \
+    awk '/^\[/ { s = $0 } s == "[train]" && $0 == "seed = 3" { f = 1 } END { exit !f }' \
+    "$T/local/config.toml"
   check "local: a token of its own in DIR/token, not the environment's" \
     test -s "$T/local/token" -a "$(cat "$T/local/token" 2>/dev/null)" != stray
   check "local: the learner's progress lines shown while it trained" \
@@ -221,6 +225,8 @@ check "refused: an unknown --backend, before building" \
   refused "the backends are sim, cpu and cuda" "$NO_SRUN" --backend gpu
 check "refused: a --measurements that is not a number" \
   refused "--measurements 'lots' is not a number" "$NO_SRUN" --measurements lots
+check "refused: a --seed that is not a whole number" \
+  refused "--seed '-1' is not a whole number" "$NO_SRUN" --seed -1
 check "refused: a --config that does not exist" \
   refused "no such file" "$NO_SRUN" --config "$T/missing.toml"
 check "refused: --slurm without srun" refused "srun not found" "$NO_SRUN" --slurm

@@ -72,8 +72,10 @@ fn main() -> anyhow::Result<()> {
             mem: &cfg.memory,
             cfg: &cfg.eval,
             batch,
-            model: Some(&model),
-            shapes: None,
+            runs: &[model::guard::Trained {
+                model: &model,
+                shapes: None,
+            }],
         },
         || eprint!("."),
     )?;

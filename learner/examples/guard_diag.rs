@@ -57,7 +57,7 @@ fn main() -> anyhow::Result<()> {
         for d in &g.doubts {
             println!("    doubt: {d}");
         }
-        let added = model::guard::add_basins(&mut g, &model, task, &cfg.memory);
+        let added = model::guard::add_basins(&mut g, &[&model], task, &cfg.memory);
         model::guard::verify(&mut g, &task.tables, oracle.as_mut())?;
         let basins = g.candidates[g.chosen].measured.unwrap_or(f64::NAN);
         println!(

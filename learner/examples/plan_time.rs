@@ -3,9 +3,11 @@
 //! With a suite instead, times the run's own `plan` settings on each of its
 //! tasks, alone and guarded (what `learner plan` runs): the median (the upper one, for an even count) over tasks of each
 //! task's median of 5 calls, the range, and how many tasks took over 10 ms.
+//! `--with RUN_B ...` adds the time of the runs placing together
+//! (`learner plan --run RUN_DIR --run RUN_B`).
 //!
 //! cargo run --release --example plan_time -- RUN_DIR TABLES_CSV DEVICES MEMORY_GB
-//! cargo run --release --example plan_time -- RUN_DIR --suite SUITE.json
+//! cargo run --release --example plan_time -- RUN_DIR --suite SUITE.json [--with RUN_B ...]
 fn main() -> anyhow::Result<()> {
     tch::set_num_threads(1);
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -14,13 +16,25 @@ fn main() -> anyhow::Result<()> {
     if args[1] == "--suite" {
         let suite = common::Suite::load(std::path::Path::new(&args[2]), &cfg.memory)?;
         let shapes = model::shapes::TrainedShapes::read(run);
-        for guarded in [false, true] {
+        let mut dirs = vec![run.to_path_buf()];
+        if args.get(3).map(String::as_str) == Some("--with") {
+            dirs.extend(args[4..].iter().map(std::path::PathBuf::from));
+        }
+        let together = learner::checkpoint::Runs::load(&dirs)?;
+        let trained = together.trained();
+        for (guarded, joint) in [(false, false), (true, false), (true, true)] {
+            if joint && dirs.len() == 1 {
+                continue;
+            }
             let mut per_task: Vec<f64> = suite
                 .tasks
                 .iter()
                 .map(|task| {
                     median_of(5, || {
-                        if guarded {
+                        if joint {
+                            let g = model::guard::plan_jointly(&trained, task, &cfg.memory);
+                            drop(g.expect("a plan that fits"));
+                        } else if guarded {
                             let g = model::guard::plan(&model, shapes.as_ref(), task, &cfg.memory);
                             drop(g.expect("a plan that fits"));
                         } else {
@@ -33,10 +47,10 @@ fn main() -> anyhow::Result<()> {
             println!(
                 "{} ({}) {} tasks: median {:.2} ms, {:.2} to {:.2} ms, {} over 10 ms",
                 args[2],
-                if guarded {
-                    "guarded, as `learner plan`"
-                } else {
-                    "Model::plan"
+                match (guarded, joint) {
+                    (_, true) => format!("{} runs together", dirs.len()),
+                    (true, false) => "guarded, as `learner plan`".into(),
+                    (false, false) => "Model::plan".into(),
                 },
                 per_task.len(),
                 per_task[per_task.len() / 2],

@@ -291,6 +291,127 @@ pub fn load_run(run: &Path) -> anyhow::Result<(Config, Model)> {
     Ok((cfg, loaded.model))
 }
 
+/// The runs `plan` and `eval` place with: one, or several trained apart
+/// (`--run A --run B`), whose choices [`model::guard::plan_jointly`]
+/// judges with all their cost networks.
+pub struct Runs {
+    /// The first run's configuration: memory, oracle and batch are the
+    /// same for every run ([`Runs::load`] checks).
+    pub cfg: Config,
+    pub dirs: Vec<PathBuf>,
+    pub models: Vec<Model>,
+    pub shapes: Vec<Option<model::shapes::TrainedShapes>>,
+}
+
+impl Runs {
+    /// Loads each run's newest intact model ([`load_run`]). Runs placed
+    /// together must price the same thing: the same `[memory]`, oracle
+    /// and batch. A run given twice is refused.
+    pub fn load(dirs: &[PathBuf]) -> anyhow::Result<Runs> {
+        anyhow::ensure!(!dirs.is_empty(), "no run to place with");
+        let mut runs = Runs {
+            cfg: Config::default(),
+            dirs: Vec::new(),
+            models: Vec::new(),
+            shapes: Vec::new(),
+        };
+        let mut seen = Vec::new();
+        for (k, dir) in dirs.iter().enumerate() {
+            let same = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone());
+            if let Some(j) = seen.iter().position(|s| *s == same) {
+                anyhow::bail!(
+                    "--run {} is given twice (as --run {}): a run placed with itself adds \
+                     nothing; give runs trained apart (another train.seed)",
+                    dir.display(),
+                    dirs[j].display()
+                );
+            }
+            seen.push(same);
+            let (cfg, model) = load_run(dir)?;
+            if k == 0 {
+                runs.cfg = cfg;
+            } else {
+                Self::check_alike(&runs.cfg, &dirs[0], &cfg, dir)?;
+            }
+            runs.shapes.push(model::shapes::TrainedShapes::read(dir));
+            runs.models.push(model);
+            runs.dirs.push(dir.clone());
+        }
+        Ok(runs)
+    }
+
+    /// Refuses a run that learned its costs of another thing than the
+    /// first run: another memory count, oracle or batch.
+    fn check_alike(first: &Config, a: &Path, cfg: &Config, b: &Path) -> anyhow::Result<()> {
+        let backend = |c: &Config| c.cluster.backend.map_or("sim", |b| b.name());
+        let differs = if first.memory != cfg.memory {
+            Some(format!(
+                "memory ({} weights, {} state against {}, {})",
+                cfg.memory.precision.name(),
+                cfg.memory.optimizer.name(),
+                first.memory.precision.name(),
+                first.memory.optimizer.name()
+            ))
+        } else if backend(first) != backend(cfg) {
+            Some(format!(
+                "oracle (the {} backend against {})",
+                backend(cfg),
+                backend(first)
+            ))
+        } else if first.sim.batch != cfg.sim.batch {
+            Some(format!(
+                "batch ({} against {})",
+                cfg.sim.batch, first.sim.batch
+            ))
+        } else {
+            None
+        };
+        match differs {
+            Some(what) => anyhow::bail!(
+                "--run {} learned its costs with another {what} than --run {}: runs placed \
+                 together must share [memory], the oracle and the batch",
+                b.display(),
+                a.display()
+            ),
+            None => Ok(()),
+        }
+    }
+
+    /// Each run with what it was trained on, for the guard.
+    pub fn trained(&self) -> Vec<model::guard::Trained<'_>> {
+        self.models
+            .iter()
+            .zip(&self.shapes)
+            .map(|(model, shapes)| model::guard::Trained {
+                model,
+                shapes: shapes.as_ref(),
+            })
+            .collect()
+    }
+
+    pub fn models(&self) -> Vec<&Model> {
+        self.models.iter().collect()
+    }
+
+    /// The cost networks' per-device `[fwd, bwd, comm]` and iteration
+    /// cost of `plan`, averaged over the runs.
+    pub fn estimate(&self, tables: &[common::Table], plan: &common::Plan) -> (Vec<[f64; 3]>, f64) {
+        let n = self.models.len() as f64;
+        let mut devices = vec![[0.0; 3]; plan.devices];
+        let mut cost = 0.0;
+        for m in &self.models {
+            let (d, c) = m.estimate(tables, plan);
+            for (sum, x) in devices.iter_mut().zip(d) {
+                for (s, v) in sum.iter_mut().zip(x) {
+                    *s += v / n;
+                }
+            }
+            cost += c / n;
+        }
+        (devices, cost)
+    }
+}
+
 /// The configuration and newest model of the run `train.init` names, to
 /// fine-tune. Unlike [`load_run`] it accepts a run whose policy never
 /// learned (pre-training's stage 1 fits only the cost network), but not one

@@ -53,11 +53,10 @@ pub struct Setting<'a> {
     pub cfg: &'a EvalConfig,
     /// Global batch of the oracle, for TorchRec's estimator.
     pub batch: u64,
-    /// A trained model, for the method `policy` (`plan`'s guarded choice:
-    /// see [`model::guard`]).
-    pub model: Option<&'a model::Model>,
-    /// What the model was trained on, for the guard's checks.
-    pub shapes: Option<&'a model::shapes::TrainedShapes>,
+    /// The trained runs, with what each was trained on, for the method
+    /// `policy` (`plan`'s guarded choice, [`model::guard::plan_jointly`]);
+    /// none without a model.
+    pub runs: &'a [model::guard::Trained<'a>],
 }
 
 /// What became of the oracle's measurements over an evaluation.
@@ -106,8 +105,7 @@ pub fn evaluate(
         mem,
         cfg,
         batch,
-        model,
-        shapes,
+        runs,
     } = *setting;
     let mut per_method: BTreeMap<Method, Vec<Option<f64>>> = BTreeMap::new();
     let mut outcomes = Outcomes::default();
@@ -149,8 +147,8 @@ pub fn evaluate(
             });
             per_method.entry(Method::Search).or_default().push(cost);
         }
-        if let (true, Some(model)) = (methods.contains(&Method::Policy), model) {
-            let cost = match model::guard::plan(model, shapes, task, mem) {
+        if methods.contains(&Method::Policy) && !runs.is_empty() {
+            let cost = match model::guard::plan_jointly(runs, task, mem) {
                 Ok(g) => {
                     guard_tally[usize::from(g.method() != model::guard::POLICY)] += 1;
                     guard_tally[2] += usize::from(!g.doubts.is_empty());
@@ -363,8 +361,7 @@ mod tests {
             mem,
             cfg,
             batch: 65536,
-            model: None,
-            shapes: None,
+            runs: &[],
         }
     }
 

@@ -1220,8 +1220,10 @@ pub(crate) mod tests {
                 mem: &cfg.memory,
                 cfg: &cfg.eval,
                 batch: cfg.sim.batch,
-                model: Some(&model),
-                shapes: None,
+                runs: &[model::guard::Trained {
+                    model: &model,
+                    shapes: None,
+                }],
             },
             || {},
         )

@@ -779,3 +779,102 @@ fn a_cluster_whose_networks_no_message_can_carry_is_refused_before_the_run() {
     );
     assert!(!run.exists(), "a refused run leaves no folder");
 }
+
+/// Two runs of other seeds place together: `plan` says whose choice won
+/// and lists both runs' learned plans; a run given twice, or one that
+/// counts memory otherwise, is refused; `eval` of both saves into neither.
+#[test]
+fn two_runs_place_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, data) = small_run_config(dir.path(), 1);
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let train_seed = |run: &std::path::Path, seed: &str| {
+        let mut args = train_args(&cfg, run).to_vec();
+        args.extend(["--seed", seed]);
+        let (ok, _, err) = learner(&args);
+        assert!(ok, "{err}");
+        common::config::Config::load_run(&run.join("config.toml")).unwrap()
+    };
+    assert_eq!(train_seed(&a, "0").train.seed, 0);
+    assert_eq!(train_seed(&b, "1").train.seed, 1);
+    let (ok, _, err) = learner(&["train", "--resume", b.to_str().unwrap(), "--seed", "2"]);
+    assert!(!ok && err.contains("--seed sets a new run's seed"), "{err}");
+    let pool = data.join("pool.test.csv");
+    let plan = |runs: &[&std::path::Path]| {
+        let mut args = vec![
+            "plan",
+            "--tables",
+            pool.to_str().unwrap(),
+            "--devices",
+            "4",
+            "--memory-gb",
+            "64",
+            "--compare",
+        ];
+        for r in runs {
+            args.extend(["--run", r.to_str().unwrap()]);
+        }
+        learner(&args)
+    };
+    let (ok, stdout, err) = plan(&[&a, &b]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("2 runs placed together: the plan is ") && err.contains("by all 2 members"),
+        "{err}"
+    );
+    assert!(
+        err.contains("policy (2)") && err.contains("the N-th --run"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let candidates = v["candidates"].as_array().unwrap();
+    for run in [0, 1] {
+        assert!(
+            candidates
+                .iter()
+                .any(|c| c["method"] == "policy" && c["run"] == run),
+            "{v}"
+        );
+    }
+    let members = |c: &serde_json::Value| c["predicted_ms_members"].as_array().unwrap().len();
+    assert!(candidates.iter().all(|c| members(c) == 2), "{v}");
+    let (ok, _, err) = plan(&[&a, &a]);
+    assert!(!ok && err.contains("is given twice"), "{err}");
+    // Runs placed together must price the same memory.
+    let fp32 = dir.path().join("fp32");
+    train_seed(&fp32, "1");
+    let config = fp32.join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("precision = \"fp16\""), "{text}");
+    std::fs::write(
+        &config,
+        text.replace("precision = \"fp16\"", "precision = \"fp32\""),
+    )
+    .unwrap();
+    let (ok, _, err) = plan(&[&a, &fp32]);
+    assert!(
+        !ok && err.contains("learned its costs with another memory (fp32 weights"),
+        "{err}"
+    );
+    // eval: both runs' `policy`, saved into neither.
+    let suite = data.join("dlrm-12x3.test.json");
+    let (ok, stdout, err) = learner(&[
+        "eval",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--methods",
+        "lookup,policy",
+        "--json",
+        "--run",
+        a.to_str().unwrap(),
+        "--run",
+        b.to_str().unwrap(),
+    ]);
+    assert!(ok && err.contains("places with 2 runs together"), "{err}");
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    assert!(
+        v["methods"]["policy"]["mean_cost_ms"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    assert!(!a.join("eval").exists() && !b.join("eval").exists());
+}

@@ -65,6 +65,8 @@ pub struct Candidate {
     pub predicted: Vec<f64>,
     /// Measured iteration cost (ms), with `--verify`.
     pub measured: Option<f64>,
+    /// Which of the runs ([`plan_jointly`]) proposed it: 0 with one run.
+    pub run: usize,
 }
 
 impl Candidate {
@@ -169,6 +171,7 @@ pub fn plan(
             plan,
             predicted,
             measured: None,
+            run: 0,
         })
         .collect();
     let mut notes = Vec::new();
@@ -196,6 +199,105 @@ pub fn plan(
         }
     }
     Ok(guarded)
+}
+
+/// A trained run that `plan` places with: its model, and the shapes it
+/// was trained on when known.
+#[derive(Clone, Copy)]
+pub struct Trained<'a> {
+    pub model: &'a Model,
+    pub shapes: Option<&'a TrainedShapes>,
+}
+
+/// Places `task` with several runs trained apart (other seeds of one
+/// configuration). Each run's guard chooses as [`plan`] does. Of their
+/// choices, the one that all the runs' cost networks predict cheapest
+/// (the mean over every member of every run) is returned. One run: the
+/// same as [`plan`].
+///
+/// Why: two fine-tuned runs differ, in their policies and their cost
+/// networks, most on densities they did not train on. Each run's choice
+/// already passed its own guard; the ensemble of both networks then
+/// judges between them, which averages out one run's mistakes
+/// (docs/results.md, "Two runs plan together").
+///
+/// Every candidate of every run is kept once (the first run to propose a
+/// plan names it), priced by every run's members, so `--compare` and
+/// [`verify`] see them all. The doubts are those of the run whose choice
+/// won; the notes, every run's.
+pub fn plan_jointly(runs: &[Trained], task: &Task, mem: &MemoryModel) -> anyhow::Result<Guarded> {
+    let (first, others) = runs
+        .split_first()
+        .ok_or_else(|| anyhow::anyhow!("no trained run to place with"))?;
+    if others.is_empty() {
+        return plan(first.model, first.shapes, task, mem);
+    }
+    // One after another: libtorch's modules cannot be shared between
+    // threads, so the time grows with the runs.
+    let guards = runs
+        .iter()
+        .map(|r| plan(r.model, r.shapes, task, mem))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut candidates: Vec<Candidate> = Vec::new();
+    let mut picks = Vec::with_capacity(guards.len());
+    for (run, g) in guards.iter().enumerate() {
+        for (k, c) in g.candidates.iter().enumerate() {
+            let at = match candidates.iter().position(|o| o.plan == c.plan) {
+                Some(at) => at,
+                None => {
+                    candidates.push(Candidate {
+                        run,
+                        predicted: Vec::new(),
+                        ..c.clone()
+                    });
+                    candidates.len() - 1
+                }
+            };
+            if k == g.chosen {
+                picks.push((at, run));
+            }
+        }
+    }
+    let models: Vec<&Model> = runs.iter().map(|r| r.model).collect();
+    let plans: Vec<&Plan> = candidates.iter().map(|c| &c.plan).collect();
+    let priced = joint_costs(&models, &task.tables, &plans);
+    for (c, predicted) in candidates.iter_mut().zip(priced) {
+        c.predicted = predicted;
+    }
+    let (chosen, by) = picks
+        .iter()
+        .copied()
+        .min_by(|a, b| {
+            candidates[a.0]
+                .mean()
+                .total_cmp(&candidates[b.0].mean())
+                .then(a.0.cmp(&b.0))
+        })
+        .expect("one choice per run");
+    let mut notes: Vec<String> = Vec::new();
+    for n in guards.iter().flat_map(|g| &g.notes) {
+        if !notes.contains(n) {
+            notes.push(n.clone());
+        }
+    }
+    Ok(Guarded {
+        candidates,
+        chosen,
+        doubts: guards[by].doubts.clone(),
+        notes,
+    })
+}
+
+/// Every model's member predictions of each plan, one after another: the
+/// members of an ensemble of runs.
+fn joint_costs(models: &[&Model], tables: &[common::Table], plans: &[&Plan]) -> Vec<Vec<f64>> {
+    let mut joint = vec![Vec::new(); plans.len()];
+    for m in models {
+        for (all, p) in joint.iter_mut().zip(m.member_costs(tables, plans)) {
+            all.extend(p);
+        }
+    }
+    joint
 }
 
 /// The candidate to return: the learned plan if there are no doubts of
@@ -268,35 +370,41 @@ fn disagreement(learned: &Candidate, h: &Candidate, margin: f64) -> Option<Strin
 /// Adds the other distinct ends of `plan`'s searches on the cost network
 /// ([`Model::basins`]) as candidates named [`BASIN`], for [`verify`] to
 /// measure; a plan already among the candidates is not added again.
-/// Returns how many were added. The choice without measurement does not
-/// change: the network ranks these plans below the learned one. Measured,
-/// one of them is sometimes faster (docs/results.md, "`--verify`
-/// measures the other basins").
-pub fn add_basins(g: &mut Guarded, model: &Model, task: &Task, mem: &MemoryModel) -> usize {
-    let basins: Vec<Plan> = model
-        .basins(task, mem)
-        .into_iter()
-        .map(|assignment| Plan {
-            devices: task.devices,
-            assignment,
-        })
-        .filter(|p| g.candidates.iter().all(|c| &c.plan != p))
-        .collect();
+/// `models`: the run's model, or every run's for [`plan_jointly`] (each
+/// run's basins, priced by all). Returns how many were added. The choice
+/// without measurement does not change: the network ranks these plans
+/// below the learned one. Measured, one of them is sometimes faster
+/// (docs/results.md, "`--verify` measures the other basins").
+pub fn add_basins(g: &mut Guarded, models: &[&Model], task: &Task, mem: &MemoryModel) -> usize {
+    let mut basins: Vec<(usize, Plan)> = Vec::new();
+    for (run, model) in models.iter().enumerate() {
+        for assignment in model.basins(task, mem) {
+            let plan = Plan {
+                devices: task.devices,
+                assignment,
+            };
+            let known = g.candidates.iter().any(|c| c.plan == plan);
+            if !known && basins.iter().all(|(_, b)| *b != plan) {
+                basins.push((run, plan));
+            }
+        }
+    }
     if basins.is_empty() {
         return 0;
     }
-    let refs: Vec<&Plan> = basins.iter().collect();
-    let predicted = model.member_costs(&task.tables, &refs);
+    let refs: Vec<&Plan> = basins.iter().map(|(_, p)| p).collect();
+    let predicted = joint_costs(models, &task.tables, &refs);
     let added = basins.len();
     g.candidates.extend(
         basins
             .into_iter()
             .zip(predicted)
-            .map(|(plan, predicted)| Candidate {
+            .map(|((run, plan), predicted)| Candidate {
                 method: BASIN,
                 plan,
                 predicted,
                 measured: None,
+                run,
             }),
     );
     added
@@ -363,6 +471,7 @@ mod tests {
             },
             predicted: predicted.to_vec(),
             measured: None,
+            run: 0,
         }
     }
 
@@ -641,9 +750,9 @@ mod tests {
             let model = Model::new(&cfg);
             let mut g = plan(&model, None, &task, &cfg.memory).unwrap();
             let (before, chosen, heuristic) = (g.candidates.len(), g.chosen, g.best_heuristic());
-            let added = add_basins(&mut g, &model, &task, &cfg.memory);
+            let added = add_basins(&mut g, &[&model], &task, &cfg.memory);
             assert_eq!(g.candidates.len(), before + added);
-            assert_eq!(add_basins(&mut g, &model, &task, &cfg.memory), 0, "once");
+            assert_eq!(add_basins(&mut g, &[&model], &task, &cfg.memory), 0, "once");
             assert_eq!(choose(&g, cfg.model.plan_margin), chosen);
             assert_eq!(g.best_heuristic(), heuristic, "a basin is no heuristic");
             let basins = model.basins(&task, &cfg.memory);
@@ -665,6 +774,74 @@ mod tests {
             assert_eq!(g.candidates[g.chosen].measured, Some(best));
         }
         assert!(added_somewhere > 0, "no task had another basin");
+    }
+
+    /// Two runs: each run's choice competes, priced by both runs'
+    /// members, and the one they price lowest is returned. One run: the
+    /// same as `plan`.
+    #[test]
+    fn runs_planning_together_return_the_choice_all_members_price_lowest() {
+        let (cfg, task) = small_task(0);
+        tch::manual_seed(1);
+        let a = Model::new(&cfg);
+        tch::manual_seed(2);
+        let b = Model::new(&cfg);
+        let (ta, tb) = (
+            Trained {
+                model: &a,
+                shapes: None,
+            },
+            Trained {
+                model: &b,
+                shapes: None,
+            },
+        );
+        let alone = plan(&a, None, &task, &cfg.memory).unwrap();
+        let one = plan_jointly(&[ta], &task, &cfg.memory).unwrap();
+        assert_eq!(one.plan(), alone.plan());
+        assert_eq!(one.candidates.len(), alone.candidates.len());
+
+        let gb = plan(&b, None, &task, &cfg.memory).unwrap();
+        assert_ne!(alone.plan(), gb.plan(), "the two runs choose apart here");
+        let joint = |p: &Plan| {
+            let mut all = a.member_costs(&task.tables, &[p]).remove(0);
+            all.extend(b.member_costs(&task.tables, &[p]).remove(0));
+            all.iter().sum::<f64>() / all.len() as f64
+        };
+        let g = plan_jointly(&[ta, tb], &task, &cfg.memory).unwrap();
+        let lower = if joint(alone.plan()) <= joint(gb.plan()) {
+            alone.plan()
+        } else {
+            gb.plan()
+        };
+        assert_eq!(g.plan(), lower);
+        assert!((g.candidates[g.chosen].mean() - joint(lower)).abs() < 1e-9);
+        // The order of the runs does not decide.
+        let swapped = plan_jointly(&[tb, ta], &task, &cfg.memory).unwrap();
+        assert_eq!(swapped.plan(), lower);
+        for (i, c) in g.candidates.iter().enumerate() {
+            assert_eq!(c.predicted.len(), 2, "one member per run");
+            assert!(g.candidates[..i].iter().all(|o| o.plan != c.plan), "once");
+        }
+        // Each run's learned plan is there, named by the run that proposed it.
+        for (run, learned) in [(0, &alone.candidates[0]), (1, &gb.candidates[0])] {
+            assert_eq!(learned.method, POLICY);
+            let c = g
+                .candidates
+                .iter()
+                .find(|c| c.plan == learned.plan)
+                .unwrap();
+            assert_eq!((c.method, c.run), (POLICY, run));
+        }
+        // Every run's basins join, priced by both.
+        let before = g.candidates.len();
+        let mut g = g;
+        let added = add_basins(&mut g, &[&a, &b], &task, &cfg.memory);
+        assert_eq!(g.candidates.len(), before + added);
+        assert!(g.candidates[before..]
+            .iter()
+            .all(|c| c.method == BASIN && c.predicted.len() == 2));
+        assert!(plan_jointly(&[], &task, &cfg.memory).is_err());
     }
 
     #[test]

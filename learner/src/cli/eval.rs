@@ -1,7 +1,6 @@
 //! `learner generate` and `learner eval`.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::Context;
 use common::config::Config;
@@ -37,7 +36,7 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let mut methods =
         Method::parse_list(&args.methods).map_err(|e| anyhow::anyhow!("--methods: {e}"))?;
-    let (checkpoint, model) = policy_model(&args, &mut methods)?;
+    let runs = policy_runs(&args, &mut methods)?;
     let suites = args
         .suite
         .iter()
@@ -63,14 +62,15 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         benchworker::Backend::Cuda => cfg.cuda.batch,
     };
     // The shapes the model was trained on, to warn about suites far from
-    // them when the policy is evaluated.
-    let shapes = checkpoint
-        .as_deref()
+    // them when the policy is evaluated (the first run's).
+    let shapes = runs
+        .as_ref()
         .filter(|_| methods.contains(&Method::Policy))
-        .and_then(TrainedShapes::read);
+        .and_then(|r| r.shapes[0].as_ref());
+    let trained = runs.as_ref().map(|r| r.trained()).unwrap_or_default();
     let mut nothing_measured = Vec::new();
     for suite in &suites {
-        if let Some(shapes) = &shapes {
+        if let Some(shapes) = shapes {
             warn_far_outside(suite, shapes);
         }
         let bar = progress(suite.tasks.len() as u64, &suite.path.display().to_string());
@@ -97,8 +97,7 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 mem: &cfg.memory,
                 cfg: &cfg.eval,
                 batch,
-                model: model.as_ref(),
-                shapes: shapes.as_ref(),
+                runs: &trained,
             },
             || {
                 bar.inc(1);
@@ -127,8 +126,9 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             writeln!(out, "{report}")?;
         }
         // The evaluated run keeps its results (the shipped model's folder
-        // is left as it is).
-        if let Some(run) = args.checkpoint.as_deref() {
+        // is left as it is, and so are runs evaluated together: the
+        // results are not one run's).
+        if let [run] = args.checkpoint.as_slice() {
             save_report(run, &suite.path, args.backend, &report)?;
         }
         let measured = |m: &crate::eval::MethodResult| m.per_task_ms.iter().any(Option::is_some);
@@ -176,30 +176,37 @@ fn save_report(
     Ok(())
 }
 
-/// The run whose model places as `policy`, and that model: `--checkpoint`,
-/// else the shipped pre-trained model when `policy` is asked for (or
-/// `all`, which then takes it in when there is one).
-fn policy_model(
+/// The runs whose models place as `policy`: each `--checkpoint`, else the
+/// shipped pre-trained model when `policy` is asked for (or `all`, which
+/// then takes it in when there is one).
+fn policy_runs(
     args: &EvalArgs,
     methods: &mut Vec<Method>,
-) -> anyhow::Result<(Option<PathBuf>, Option<model::Model>)> {
-    let checkpoint = match &args.checkpoint {
-        Some(run) => Some(run.clone()),
-        None if methods.contains(&Method::Policy) => Some(default_model().map_err(|e| {
+) -> anyhow::Result<Option<crate::checkpoint::Runs>> {
+    let dirs = match args.checkpoint.as_slice() {
+        [] if methods.contains(&Method::Policy) => vec![default_model().map_err(|e| {
             anyhow::anyhow!("--methods: `policy` needs --checkpoint RUN_DIR ({e})")
-        })?),
-        None if args.methods.trim() == "all" => default_model().ok(),
-        None => None,
+        })?],
+        [] if args.methods.trim() == "all" => default_model().into_iter().collect(),
+        given => given.to_vec(),
     };
-    let Some(run) = &checkpoint else {
-        return Ok((None, None));
-    };
-    let (_, model) = crate::checkpoint::load_run(run)?;
+    if dirs.is_empty() {
+        return Ok(None);
+    }
+    let runs = crate::checkpoint::Runs::load(&dirs)?;
     if args.methods.trim() == "all" {
         methods.push(Method::Policy);
     }
-    tracing::info!("`policy` places with the model in {}", run.display());
-    Ok((checkpoint, Some(model)))
+    let names: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    match names.as_slice() {
+        [one] => tracing::info!("`policy` places with the model in {one}"),
+        _ => tracing::info!(
+            "`policy` places with {} runs together ({}); the results are not saved into them",
+            names.len(),
+            names.join(", ")
+        ),
+    }
+    Ok(Some(runs))
 }
 
 /// `search` measures its budget of plans per task: cheap on `sim`, a real

@@ -128,8 +128,9 @@ pub enum Command {
     /// Example:
     ///
     ///   learner pretrain --config configs/pretrain.toml --run-dir models/pretrained
-    // Pre-training starts from fresh networks: --init (refused) is not shown.
-    #[command(mut_arg("init", |a| a.hide(true)))]
+    // Pre-training starts from fresh networks with its own seed: --init and
+    // --seed (refused) are not shown.
+    #[command(mut_arg("init", |a| a.hide(true)), mut_arg("seed", |a| a.hide(true)))]
     Pretrain(TrainArgs),
     /// Place your tables with a trained model, in milliseconds, without a GPU.
     ///
@@ -150,6 +151,8 @@ pub enum Command {
     /// ranks best 2 % cheaper. A warning says why.
     /// --verify BACKEND measures every candidate, with the other ends of the
     /// learned plan's searches, and returns the measured best.
+    /// --run given twice places with two runs trained apart: steadier plans
+    /// on shapes the runs did not train on.
     ///
     /// Examples:
     ///
@@ -160,6 +163,8 @@ pub enum Command {
     ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16 --method torchrec
     ///
     ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16 --checkpoint runs/first --verify sim
+    ///
+    ///   learner plan --tables my_tables.csv --devices 8 --memory-gb 16 --run runs/seed0 --run runs/seed1
     Plan(PlanArgs),
 }
 
@@ -196,9 +201,13 @@ pub struct PlanArgs {
     #[arg(long, value_name = "NAME")]
     pub optimizer: Option<common::Optimizer>,
     /// Run directory of a trained model (default: the shipped pre-trained
-    /// model, models/pretrained). --checkpoint is the same.
+    /// model, models/pretrained). --checkpoint is the same. Repeat it to
+    /// place with runs trained apart (other train.seed values): each run's
+    /// guard chooses, and all their cost networks judge between the
+    /// choices. Two runs give steadier plans than one on shapes not
+    /// trained on, for twice the training.
     #[arg(long = "run", visible_alias = "checkpoint", value_name = "DIR")]
-    pub checkpoint: Option<PathBuf>,
+    pub checkpoint: Vec<PathBuf>,
     /// Measure the final candidates (the learned plan, the other ends of its
     /// searches, the heuristics' plans) on this oracle and return the
     /// measured best, printing its measured cost against the best
@@ -346,6 +355,11 @@ pub struct TrainArgs {
     /// policy steps learn from them. A new run only; not for pretrain.
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = at_least_one)]
     pub measurements: Option<usize>,
+    /// The run's seed (it sets train.seed): runs of other seeds learn
+    /// apart, and `learner plan --run A --run B` places with two together.
+    /// A new run only; not for pretrain (pretrain.seed).
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole)]
+    pub seed: Option<usize>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -385,8 +399,10 @@ pub struct EvalArgs {
     /// is what `learner plan` returns (its network sizes come from the
     /// run's config.toml). Without it, `policy` (and `all`) use the shipped
     /// pre-trained model, models/pretrained. --checkpoint is the same.
+    /// Repeat it to evaluate runs placing together, as `learner plan
+    /// --run A --run B` does (the results are then not saved into a run).
     #[arg(long = "run", visible_alias = "checkpoint", value_name = "DIR")]
-    pub checkpoint: Option<PathBuf>,
+    pub checkpoint: Vec<PathBuf>,
 }
 
 /// Runs a parsed command, writing results to `out`.
@@ -569,23 +585,29 @@ mod tests {
             let e = train(argv).unwrap_err().to_string();
             assert!(e.contains("which run?"), "{e}");
         }
-        // plan and eval take --run, and --checkpoint as before.
-        for flag in ["--run", "--checkpoint"] {
-            let argv = [
-                "learner",
-                "plan",
-                "--tables",
-                "t.csv",
-                "--devices",
-                "2",
-                "--memory-gb",
-                "1",
-            ];
-            let cli = Cli::try_parse_from(argv.iter().copied().chain([flag, "r"])).unwrap();
+        // plan and eval take --run, and --checkpoint as before; several
+        // runs: each flag adds one, in order.
+        let argv = [
+            "learner",
+            "plan",
+            "--tables",
+            "t.csv",
+            "--devices",
+            "2",
+            "--memory-gb",
+            "1",
+        ];
+        let plan = |more: &[&'static str]| {
+            let cli = Cli::try_parse_from(argv.iter().chain(more).copied()).unwrap();
             let Command::Plan(p) = cli.command else {
                 unreachable!()
             };
-            assert_eq!(p.checkpoint, Some(r("r")));
+            p
+        };
+        for flag in ["--run", "--checkpoint"] {
+            assert_eq!(plan(&[flag, "r"]).checkpoint, vec![r("r")]);
         }
+        let p = plan(&["--run", "a", "--checkpoint", "b"]);
+        assert_eq!(p.checkpoint, vec![r("a"), r("b")]);
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use common::DeviceCost;
 use model::baselines::Method;
-use model::guard::{Candidate, Guarded};
+use model::guard::{Candidate, Guarded, Trained};
 use model::shapes::TrainedShapes;
 use rand::SeedableRng;
 
@@ -15,15 +15,23 @@ use crate::run::RunDir;
 pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     // One episode's tensors are tiny: a thread pool only adds latency.
     tch::set_num_threads(1);
-    let checkpoint = match &args.checkpoint {
-        Some(path) => path.clone(),
-        None => {
+    let dirs = match args.checkpoint.as_slice() {
+        [] => {
             let shipped = default_model()?;
             tracing::info!("placing with the shipped model in {}", shipped.display());
-            shipped
+            vec![shipped]
         }
+        given => given.to_vec(),
     };
-    let (mut run_cfg, model) = crate::checkpoint::load_run(&checkpoint)?;
+    let runs = crate::checkpoint::Runs::load(&dirs)?;
+    if runs.dirs.len() > 1 {
+        tracing::info!(
+            "placing with {} runs together: each run's guard chooses, and all their cost \
+             networks judge between the choices",
+            runs.dirs.len()
+        );
+    }
+    let mut run_cfg = runs.cfg.clone();
     if let Some(p) = args.precision.filter(|&p| p != run_cfg.memory.precision) {
         tracing::warn!(
             "--precision {}: memory is counted with {} weights, but the model learned its \
@@ -44,7 +52,6 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         run_cfg.memory.optimizer = o;
     }
     let task = user_task(&args, &run_cfg.memory)?;
-    let shapes = TrainedShapes::read(&checkpoint);
     // libtorch prepares each kind of operation on its first call; one tiny
     // placement first keeps that out of the placement's own time (both are
     // logged).
@@ -55,10 +62,15 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         memory_gb: 1e6,
         tables: task.tables.iter().take(2).cloned().collect(),
     };
-    model::guard::plan(&model, None, &tiny, &run_cfg.memory)?;
+    let bare: Vec<Trained> = runs
+        .trained()
+        .into_iter()
+        .map(|t| Trained { shapes: None, ..t })
+        .collect();
+    model::guard::plan_jointly(&bare, &tiny, &run_cfg.memory)?;
     let warm = warm.elapsed();
     let start = std::time::Instant::now();
-    let mut guarded = model::guard::plan(&model, shapes.as_ref(), &task, &run_cfg.memory)?;
+    let mut guarded = model::guard::plan_jointly(&runs.trained(), &task, &run_cfg.memory)?;
     let elapsed = start.elapsed();
     if args.method == Method::Policy {
         warn_of_doubts(&guarded);
@@ -78,7 +90,8 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut noise = None;
     if let (Some(o), Some(b)) = (oracle.as_mut(), args.verify) {
         if args.method == Method::Policy {
-            let added = model::guard::add_basins(&mut guarded, &model, &task, &run_cfg.memory);
+            let added =
+                model::guard::add_basins(&mut guarded, &runs.models(), &task, &run_cfg.memory);
             tracing::info!(
                 "--verify {}: measuring {}, {} of them `basin`: other ends of `plan`'s \
                  searches on the cost network",
@@ -97,10 +110,10 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         let oracle = oracle
             .as_mut()
             .map(|o| o.as_mut() as &mut dyn benchworker::Oracle);
-        choose_method(&mut guarded, args.method, &task, &model, &run_cfg, oracle)?;
+        choose_method(&mut guarded, args.method, &task, &runs, &run_cfg, oracle)?;
     }
     let plan = guarded.plan().clone();
-    let (per_device, cost) = model.estimate(&task.tables, &plan);
+    let (per_device, cost) = runs.estimate(&task.tables, &plan);
     let per_device = predicted_devices(&per_device);
     tracing::info!(
         "placed {} on {} with `{}` in {:.2} ms after a {:.2} ms warm-up \
@@ -113,6 +126,21 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     );
     let mut err = std::io::stderr().lock();
     write!(err, "{}", summary(&task, &guarded, &per_device, &run_cfg))?;
+    if runs.dirs.len() > 1 && args.method == Method::Policy {
+        let c = &guarded.candidates[guarded.chosen];
+        let whose = match c.learned() {
+            true => format!("the learned plan of --run {}", runs.dirs[c.run].display()),
+            false => format!("`{}`'s", c.method),
+        };
+        writeln!(
+            err,
+            "  {} runs placed together: the plan is {whose}, predicted {:.3} ms by all {} \
+             members",
+            runs.dirs.len(),
+            c.mean(),
+            c.predicted.len()
+        )?;
+    }
     if args.compare {
         write!(err, "{}", comparison(&guarded))?;
     }
@@ -238,7 +266,7 @@ fn choose_method(
     guarded: &mut Guarded,
     method: Method,
     task: &common::Task,
-    model: &model::Model,
+    runs: &crate::checkpoint::Runs,
     cfg: &common::config::Config,
     oracle: Option<&mut dyn benchworker::Oracle>,
 ) -> anyhow::Result<()> {
@@ -274,7 +302,7 @@ fn choose_method(
             (found.plan, Some(found.cost_ms))
         }
         m => {
-            let ctx = model::baselines::Context::for_task(task, &cfg.memory, model.batch);
+            let ctx = model::baselines::Context::for_task(task, &cfg.memory, runs.models[0].batch);
             let plan = model::baselines::place(m, &ctx, &mut rng).ok_or_else(|| {
                 anyhow::anyhow!(
                     "`{}` found no placement that fits {} GiB per device",
@@ -289,12 +317,13 @@ fn choose_method(
             (plan, measured)
         }
     };
-    let (_, predicted) = model.estimate(&task.tables, &plan);
+    let (_, predicted) = runs.estimate(&task.tables, &plan);
     guarded.candidates.push(Candidate {
         method: method.name(),
         plan,
         predicted: vec![predicted],
         measured,
+        run: 0,
     });
     guarded.chosen = guarded.candidates.len() - 1;
     Ok(())
@@ -422,7 +451,12 @@ fn comparison(guarded: &Guarded) -> String {
         s,
         "  method        predicted ms  worst member  measured ms  vs chosen"
     );
+    let several = guarded.candidates.iter().any(|c| c.run > 0);
     for (i, c) in guarded.candidates.iter().enumerate() {
+        let method = match several && c.learned() {
+            true => format!("{} ({})", c.method, c.run + 1),
+            false => c.method.to_string(),
+        };
         let vs = match (key(c), key(chosen)) {
             (Some(x), Some(y)) if y > 0.0 => format!("{:+.2} %", (x / y - 1.0) * 100.0),
             _ => "-".into(),
@@ -430,7 +464,7 @@ fn comparison(guarded: &Guarded) -> String {
         let _ = writeln!(
             s,
             "  {:<12}  {:>12.3}  {:>12}  {:>11}  {:>9}{}",
-            c.method,
+            method,
             c.mean(),
             // A plan priced by the members' mean alone has no worst member.
             match c.predicted.len() {
@@ -445,6 +479,9 @@ fn comparison(guarded: &Guarded) -> String {
                 ""
             }
         );
+    }
+    if several {
+        let _ = writeln!(s, "  (N): the learned plan of the N-th --run");
     }
     if !measured {
         let _ = writeln!(
@@ -482,6 +519,7 @@ fn placement_document(
                 "predicted_ms": c.mean(),
                 "predicted_ms_members": c.predicted,
                 "measured_ms": c.measured,
+                "run": c.run,
             })
         })
         .collect();

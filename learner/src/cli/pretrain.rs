@@ -26,6 +26,11 @@ pub(super) fn pretrain(mut args: TrainArgs, out: &mut dyn Write) -> anyhow::Resu
         "pretrain measures its bulk and its stage 2 as its configuration says (set \
          train.measure_per_iteration there): drop --measurements"
     );
+    anyhow::ensure!(
+        args.seed.is_none(),
+        "pretrain draws its tasks and plans with pretrain.seed (set it in the \
+         configuration): drop --seed"
+    );
     let stage1 = dir.join(pretrain::STAGE1);
     let cfg = if args.resume && dir.join(RunDir::CONFIG).exists() {
         Config::load_run(&dir.join(RunDir::CONFIG))?

@@ -75,6 +75,14 @@ impl TrainSetup {
                 t.measure_greedy_share
             );
         }
+        if let Some(seed) = args.seed {
+            anyhow::ensure!(
+                start == Start::Fresh,
+                "--seed sets a new run's seed; a resumed run keeps the one in its config.toml \
+                 (drop --seed)"
+            );
+            cfg.train.seed = seed as u64;
+        }
         // The threads asked for are part of the run: written to its
         // config.toml, so that a resume runs the same way unless told
         // otherwise.

@@ -2,7 +2,9 @@
 //! table per line after the header. Reading validates every field and names
 //! the file, line and field of the first fault.
 //!
-//! A file may give only `name,rows,dim`, or `name,rows,dim,pooling_factor`:
+//! Columns are found by name, in any case and any order; other columns
+//! (a dataframe's index, notes) are ignored with a warning. A file may give
+//! only `name,rows,dim`, with or without `pooling_factor` and the bins:
 //! what users know of their tables. The missing columns take defaults, with
 //! one warning naming them: the pooling factor the trace's mean,
 //! [`crate::generate::published::mean_pooling`] (15.8 lookups per sample),
@@ -84,23 +86,84 @@ pub fn header() -> Vec<String> {
     h
 }
 
-/// The columns a pool CSV may stop after: `name,rows,dim` and
-/// `name,rows,dim,pooling_factor`; the rest take defaults.
-const SHORT_HEADERS: [usize; 2] = [3, 4];
+/// Where each column of a pool CSV lies, found by name (in any case and
+/// any order); columns of other names are ignored.
+struct Columns {
+    name: usize,
+    rows: usize,
+    dim: usize,
+    pooling: Option<usize>,
+    /// All of `bin_0..bin_16`, or none.
+    bins: Option<Vec<usize>>,
+    /// The other columns' names, for a warning.
+    ignored: Vec<String>,
+}
 
-/// What a file of `columns` columns lacks and what its tables take
-/// instead, for the warning.
-fn defaults_taken(columns: usize) -> String {
-    let bins = "the reuse bins of the trace's aggregate, about half the unique rows used once \
-                (more reuse where a table is too small for it)";
+impl Columns {
+    /// Finds the columns in a header, or says what is wrong with it.
+    fn find(got: &[String]) -> std::result::Result<Columns, String> {
+        let got: Vec<String> = got.iter().map(|g| g.to_lowercase()).collect();
+        for (i, g) in got.iter().enumerate() {
+            if !g.is_empty() && got[..i].contains(g) {
+                return Err(format!("the column `{g}` appears twice"));
+            }
+        }
+        let at = |n: &str| got.iter().position(|g| g == n);
+        let need = |n: &str| at(n).ok_or_else(|| format!("no `{n}` column"));
+        let (name, rows, dim) = (need("name")?, need("rows")?, need("dim")?);
+        let bins: Vec<Option<usize>> = (0..NUM_BINS).map(|k| at(&format!("bin_{k}"))).collect();
+        let bins = match bins.iter().position(Option::is_none) {
+            None => Some(bins.into_iter().flatten().collect()),
+            Some(_) if bins.iter().all(Option::is_none) => None,
+            Some(k) => {
+                return Err(format!(
+                    "no `bin_{k}` column: give all of bin_0..bin_{} or none",
+                    NUM_BINS - 1
+                ))
+            }
+        };
+        let known = header();
+        let ignored = got
+            .iter()
+            .filter(|g| !known.contains(g))
+            .map(|g| match g.is_empty() {
+                true => "(unnamed)".to_string(),
+                false => format!("`{g}`"),
+            })
+            .collect();
+        Ok(Columns {
+            name,
+            rows,
+            dim,
+            pooling: at("pooling_factor"),
+            bins,
+            ignored,
+        })
+    }
+}
+
+/// What a file without a pooling factor or reuse bins lacks, and what its
+/// tables take instead, for the warning; `None` when it lacks neither.
+fn defaults_taken(pooling: bool, bins: bool) -> Option<String> {
+    let reuse = "the reuse bins of the trace's aggregate, about half the unique rows used once \
+                 (more reuse where a table is too small for it)";
+    let mean = format!(
+        "pooling_factor {:.1}, the mean of Meta's dlrm_datasets trace",
+        crate::generate::published::mean_pooling()
+    );
     let fix = "scripts/pool-from-trace.py derives both from a lookup trace";
-    match columns {
-        3 => format!(
-            "no pooling_factor and no reuse bins (bin_0..bin_16): every table takes \
-             pooling_factor {:.1}, the mean of Meta's dlrm_datasets trace, and {bins}; {fix}",
-            crate::generate::published::mean_pooling()
-        ),
-        _ => format!("no reuse bins (bin_0..bin_16): every table takes {bins}; {fix}"),
+    match (pooling, bins) {
+        (true, true) => None,
+        (false, false) => Some(format!(
+            "no pooling_factor and no reuse bins (bin_0..bin_16): every table takes {mean}, \
+             and {reuse}; {fix}"
+        )),
+        (true, false) => Some(format!(
+            "no reuse bins (bin_0..bin_16): every table takes {reuse}; {fix}"
+        )),
+        (false, true) => Some(format!(
+            "no pooling_factor: every table takes {mean}; {fix}"
+        )),
     }
 }
 
@@ -141,50 +204,49 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
         .trim(csv::Trim::All)
         .flexible(true)
         .from_reader(text.as_slice());
-    let full = header();
     let got = rdr
         .headers()
         .map_err(|e| csv_err(1, "", format!("header: {e}")))?
         .clone();
     let got: Vec<String> = got.iter().map(|s| s.to_string()).collect();
-    let short = SHORT_HEADERS.contains(&got.len()) && got[..] == full[..got.len()];
-    if got != full && !short {
-        return Err(csv_err(
+    let cols = Columns::find(&got).map_err(|why| {
+        csv_err(
             lines
                 .line_of(rdr.headers().ok().and_then(|h| h.position()))
                 .max(1),
             "",
             format!(
-                "header: expected `name,rows,dim`, optionally followed by `pooling_factor` or by \
-                 `pooling_factor,bin_0,…,bin_16`, found `{}` (scripts/pool-from-trace.py \
-                 writes every column from a lookup trace)",
+                "header: {why}, in `{}`; a pool CSV has the columns `name,rows,dim`, and may \
+                 add `pooling_factor` and `bin_0` to `bin_16`, in any order \
+                 (scripts/pool-from-trace.py writes every column from a lookup trace)",
                 got.join(",")
             ),
-        ));
-    }
-    let expected = got;
+        )
+    })?;
     let mut tables = Vec::new();
     let mut names = HashSet::new();
     for rec in rdr.records() {
         let rec = rec.map_err(|e| csv_err(lines.line_of(e.position()), "", e.to_string()))?;
         let line = lines.line_of(rec.position());
-        if rec.len() != expected.len() {
+        if rec.len() != got.len() {
             return Err(csv_err(
                 line,
                 "",
                 format!(
                     "expected {} fields, found {} (the header has {})",
-                    expected.len(),
+                    got.len(),
                     rec.len(),
-                    if expected.len() > 4 {
+                    if got == header() {
                         "name,rows,dim,pooling_factor,bin_0,…,bin_16".to_string()
+                    } else if got.len() <= 6 {
+                        got.join(",")
                     } else {
-                        expected.join(",")
+                        format!("{} columns", got.len())
                     }
                 ),
             ));
         }
-        let name = rec[0].to_string();
+        let name = rec[cols.name].to_string();
         if name.is_empty() {
             return Err(csv_err(line, "name", "empty table name".into()));
         }
@@ -198,12 +260,12 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
                 ),
             ));
         }
-        let rows: u64 = parse_positive_int(&rec[1], MAX_ROWS)
-            .map_err(|m| csv_err(line, "rows", format!("`{}`: {m}", &rec[1])))?;
-        let dim = parse_positive_int(&rec[2], MAX_DIM)
-            .map_err(|m| csv_err(line, "dim", format!("`{}`: {m}", &rec[2])))?
-            as u32;
-        let pooling = match rec.get(3) {
+        let (rows, dim) = (&rec[cols.rows], &rec[cols.dim]);
+        let rows: u64 = parse_positive_int(rows, MAX_ROWS)
+            .map_err(|m| csv_err(line, "rows", format!("`{rows}`: {m}")))?;
+        let dim = parse_positive_int(dim, MAX_DIM)
+            .map_err(|m| csv_err(line, "dim", format!("`{dim}`: {m}")))? as u32;
+        let pooling = match cols.pooling.map(|k| &rec[k]) {
             None => crate::generate::published::mean_pooling(),
             Some(field) => parse_finite(field)
                 .and_then(|v| {
@@ -216,9 +278,9 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
                 .map_err(|m| csv_err(line, "pooling_factor", format!("`{field}`: {m}")))?,
         };
         let mut bins = crate::generate::default_bins(rows, pooling);
-        if rec.len() == full.len() {
+        if let Some(at) = &cols.bins {
             for (k, bin) in bins.iter_mut().enumerate() {
-                let field = &rec[4 + k];
+                let field = &rec[at[k]];
                 *bin = parse_finite(field)
                     .and_then(|v| {
                         if (0.0..=1.0).contains(&v) {
@@ -256,8 +318,16 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
     if tables.is_empty() {
         return Err(csv_err(1, "", "the pool holds no table".into()));
     }
-    if expected.len() < full.len() {
-        tracing::warn!("{}: {}", path.display(), defaults_taken(expected.len()));
+    if let Some(why) = defaults_taken(cols.pooling.is_some(), cols.bins.is_some()) {
+        tracing::warn!("{}: {why}", path.display());
+    }
+    if !cols.ignored.is_empty() {
+        tracing::warn!(
+            "{}: ignoring the columns {} (a pool CSV reads name, rows, dim, pooling_factor \
+             and bin_0..bin_16)",
+            path.display(),
+            cols.ignored.join(", ")
+        );
     }
     Ok(tables)
 }
@@ -501,7 +571,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("p.csv:1") && e.contains("header"), "{e}");
-        assert!(e.contains("expected `name,rows,dim`"), "{e}");
+        assert!(e.contains("no `dim` column, in `name,rows`"), "{e}");
+        assert!(e.contains("the columns `name,rows,dim`"), "{e}");
         let e = read_from(" {\"pool\": \"pool.csv\"}".as_bytes(), Path::new("s.json"))
             .unwrap_err()
             .to_string();
@@ -544,10 +615,14 @@ mod tests {
         let t = read_from("name,rows,dim,pooling_factor\nu,1000,8,2.5\n".as_bytes(), p).unwrap();
         assert_eq!(t[0].pooling_factor, 2.5);
         assert_eq!(t[0].bins, crate::generate::default_bins(1000, 2.5));
-        // Columns in another order, a bin missing, a line too short.
+        // A bin missing, a column twice, a line too short.
         for (text, words) in [
-            ("rows,name,dim\n1,a,2\n", "found `rows,name,dim`"),
+            ("name,rows,dim,bin_0\na,1,2,1\n", "no `bin_1` column"),
             ("name,rows,dim,bin_0\na,1,2,1\n", "pool-from-trace.py"),
+            (
+                "name,rows,dim,Rows\na,1,2,1\n",
+                "the column `rows` appears twice",
+            ),
             (
                 "name,rows,dim\na,10\n",
                 "expected 3 fields, found 2 (the header has name,rows,dim)",
@@ -556,7 +631,13 @@ mod tests {
             let e = read_from(text.as_bytes(), p).unwrap_err().to_string();
             assert!(e.contains(words), "{words:?} not in {e}");
         }
-        assert!(defaults_taken(3).contains("pooling_factor 15.8"));
+        assert!(defaults_taken(false, false)
+            .unwrap()
+            .contains("pooling_factor 15.8"));
+        assert!(defaults_taken(false, true)
+            .unwrap()
+            .starts_with("no pooling_factor:"));
+        assert_eq!(defaults_taken(true, true), None);
         // A name too long to be one.
         let long = format!("name,rows,dim\n{},10,8\n", "x".repeat(MAX_NAME_BYTES + 1));
         let e = read_from(long.as_bytes(), p).unwrap_err().to_string();
@@ -564,6 +645,45 @@ mod tests {
             e.contains("mine.csv:2") && e.contains("more than the 1024"),
             "{e}"
         );
-        assert!(!defaults_taken(4).contains("pooling_factor"));
+        assert!(!defaults_taken(true, false)
+            .unwrap()
+            .contains("pooling_factor"));
+    }
+
+    /// Columns are found by name, in any case and order; others (an
+    /// index a dataframe wrote, notes) are ignored.
+    #[test]
+    fn columns_in_any_order_and_others_ignored() {
+        let good = row("a", "10", "8", "2", &GOOD_BINS);
+        let want = parse(&good).unwrap();
+        let mut cols = header();
+        cols.reverse();
+        let mut fields: Vec<&str> = good.split(',').collect();
+        fields.reverse();
+        let text = format!(",{},notes\n0,{},x\n", cols.join(","), fields.join(","));
+        let got = read_from(text.as_bytes(), Path::new("df.csv")).unwrap();
+        assert_eq!(got, want);
+        let t = read_from(
+            "Dim,note,NAME,Rows\n16,x,user,5000\n".as_bytes(),
+            Path::new("m.csv"),
+        )
+        .unwrap();
+        assert_eq!(
+            (t[0].name.as_str(), t[0].rows, t[0].dim),
+            ("user", 5000, 16)
+        );
+        let cols = Columns::find(&[
+            "".into(),
+            "name".into(),
+            "rows".into(),
+            "dim".into(),
+            "x".into(),
+        ])
+        .unwrap();
+        assert_eq!(cols.ignored, ["(unnamed)", "`x`"]);
+        assert_eq!(
+            (cols.name, cols.rows, cols.dim, cols.pooling),
+            (1, 2, 3, None)
+        );
     }
 }

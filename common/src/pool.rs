@@ -101,11 +101,15 @@ struct Columns {
 
 impl Columns {
     /// Finds the columns in a header, or says what is wrong with it.
-    fn find(got: &[String]) -> std::result::Result<Columns, String> {
-        let got: Vec<String> = got.iter().map(|g| g.to_lowercase()).collect();
+    fn find(given: &[String]) -> std::result::Result<Columns, String> {
+        let got: Vec<String> = given.iter().map(|g| g.to_lowercase()).collect();
+        let known = header();
         for (i, g) in got.iter().enumerate() {
-            if !g.is_empty() && got[..i].contains(g) {
-                return Err(format!("the column `{g}` appears twice"));
+            if let Some(j) = got[..i].iter().position(|o| o == g && known.contains(g)) {
+                return Err(format!(
+                    "the column `{g}` appears twice (`{}` and `{}`)",
+                    given[j], given[i]
+                ));
             }
         }
         let at = |n: &str| got.iter().position(|g| g == n);
@@ -122,11 +126,11 @@ impl Columns {
                 ))
             }
         };
-        let known = header();
-        let ignored = got
+        let ignored = given
             .iter()
-            .filter(|g| !known.contains(g))
-            .map(|g| match g.is_empty() {
+            .zip(&got)
+            .filter(|(_, g)| !known.contains(g))
+            .map(|(g, _)| match g.is_empty() {
                 true => "(unnamed)".to_string(),
                 false => format!("`{g}`"),
             })
@@ -621,7 +625,7 @@ mod tests {
             ("name,rows,dim,bin_0\na,1,2,1\n", "pool-from-trace.py"),
             (
                 "name,rows,dim,Rows\na,1,2,1\n",
-                "the column `rows` appears twice",
+                "the column `rows` appears twice (`rows` and `Rows`)",
             ),
             (
                 "name,rows,dim\na,10\n",
@@ -672,15 +676,9 @@ mod tests {
             (t[0].name.as_str(), t[0].rows, t[0].dim),
             ("user", 5000, 16)
         );
-        let cols = Columns::find(&[
-            "".into(),
-            "name".into(),
-            "rows".into(),
-            "dim".into(),
-            "x".into(),
-        ])
-        .unwrap();
-        assert_eq!(cols.ignored, ["(unnamed)", "`x`"]);
+        let cols =
+            Columns::find(&["", "name", "rows", "dim", "Note", "Note"].map(String::from)).unwrap();
+        assert_eq!(cols.ignored, ["(unnamed)", "`Note`", "`Note`"]);
         assert_eq!(
             (cols.name, cols.rows, cols.dim, cols.pooling),
             (1, 2, 3, None)

@@ -341,9 +341,23 @@ impl Runs {
     }
 
     /// Refuses a run that learned its costs of another thing than the
-    /// first run: another memory count, oracle or batch.
+    /// first run: another memory count, oracle, kernel or batch, or whose
+    /// cost network has another number of members (each member weighs
+    /// alike in the joint mean).
     fn check_alike(first: &Config, a: &Path, cfg: &Config, b: &Path) -> anyhow::Result<()> {
-        let backend = |c: &Config| c.cluster.backend.map_or("sim", |b| b.name());
+        use common::config::Backend;
+        // What a run's costs were measured with: the oracle, its kernel
+        // and its batch.
+        let oracle = |c: &Config| match c.cluster.backend {
+            Some(Backend::Cpu) => format!("the cpu backend, {} kernel", c.cpu.kernel.name()),
+            Some(Backend::Cuda) => format!("the cuda backend, {} kernel", c.cuda.kernel.name()),
+            _ => "the sim backend".to_string(),
+        };
+        let batch = |c: &Config| match c.cluster.backend {
+            Some(Backend::Cpu) => c.cpu.batch,
+            Some(Backend::Cuda) => c.cuda.batch,
+            _ => c.sim.batch,
+        };
         let differs = if first.memory != cfg.memory {
             Some(format!(
                 "memory ({} weights, {} state against {}, {})",
@@ -352,16 +366,18 @@ impl Runs {
                 first.memory.precision.name(),
                 first.memory.optimizer.name()
             ))
-        } else if backend(first) != backend(cfg) {
+        } else if oracle(first) != oracle(cfg) {
             Some(format!(
-                "oracle (the {} backend against {})",
-                backend(cfg),
-                backend(first)
+                "oracle ({} against {})",
+                oracle(cfg),
+                oracle(first)
             ))
-        } else if first.sim.batch != cfg.sim.batch {
+        } else if batch(first) != batch(cfg) {
+            Some(format!("batch ({} against {})", batch(cfg), batch(first)))
+        } else if first.model.cost_members != cfg.model.cost_members {
             Some(format!(
-                "batch ({} against {})",
-                cfg.sim.batch, first.sim.batch
+                "cost network ({} members against {})",
+                cfg.model.cost_members, first.model.cost_members
             ))
         } else {
             None
@@ -369,7 +385,8 @@ impl Runs {
         match differs {
             Some(what) => anyhow::bail!(
                 "--run {} learned its costs with another {what} than --run {}: runs placed \
-                 together must share [memory], the oracle and the batch",
+                 together must share [memory], the oracle, its batch and the number of cost \
+                 network members",
                 b.display(),
                 a.display()
             ),
@@ -483,6 +500,42 @@ pub fn split_optimizer(state: Vec<(String, Tensor)>) -> (NamedTensors, NamedTens
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs placed together must have learned the same costs: each way
+    /// one can differ is named.
+    #[test]
+    fn runs_that_learned_other_costs_are_not_placed_together() {
+        let first = Config::default();
+        let (a, b) = (Path::new("a"), Path::new("b"));
+        assert!(Runs::check_alike(&first, a, &first.clone(), b).is_ok());
+        let differ = |edit: &dyn Fn(&mut Config)| {
+            let mut cfg = first.clone();
+            edit(&mut cfg);
+            Runs::check_alike(&first, a, &cfg, b)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = differ(&|c| c.memory.precision = common::Precision::Fp32);
+        assert!(
+            e.contains("--run b learned its costs with another memory (fp32"),
+            "{e}"
+        );
+        let e = differ(&|c| c.cluster.backend = Some(common::config::Backend::Cpu));
+        assert!(e.contains("oracle (the cpu backend"), "{e}");
+        let e = differ(&|c| c.sim.batch *= 2);
+        assert!(e.contains("another batch"), "{e}");
+        let e = differ(&|c| c.model.cost_members += 1);
+        assert!(e.contains("cost network (2 members against 1)"), "{e}");
+        // The cpu batch counts on the cpu backend, the sim's does not.
+        let cpu = |c: &mut Config| c.cluster.backend = Some(common::config::Backend::Cpu);
+        let mut on_cpu = first.clone();
+        cpu(&mut on_cpu);
+        let mut other = on_cpu.clone();
+        other.sim.batch *= 2;
+        assert!(Runs::check_alike(&on_cpu, a, &other, b).is_ok());
+        other.cpu.batch *= 2;
+        assert!(Runs::check_alike(&on_cpu, a, &other, b).is_err());
+    }
 
     #[test]
     fn checkpoints_are_listed_by_their_counts_newest_first() {

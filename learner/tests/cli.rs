@@ -823,12 +823,13 @@ fn two_runs_place_together() {
         "{err}"
     );
     assert!(
-        err.contains("policy (2)") && err.contains("the N-th --run"),
+        err.contains("policy (2)") && err.contains("proposed by the N-th --run"),
         "{err}"
     );
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let candidates = v["candidates"].as_array().unwrap();
-    for run in [0, 1] {
+    for run in [&a, &b] {
+        let run = run.to_str().unwrap();
         assert!(
             candidates
                 .iter()

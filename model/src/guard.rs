@@ -105,6 +105,14 @@ pub struct Guarded {
 }
 
 impl Guarded {
+    /// Whether a table feature lies outside what the model was trained
+    /// on (a doubt that sets every learned plan aside).
+    pub fn out_of_distribution(&self) -> bool {
+        self.doubts
+            .iter()
+            .any(|d| d.starts_with(OUT_OF_DISTRIBUTION))
+    }
+
     pub fn plan(&self) -> &Plan {
         &self.candidates[self.chosen].plan
     }
@@ -122,6 +130,9 @@ impl Guarded {
             .min_by(|&a, &b| key(&self.candidates[a]).total_cmp(&key(&self.candidates[b])))
     }
 }
+
+/// How a doubt of distribution starts.
+const OUT_OF_DISTRIBUTION: &str = "out of distribution";
 
 /// The learned plan's name among the candidates.
 pub const POLICY: &str = "policy";
@@ -181,7 +192,7 @@ pub fn plan(
             notes.push(far);
         }
         for f in shapes.features_outside(&task.tables) {
-            doubts.push(format!("out of distribution: {f}"));
+            doubts.push(format!("{OUT_OF_DISTRIBUTION}: {f}"));
         }
     }
     let mut guarded = Guarded {
@@ -221,10 +232,11 @@ pub struct Trained<'a> {
 /// judges between them, which averages out one run's mistakes
 /// (docs/results.md, "Two runs plan together").
 ///
-/// Every candidate of every run is kept once (the first run to propose a
-/// plan names it), priced by every run's members, so `--compare` and
-/// [`verify`] see them all. The doubts are those of the run whose choice
-/// won; the notes, every run's.
+/// Every candidate of every run is kept once ([`merge`]), priced by every
+/// run's members, so `--compare` and [`verify`] see them all. Where any
+/// run finds a table out of its distribution, only such runs' choices
+/// compete ([`judge`]). The doubts are those of the run whose choice won;
+/// the notes, every run's.
 pub fn plan_jointly(runs: &[Trained], task: &Task, mem: &MemoryModel) -> anyhow::Result<Guarded> {
     let (first, others) = runs
         .split_first()
@@ -238,42 +250,14 @@ pub fn plan_jointly(runs: &[Trained], task: &Task, mem: &MemoryModel) -> anyhow:
         .iter()
         .map(|r| plan(r.model, r.shapes, task, mem))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut candidates: Vec<Candidate> = Vec::new();
-    let mut picks = Vec::with_capacity(guards.len());
-    for (run, g) in guards.iter().enumerate() {
-        for (k, c) in g.candidates.iter().enumerate() {
-            let at = match candidates.iter().position(|o| o.plan == c.plan) {
-                Some(at) => at,
-                None => {
-                    candidates.push(Candidate {
-                        run,
-                        predicted: Vec::new(),
-                        ..c.clone()
-                    });
-                    candidates.len() - 1
-                }
-            };
-            if k == g.chosen {
-                picks.push((at, run));
-            }
-        }
-    }
+    let (mut candidates, picks) = merge(&guards);
     let models: Vec<&Model> = runs.iter().map(|r| r.model).collect();
     let plans: Vec<&Plan> = candidates.iter().map(|c| &c.plan).collect();
     let priced = joint_costs(&models, &task.tables, &plans);
     for (c, predicted) in candidates.iter_mut().zip(priced) {
         c.predicted = predicted;
     }
-    let (chosen, by) = picks
-        .iter()
-        .copied()
-        .min_by(|a, b| {
-            candidates[a.0]
-                .mean()
-                .total_cmp(&candidates[b.0].mean())
-                .then(a.0.cmp(&b.0))
-        })
-        .expect("one choice per run");
+    let by = judge(&guards, &candidates, &picks);
     let mut notes: Vec<String> = Vec::new();
     for n in guards.iter().flat_map(|g| &g.notes) {
         if !notes.contains(n) {
@@ -282,10 +266,64 @@ pub fn plan_jointly(runs: &[Trained], task: &Task, mem: &MemoryModel) -> anyhow:
     }
     Ok(Guarded {
         candidates,
-        chosen,
+        chosen: picks[by],
         doubts: guards[by].doubts.clone(),
         notes,
     })
+}
+
+/// Every run's candidates once, in run order, unpriced, and where each
+/// run's choice lies among them. A heuristic's plan is the same in every
+/// run: it is kept once, by name. A learned plan (or basin) is kept once
+/// by plan, apart from the heuristics' even where it places alike (as
+/// [`plan`] keeps it), named by the first run that proposed it.
+fn merge(guards: &[Guarded]) -> (Vec<Candidate>, Vec<usize>) {
+    let mut candidates: Vec<Candidate> = Vec::new();
+    let mut picks = Vec::with_capacity(guards.len());
+    for (run, g) in guards.iter().enumerate() {
+        for (k, c) in g.candidates.iter().enumerate() {
+            let same = |o: &Candidate| match c.learned() {
+                true => o.learned() && o.plan == c.plan,
+                false => o.method == c.method,
+            };
+            let at = candidates.iter().position(same).unwrap_or_else(|| {
+                candidates.push(Candidate {
+                    run,
+                    predicted: Vec::new(),
+                    ..c.clone()
+                });
+                candidates.len() - 1
+            });
+            if k == g.chosen {
+                picks.push(at);
+            }
+        }
+    }
+    (candidates, picks)
+}
+
+/// Which run's choice to return: the one all members price lowest (the
+/// earlier run on a tie). Where any run finds the task out of its
+/// distribution, only such runs' choices (heuristics' plans) compete: a
+/// run with no doubt, trained elsewhere or with no record of its shapes,
+/// must not bring a learned plan past them.
+fn judge(guards: &[Guarded], candidates: &[Candidate], picks: &[usize]) -> usize {
+    let far: Vec<usize> = (0..guards.len())
+        .filter(|&r| guards[r].out_of_distribution())
+        .collect();
+    let eligible = match far.is_empty() {
+        true => (0..guards.len()).collect(),
+        false => far,
+    };
+    eligible
+        .into_iter()
+        .min_by(|&a, &b| {
+            candidates[picks[a]]
+                .mean()
+                .total_cmp(&candidates[picks[b]].mean())
+                .then(a.cmp(&b))
+        })
+        .expect("one choice per run")
 }
 
 /// Every model's member predictions of each plan, one after another: the
@@ -842,6 +880,92 @@ mod tests {
             .iter()
             .all(|c| c.method == BASIN && c.predicted.len() == 2));
         assert!(plan_jointly(&[], &task, &cfg.memory).is_err());
+    }
+
+    fn placed(method: &'static str, assignment: &[usize]) -> Candidate {
+        Candidate {
+            plan: Plan {
+                devices: 2,
+                assignment: assignment.to_vec(),
+            },
+            ..cand(method, &[1.0])
+        }
+    }
+
+    /// A heuristic's plan is kept once by name, a learned plan once by
+    /// plan, and a learned plan that places as a heuristic does stays
+    /// apart from it, as with one run.
+    #[test]
+    fn merging_runs_keeps_heuristics_by_name_and_learned_plans_by_plan() {
+        let a = Guarded {
+            chosen: 1,
+            ..guarded(
+                vec![
+                    placed(POLICY, &[0, 1]),
+                    placed("lookup", &[0, 1]),
+                    placed("dim", &[1, 0]),
+                ],
+                &[],
+            )
+        };
+        let b = Guarded {
+            chosen: 0,
+            ..guarded(
+                vec![
+                    placed(POLICY, &[1, 1]),
+                    placed("lookup", &[0, 1]),
+                    placed("dim", &[1, 0]),
+                ],
+                &[],
+            )
+        };
+        let c = Guarded {
+            chosen: 0,
+            ..guarded(
+                vec![placed(POLICY, &[0, 1]), placed("lookup", &[0, 1])],
+                &[],
+            )
+        };
+        let (merged, picks) = merge(&[a, b, c]);
+        let names: Vec<(&str, usize)> = merged.iter().map(|m| (m.method, m.run)).collect();
+        assert_eq!(
+            names,
+            [(POLICY, 0), ("lookup", 0), ("dim", 0), (POLICY, 1)],
+            "run 2's learned plan is run 0's"
+        );
+        assert_eq!(picks, [1, 3, 0]);
+        assert!(merged.iter().all(|m| m.predicted.is_empty()), "unpriced");
+    }
+
+    /// The lowest joint mean wins, the earlier run on a tie; a run out of
+    /// its distribution keeps the others' learned plans out.
+    #[test]
+    fn judging_runs_takes_the_cheapest_choice_unless_one_is_out_of_distribution() {
+        let candidates = vec![
+            cand(POLICY, &[9.0, 9.0]),
+            cand("torchrec", &[10.0, 10.0]),
+            cand(POLICY, &[8.0, 8.5]),
+            cand(POLICY, &[8.0, 8.5]),
+        ];
+        let plain = || guarded(Vec::new(), &[]);
+        let g = [plain(), plain(), plain()];
+        assert_eq!(judge(&g, &candidates, &[0, 2, 1]), 1);
+        assert_eq!(
+            judge(&g, &candidates, &[3, 2, 1]),
+            0,
+            "a tie: the earlier run"
+        );
+        let far = guarded(Vec::new(), &["out of distribution: the dim of `w` (2048)"]);
+        assert!(far.out_of_distribution());
+        assert!(
+            !guarded(Vec::new(), &["the cost network's 3 members disagree"]).out_of_distribution()
+        );
+        let g = [plain(), plain(), far];
+        assert_eq!(
+            judge(&g, &candidates, &[0, 2, 1]),
+            2,
+            "torchrec's, though dearer"
+        );
     }
 
     #[test]

@@ -129,7 +129,7 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if runs.dirs.len() > 1 && args.method == Method::Policy {
         let c = &guarded.candidates[guarded.chosen];
         let whose = match c.learned() {
-            true => format!("the learned plan of --run {}", runs.dirs[c.run].display()),
+            true => format!("`{}` of --run {}", c.method, runs.dirs[c.run].display()),
             false => format!("`{}`'s", c.method),
         };
         writeln!(
@@ -145,7 +145,9 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         write!(err, "{}", comparison(&guarded))?;
     }
     let doc = match args.format {
-        PlanFormat::Placement => placement_document(&task, &guarded, &per_device, cost)?,
+        PlanFormat::Placement => {
+            placement_document(&task, &guarded, &per_device, cost, &runs.dirs)?
+        }
         PlanFormat::Torchrec => serde_json::json!({
             "world_size": args.devices,
             "ranks": task
@@ -481,7 +483,7 @@ fn comparison(guarded: &Guarded) -> String {
         );
     }
     if several {
-        let _ = writeln!(s, "  (N): the learned plan of the N-th --run");
+        let _ = writeln!(s, "  (N): proposed by the N-th --run");
     }
     if !measured {
         let _ = writeln!(
@@ -494,12 +496,14 @@ fn comparison(guarded: &Guarded) -> String {
 }
 
 /// The placement JSON with the plan's estimate, the method that won, the
-/// guard's doubts and every candidate.
+/// guard's doubts and every candidate, with the run (of `runs`) that
+/// proposed it.
 fn placement_document(
     task: &common::Task,
     guarded: &Guarded,
     per_device: &[DeviceCost],
     cost: f64,
+    runs: &[PathBuf],
 ) -> anyhow::Result<serde_json::Value> {
     let plan = guarded.plan();
     let mut v = serde_json::to_value(common::Placement::from_plan(plan, &task.tables))?;
@@ -519,7 +523,7 @@ fn placement_document(
                 "predicted_ms": c.mean(),
                 "predicted_ms_members": c.predicted,
                 "measured_ms": c.measured,
-                "run": c.run,
+                "run": runs[c.run].display().to_string(),
             })
         })
         .collect();

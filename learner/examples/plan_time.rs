@@ -3,8 +3,9 @@
 //! With a suite instead, times the run's own `plan` settings on each of its
 //! tasks, alone and guarded (what `learner plan` runs): the median (the upper one, for an even count) over tasks of each
 //! task's median of 5 calls, the range, and how many tasks took over 10 ms.
-//! `--with RUN_B ...` adds the time of the runs placing together
-//! (`learner plan --run RUN_DIR --run RUN_B`).
+//! `--with RUN_B ...` adds the time of the runs placing together, one
+//! after another (`model::guard::plan_jointly`) and a thread each (what
+//! `learner plan --run RUN_DIR --run RUN_B` runs).
 //!
 //! cargo run --release --example plan_time -- RUN_DIR TABLES_CSV DEVICES MEMORY_GB
 //! cargo run --release --example plan_time -- RUN_DIR --suite SUITE.json [--with RUN_B ...]
@@ -21,8 +22,9 @@ fn main() -> anyhow::Result<()> {
             dirs.extend(args[4..].iter().map(std::path::PathBuf::from));
         }
         let together = learner::checkpoint::Runs::load(&dirs)?;
+        let threaded = std::cell::RefCell::new(learner::checkpoint::Runs::load(&dirs)?);
         let trained = together.trained();
-        for (guarded, joint) in [(false, false), (true, false), (true, true)] {
+        for (guarded, joint) in [(false, false), (true, false), (true, true), (false, true)] {
             if joint && dirs.len() == 1 {
                 continue;
             }
@@ -31,7 +33,10 @@ fn main() -> anyhow::Result<()> {
                 .iter()
                 .map(|task| {
                     median_of(5, || {
-                        if joint {
+                        if joint && !guarded {
+                            let g = threaded.borrow_mut().plan(task, &cfg.memory);
+                            drop(g.expect("a plan that fits"));
+                        } else if joint {
                             let g = model::guard::plan_jointly(&trained, task, &cfg.memory);
                             drop(g.expect("a plan that fits"));
                         } else if guarded {
@@ -48,7 +53,8 @@ fn main() -> anyhow::Result<()> {
                 "{} ({}) {} tasks: median {:.2} ms, {:.2} to {:.2} ms, {} over 10 ms",
                 args[2],
                 match (guarded, joint) {
-                    (_, true) => format!("{} runs together", dirs.len()),
+                    (true, true) => format!("{} runs together, one after another", dirs.len()),
+                    (false, true) => format!("{} runs together, a thread each", dirs.len()),
                     (true, false) => "guarded, as `learner plan`".into(),
                     (false, false) => "Model::plan".into(),
                 },

@@ -410,6 +410,39 @@ impl Runs {
         self.models.iter().collect()
     }
 
+    /// `plan`'s choice with every run, as [`model::guard::plan_jointly`]
+    /// makes it, but each run's guard on a thread of its own: a model may
+    /// move to another thread, not be shared by two, and these are owned
+    /// here.
+    pub fn plan(
+        &mut self,
+        task: &common::Task,
+        mem: &common::MemoryModel,
+    ) -> anyhow::Result<model::guard::Guarded> {
+        if self.models.len() == 1 {
+            return model::guard::plan(&self.models[0], self.shapes[0].as_ref(), task, mem);
+        }
+        let guards = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .models
+                .iter_mut()
+                .zip(&self.shapes)
+                .map(|(model, shapes)| {
+                    s.spawn(move || {
+                        // One episode's tensors are tiny: no thread pool.
+                        tch::set_num_threads(1);
+                        model::guard::plan(model, shapes.as_ref(), task, mem)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect::<anyhow::Result<Vec<_>>>()
+        })?;
+        Ok(model::guard::judge_runs(&guards, &self.models(), task))
+    }
+
     /// The cost networks' per-device `[fwd, bwd, comm]` and iteration
     /// cost of `plan`, averaged over the runs.
     pub fn estimate(&self, tables: &[common::Table], plan: &common::Plan) -> (Vec<[f64; 3]>, f64) {
@@ -500,6 +533,43 @@ pub fn split_optimizer(state: Vec<(String, Tensor)>) -> (NamedTensors, NamedTens
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Runs::plan`, a thread per run, chooses as `plan_jointly` does in
+    /// turn.
+    #[test]
+    fn runs_on_threads_choose_as_runs_in_turn() {
+        let cfg = Config::default();
+        let pool = common::generate::generate_pool(&cfg.generate, 7).unwrap();
+        let task = common::Task {
+            name: "t".into(),
+            devices: 4,
+            memory_gb: 100.0,
+            tables: pool[..24].to_vec(),
+        };
+        let mut runs = Runs {
+            cfg: cfg.clone(),
+            dirs: vec!["a".into(), "b".into()],
+            models: (1..=2)
+                .map(|seed| {
+                    tch::manual_seed(seed);
+                    Model::new(&cfg)
+                })
+                .collect(),
+            shapes: vec![None, None],
+        };
+        let in_turn = model::guard::plan_jointly(&runs.trained(), &task, &cfg.memory).unwrap();
+        let threaded = runs.plan(&task, &cfg.memory).unwrap();
+        assert_eq!(threaded.plan(), in_turn.plan());
+        assert_eq!(threaded.candidates.len(), in_turn.candidates.len());
+        for (t, i) in threaded.candidates.iter().zip(&in_turn.candidates) {
+            assert_eq!((t.method, t.run, &t.plan), (i.method, i.run, &i.plan));
+            assert_eq!(t.predicted, i.predicted);
+        }
+        assert!(
+            threaded.candidates.iter().any(|c| c.run == 1),
+            "both runs propose"
+        );
+    }
 
     /// Runs placed together must have learned the same costs: each way
     /// one can differ is named.

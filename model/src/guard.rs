@@ -245,31 +245,39 @@ pub fn plan_jointly(runs: &[Trained], task: &Task, mem: &MemoryModel) -> anyhow:
         return plan(first.model, first.shapes, task, mem);
     }
     // One after another: libtorch's modules cannot be shared between
-    // threads, so the time grows with the runs.
+    // threads (a caller owning the models can run them on threads of
+    // their own, then call [`judge_runs`]).
     let guards = runs
         .iter()
         .map(|r| plan(r.model, r.shapes, task, mem))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let (mut candidates, picks) = merge(&guards);
     let models: Vec<&Model> = runs.iter().map(|r| r.model).collect();
+    Ok(judge_runs(&guards, &models, task))
+}
+
+/// The second half of [`plan_jointly`]: each run's guarded choice
+/// (`guards`, one per model of `models`, in order), merged, priced by
+/// every model's members and judged.
+pub fn judge_runs(guards: &[Guarded], models: &[&Model], task: &Task) -> Guarded {
+    let (mut candidates, picks) = merge(guards);
     let plans: Vec<&Plan> = candidates.iter().map(|c| &c.plan).collect();
-    let priced = joint_costs(&models, &task.tables, &plans);
+    let priced = joint_costs(models, &task.tables, &plans);
     for (c, predicted) in candidates.iter_mut().zip(priced) {
         c.predicted = predicted;
     }
-    let by = judge(&guards, &candidates, &picks);
+    let by = judge(guards, &candidates, &picks);
     let mut notes: Vec<String> = Vec::new();
     for n in guards.iter().flat_map(|g| &g.notes) {
         if !notes.contains(n) {
             notes.push(n.clone());
         }
     }
-    Ok(Guarded {
+    Guarded {
         candidates,
         chosen: picks[by],
         doubts: guards[by].doubts.clone(),
         notes,
-    })
+    }
 }
 
 /// Every run's candidates once, in run order, unpriced, and where each

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use common::DeviceCost;
 use model::baselines::Method;
-use model::guard::{Candidate, Guarded, Trained};
+use model::guard::{Candidate, Guarded};
 use model::shapes::TrainedShapes;
 use rand::SeedableRng;
 
@@ -23,7 +23,7 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         given => given.to_vec(),
     };
-    let runs = crate::checkpoint::Runs::load(&dirs)?;
+    let mut runs = crate::checkpoint::Runs::load(&dirs)?;
     if runs.dirs.len() > 1 {
         tracing::info!(
             "placing with {} runs together: each run's guard chooses, and all their cost \
@@ -62,15 +62,10 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         memory_gb: 1e6,
         tables: task.tables.iter().take(2).cloned().collect(),
     };
-    let bare: Vec<Trained> = runs
-        .trained()
-        .into_iter()
-        .map(|t| Trained { shapes: None, ..t })
-        .collect();
-    model::guard::plan_jointly(&bare, &tiny, &run_cfg.memory)?;
+    runs.plan(&tiny, &run_cfg.memory)?;
     let warm = warm.elapsed();
     let start = std::time::Instant::now();
-    let mut guarded = model::guard::plan_jointly(&runs.trained(), &task, &run_cfg.memory)?;
+    let mut guarded = runs.plan(&task, &run_cfg.memory)?;
     let elapsed = start.elapsed();
     if args.method == Method::Policy {
         warn_of_doubts(&guarded);

@@ -232,10 +232,10 @@ pub struct Trained<'a> {
 /// judges between them, which averages out one run's mistakes
 /// (docs/results.md, "Two runs plan together").
 ///
-/// Every candidate of every run is kept once ([`merge`]), priced by every
+/// Every candidate of every run is kept once (`merge`), priced by every
 /// run's members, so `--compare` and [`verify`] see them all. Where any
 /// run finds a table out of its distribution, only such runs' choices
-/// compete ([`judge`]). The doubts are those of the run whose choice won;
+/// compete (`judge`). The doubts are those of the run whose choice won;
 /// the notes, every run's.
 pub fn plan_jointly(runs: &[Trained], task: &Task, mem: &MemoryModel) -> anyhow::Result<Guarded> {
     let (first, others) = runs

@@ -308,15 +308,12 @@ impl Runs {
     /// together must price the same thing: the same `[memory]`, oracle
     /// and batch. A run given twice is refused.
     pub fn load(dirs: &[PathBuf]) -> anyhow::Result<Runs> {
-        anyhow::ensure!(!dirs.is_empty(), "no run to place with");
-        let mut runs = Runs {
-            cfg: Config::default(),
-            dirs: Vec::new(),
-            models: Vec::new(),
-            shapes: Vec::new(),
-        };
+        let (first, _) = dirs
+            .split_first()
+            .ok_or_else(|| anyhow::anyhow!("no run to place with"))?;
         let mut seen = Vec::new();
-        for (k, dir) in dirs.iter().enumerate() {
+        let (mut cfg, mut models, mut shapes) = (None, Vec::new(), Vec::new());
+        for dir in dirs {
             let same = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone());
             if let Some(j) = seen.iter().position(|s| *s == same) {
                 anyhow::bail!(
@@ -327,17 +324,20 @@ impl Runs {
                 );
             }
             seen.push(same);
-            let (cfg, model) = load_run(dir)?;
-            if k == 0 {
-                runs.cfg = cfg;
-            } else {
-                Self::check_alike(&runs.cfg, &dirs[0], &cfg, dir)?;
+            let (this, model) = load_run(dir)?;
+            match &cfg {
+                None => cfg = Some(this),
+                Some(first_cfg) => Self::check_alike(first_cfg, first, &this, dir)?,
             }
-            runs.shapes.push(model::shapes::TrainedShapes::read(dir));
-            runs.models.push(model);
-            runs.dirs.push(dir.clone());
+            shapes.push(model::shapes::TrainedShapes::read(dir));
+            models.push(model);
         }
-        Ok(runs)
+        Ok(Runs {
+            cfg: cfg.expect("one run at least"),
+            dirs: dirs.to_vec(),
+            models,
+            shapes,
+        })
     }
 
     /// Refuses a run that learned its costs of another thing than the

@@ -124,11 +124,16 @@ impl Guarded {
     /// The best heuristic candidate: by measurement when measured, else
     /// by the pessimistic prediction.
     pub fn best_heuristic(&self) -> Option<usize> {
-        let key = |c: &Candidate| c.measured.unwrap_or(c.pessimistic());
-        (0..self.candidates.len())
-            .filter(|&i| !self.candidates[i].learned())
-            .min_by(|&a, &b| key(&self.candidates[a]).total_cmp(&key(&self.candidates[b])))
+        best_heuristic(&self.candidates)
     }
+}
+
+/// [`Guarded::best_heuristic`] of `candidates`.
+fn best_heuristic(candidates: &[Candidate]) -> Option<usize> {
+    let key = |c: &Candidate| c.measured.unwrap_or(c.pessimistic());
+    (0..candidates.len())
+        .filter(|&i| !candidates[i].learned())
+        .min_by(|&a, &b| key(&candidates[a]).total_cmp(&key(&candidates[b])))
 }
 
 /// How a doubt of distribution starts.
@@ -235,8 +240,10 @@ pub struct Trained<'a> {
 /// Every candidate of every run is kept once (`merge`), priced by every
 /// run's members, so `--compare` and [`verify`] see them all. Where any
 /// run finds a table out of its distribution, only such runs' choices
-/// compete (`judge`). The doubts are those of the run whose choice won;
-/// the notes, every run's.
+/// compete (`judge`). Where every competing run fell back to a
+/// heuristic's plan, the heuristic is the one a guard of every run's
+/// members would choose. The doubts are those of the run whose choice
+/// won; the notes, every run's.
 pub fn plan_jointly(runs: &[Trained], task: &Task, mem: &MemoryModel) -> anyhow::Result<Guarded> {
     let (first, others) = runs
         .split_first()
@@ -265,7 +272,8 @@ pub fn judge_runs(guards: &[Guarded], models: &[&Model], task: &Task) -> Guarded
     for (c, predicted) in candidates.iter_mut().zip(priced) {
         c.predicted = predicted;
     }
-    let by = judge(guards, &candidates, &picks);
+    let margin = models.first().map_or(0.0, |m| m.plan_cfg.plan_margin);
+    let (by, chosen) = judge(guards, &candidates, &picks, margin);
     let mut notes: Vec<String> = Vec::new();
     for n in guards.iter().flat_map(|g| &g.notes) {
         if !notes.contains(n) {
@@ -274,7 +282,7 @@ pub fn judge_runs(guards: &[Guarded], models: &[&Model], task: &Task) -> Guarded
     }
     Guarded {
         candidates,
-        chosen: picks[by],
+        chosen,
         doubts: guards[by].doubts.clone(),
         notes,
     }
@@ -310,20 +318,43 @@ fn merge(guards: &[Guarded]) -> (Vec<Candidate>, Vec<usize>) {
     (candidates, picks)
 }
 
-/// Which run's choice to return: the one all members price lowest (the
-/// earlier run on a tie). Where any run finds the task out of its
-/// distribution, only such runs' choices (heuristics' plans) compete: a
-/// run with no doubt, trained elsewhere or with no record of its shapes,
-/// must not bring a learned plan past them.
-fn judge(guards: &[Guarded], candidates: &[Candidate], picks: &[usize]) -> usize {
+/// Which run's choice to return, and where it lies among `candidates`:
+/// the one all members price lowest (the earlier run on a tie). Where any
+/// run finds the task out of its distribution, only such runs' choices
+/// (heuristics' plans) compete: a run with no doubt, trained elsewhere or
+/// with no record of its shapes, must not bring a learned plan past them.
+///
+/// Where every competing run fell back to a heuristic's plan, the
+/// heuristic is chosen as one run's guard would choose it, with every
+/// run's members (`fallback`): the lowest worst-member prediction,
+/// or out of distribution `torchrec`'s unless beaten by `margin`. So the
+/// choice is the best heuristic that `plan` reports, and it may be a
+/// heuristic no single run chose.
+fn judge(
+    guards: &[Guarded],
+    candidates: &[Candidate],
+    picks: &[usize],
+    margin: f64,
+) -> (usize, usize) {
     let far: Vec<usize> = (0..guards.len())
         .filter(|&r| guards[r].out_of_distribution())
         .collect();
-    let eligible = match far.is_empty() {
-        true => (0..guards.len()).collect(),
-        false => far,
+    let doubtful = !far.is_empty();
+    let eligible = match doubtful {
+        true => far,
+        false => (0..guards.len()).collect(),
     };
-    eligible
+    let all_heuristic = eligible.iter().all(|&r| !candidates[picks[r]].learned());
+    if let Some(h) = best_heuristic(candidates).filter(|_| all_heuristic) {
+        let chosen = fallback(candidates, h, doubtful, margin);
+        let by = eligible
+            .iter()
+            .copied()
+            .find(|&r| picks[r] == chosen)
+            .unwrap_or(eligible[0]);
+        return (by, chosen);
+    }
+    let by = eligible
         .into_iter()
         .min_by(|&a, &b| {
             candidates[picks[a]]
@@ -331,7 +362,8 @@ fn judge(guards: &[Guarded], candidates: &[Candidate], picks: &[usize]) -> usize
                 .total_cmp(&candidates[picks[b]].mean())
                 .then(a.cmp(&b))
         })
-        .expect("one choice per run")
+        .expect("one choice per run");
+    (by, picks[by])
 }
 
 /// Every model's member predictions of each plan, one after another: the
@@ -359,15 +391,23 @@ fn choose(g: &Guarded, margin: f64) -> usize {
     };
     let c = &g.candidates;
     if !g.doubts.is_empty() {
-        return match c.iter().position(|x| x.method == Method::Torchrec.name()) {
-            Some(t) if !cheaper_by(&c[h], &c[t], margin) => t,
-            _ => h,
-        };
+        return fallback(c, h, true, margin);
     }
     if c[0].method == POLICY && cheaper_by(&c[0], &c[h], margin) {
         0
     } else {
         h
+    }
+}
+
+/// The heuristic plan to return in place of a learned one, `h` being the
+/// best heuristic candidate: `h` itself, or out of distribution
+/// (`doubtful`) `torchrec`'s unless every member predicts `h` cheaper by
+/// `margin`.
+fn fallback(c: &[Candidate], h: usize, doubtful: bool, margin: f64) -> usize {
+    match c.iter().position(|x| x.method == Method::Torchrec.name()) {
+        Some(t) if doubtful && !cheaper_by(&c[h], &c[t], margin) => t,
+        _ => h,
     }
 }
 
@@ -957,10 +997,10 @@ mod tests {
         ];
         let plain = || guarded(Vec::new(), &[]);
         let g = [plain(), plain(), plain()];
-        assert_eq!(judge(&g, &candidates, &[0, 2, 1]), 1);
+        assert_eq!(judge(&g, &candidates, &[0, 2, 1], 0.02), (1, 2));
         assert_eq!(
-            judge(&g, &candidates, &[3, 2, 1]),
-            0,
+            judge(&g, &candidates, &[3, 2, 1], 0.02),
+            (0, 3),
             "a tie: the earlier run"
         );
         let far = guarded(Vec::new(), &["out of distribution: the dim of `w` (2048)"]);
@@ -970,10 +1010,38 @@ mod tests {
         );
         let g = [plain(), plain(), far];
         assert_eq!(
-            judge(&g, &candidates, &[0, 2, 1]),
-            2,
+            judge(&g, &candidates, &[0, 2, 1], 0.02),
+            (2, 1),
             "torchrec's, though dearer"
         );
+    }
+
+    /// Where every run fell back to a heuristic, the heuristic is the one
+    /// a guard of all the members chooses (the lowest worst member; out of
+    /// distribution `torchrec`'s unless beaten by the margin), though no
+    /// run chose it alone and another has a lower mean.
+    #[test]
+    fn runs_that_all_fell_back_take_the_heuristic_all_members_would() {
+        let candidates = vec![
+            cand(POLICY, &[7.0, 12.0]),
+            cand("lookup", &[8.0, 8.4]),
+            cand("size_lookup", &[7.0, 9.0]),
+            cand("torchrec", &[8.5, 8.5]),
+            cand(POLICY, &[9.0, 9.0]),
+        ];
+        let plain = || guarded(Vec::new(), &[]);
+        let g = [plain(), plain()];
+        // Mean: size_lookup 8.0 < lookup 8.2; worst member: lookup 8.4.
+        assert_eq!(judge(&g, &candidates, &[2, 3], 0.02), (0, 1));
+        assert_eq!(best_heuristic(&candidates), Some(1));
+        // A learned choice still competes by the mean.
+        assert_eq!(judge(&g, &candidates, &[2, 4], 0.02), (0, 2));
+        // Out of distribution: lookup does not beat torchrec by 2 % for
+        // every member (8.4 against 8.5), so torchrec's, in the far run.
+        let far = || guarded(Vec::new(), &["out of distribution: the rows of `t`"]);
+        assert_eq!(judge(&[plain(), far()], &candidates, &[0, 1], 0.02), (1, 3));
+        // With no margin, lookup beats it.
+        assert_eq!(judge(&[far(), far()], &candidates, &[3, 3], 0.0), (0, 1));
     }
 
     #[test]

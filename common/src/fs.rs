@@ -95,6 +95,24 @@ pub fn read_text(path: &Path) -> Result<String> {
     })
 }
 
+/// For a message about a path from a configuration that is not there:
+/// where a relative one was looked for (`; a configuration's relative
+/// paths start at the folder embshard runs in, here /x`). Empty for an
+/// absolute path.
+pub fn relative_hint(path: &Path) -> String {
+    if path.is_absolute() {
+        return String::new();
+    }
+    let here = std::env::current_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    format!(
+        "; a configuration's relative paths start at the folder embshard runs in, here {here} \
+         (run from the folder they start at, such as the repository's root, or make them \
+         absolute)"
+    )
+}
+
 /// A stable 64-bit hash (FNV-1a) for deriving seeds from names; std's hasher
 /// is not stable across releases.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
@@ -107,6 +125,14 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn a_relative_path_is_said_to_start_at_the_current_folder() {
+        let here = std::env::current_dir().unwrap();
+        let hint = relative_hint(Path::new("models/pretrained"));
+        assert!(hint.contains(&here.display().to_string()), "{hint}");
+        assert_eq!(relative_hint(&here.join("models")), "");
+    }
 
     #[test]
     fn durable_folders_are_made_with_their_parents_and_a_file_in_the_way_is_named() {

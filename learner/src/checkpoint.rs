@@ -468,6 +468,12 @@ impl Runs {
 /// whose cost network never did.
 pub fn load_init(run: &Path) -> anyhow::Result<(Config, Model)> {
     let what = || format!("train.init = {}", run.display());
+    anyhow::ensure!(
+        run.exists(),
+        "{}: no such folder{}",
+        what(),
+        common::fs::relative_hint(run)
+    );
     let config = run.join(RunDir::CONFIG);
     anyhow::ensure!(
         config.exists(),

@@ -104,17 +104,18 @@ pub fn train_tasks(cfg: &Config) -> anyhow::Result<Vec<common::Task>> {
     for (key, path) in suites {
         let loaded = common::Suite::load(path, &cfg.memory).with_context(|| {
             let dir = cfg.data.dir.display();
+            let relative = common::fs::relative_hint(path);
             let hint = if path.exists() {
                 String::new()
             } else if path.starts_with(&cfg.data.dir) {
                 format!(
                     " (`learner generate --config` with this configuration writes its suites \
-                     into data.dir = {dir})"
+                     into data.dir = {dir}{relative})"
                 )
             } else {
                 format!(
-                    " (not found from the current folder; `learner generate` writes suites \
-                     into data.dir = {dir}, or into its --out folder: set {key} to one of them)"
+                    " (`learner generate` writes suites into data.dir = {dir}, or into its \
+                     --out folder: set {key} to one of them{relative})"
                 )
             };
             format!("{key} = {}{hint}", path.display())

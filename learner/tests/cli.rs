@@ -879,3 +879,35 @@ fn two_runs_place_together() {
     );
     assert!(!a.join("eval").exists() && !b.join("eval").exists());
 }
+
+/// A configuration's relative paths start at the folder `learner` runs
+/// in: where one is missing, the error says which folder that was.
+#[test]
+fn a_missing_relative_path_names_the_folder_it_was_looked_for_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let here = dir.path().canonicalize().unwrap();
+    let cfg = here.join("c.toml");
+    let train = |text: &str| {
+        std::fs::write(&cfg, text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_learner"))
+            .args(["train", "--config", "c.toml", "--run-dir", "run"])
+            .current_dir(&here)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = train("[train]\nsuite = \"data/s.train.json\"\ninit = \"models/mine\"\n");
+    assert!(
+        err.contains("train.init = models/mine: no such folder")
+            && err.contains(&format!("here {}", here.display())),
+        "{err}"
+    );
+    let err = train("[train]\nsuite = \"data/s.train.json\"\n");
+    assert!(
+        err.contains("train.suite = data/s.train.json")
+            && err.contains(&format!("here {}", here.display())),
+        "{err}"
+    );
+    assert!(!here.join("run").exists(), "a refused run leaves no folder");
+}

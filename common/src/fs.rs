@@ -95,9 +95,9 @@ pub fn read_text(path: &Path) -> Result<String> {
     })
 }
 
-/// For a message about a path from a configuration that is not there:
-/// where a relative one was looked for (`; a configuration's relative
-/// paths start at the folder embshard runs in, here /x`). Empty for an
+/// For a message about a path (from a configuration or the command line)
+/// that is not there: where a relative one was looked for (`; relative
+/// paths start at the folder embshard runs in, here /x …`). Empty for an
 /// absolute path.
 pub fn relative_hint(path: &Path) -> String {
     if path.is_absolute() {
@@ -107,9 +107,9 @@ pub fn relative_hint(path: &Path) -> String {
         .map(|d| d.display().to_string())
         .unwrap_or_else(|_| "unknown".into());
     format!(
-        "; a configuration's relative paths start at the folder embshard runs in, here {here} \
-         (run from the folder they start at, such as the repository's root, or make them \
-         absolute)"
+        "; relative paths start at the folder embshard runs in, here {here} (run it from the \
+         folder the paths were written for, such as the repository's root for the shipped \
+         configs, or make them absolute)"
     )
 }
 

@@ -887,16 +887,21 @@ fn a_missing_relative_path_names_the_folder_it_was_looked_for_in() {
     let dir = tempfile::tempdir().unwrap();
     let here = dir.path().canonicalize().unwrap();
     let cfg = here.join("c.toml");
-    let train = |text: &str| {
+    let refused = |command: &str, text: &str| {
         std::fs::write(&cfg, text).unwrap();
+        let mut args = vec![command, "--config", "c.toml"];
+        if command == "train" {
+            args.extend(["--run-dir", "run"]);
+        }
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_learner"))
-            .args(["train", "--config", "c.toml", "--run-dir", "run"])
+            .args(args)
             .current_dir(&here)
             .output()
             .unwrap();
         assert!(!out.status.success());
         String::from_utf8_lossy(&out.stderr).to_string()
     };
+    let train = |text: &str| refused("train", text);
     let err = train("[train]\nsuite = \"data/s.train.json\"\ninit = \"models/mine\"\n");
     assert!(
         err.contains("train.init = models/mine: no such folder")
@@ -907,6 +912,17 @@ fn a_missing_relative_path_names_the_folder_it_was_looked_for_in() {
     assert!(
         err.contains("train.suite = data/s.train.json")
             && err.contains(&format!("here {}", here.display())),
+        "{err}"
+    );
+    let err = train("[data]\ndir = \"d\"\n[train]\nsuite = \"d/s.train.json\"\n");
+    assert!(
+        err.contains("writes its suites into data.dir = d;")
+            && err.contains(&format!("here {}", here.display())),
+        "{err}"
+    );
+    let err = refused("generate", "[data]\npool = \"mine.csv\"\n");
+    assert!(
+        err.contains("data.pool = mine.csv;") && err.contains(&format!("here {}", here.display())),
         "{err}"
     );
     assert!(!here.join("run").exists(), "a refused run leaves no folder");

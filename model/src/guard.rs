@@ -242,8 +242,9 @@ pub struct Trained<'a> {
 /// run finds a table out of its distribution, only such runs' choices
 /// compete (`judge`). Where every competing run fell back to a
 /// heuristic's plan, the heuristic is the one a guard of every run's
-/// members would choose. The doubts are those of the run whose choice
-/// won; the notes, every run's.
+/// members would choose, with the first run's `model.plan_margin`. The
+/// doubts are those of the run whose choice won (every run's where no
+/// run chose that heuristic alone); the notes, every run's.
 pub fn plan_jointly(runs: &[Trained], task: &Task, mem: &MemoryModel) -> anyhow::Result<Guarded> {
     let (first, others) = runs
         .split_first()
@@ -272,20 +273,32 @@ pub fn judge_runs(guards: &[Guarded], models: &[&Model], task: &Task) -> Guarded
     for (c, predicted) in candidates.iter_mut().zip(priced) {
         c.predicted = predicted;
     }
+    // The runs may be placed with other margins: the first run's rules.
     let margin = models.first().map_or(0.0, |m| m.plan_cfg.plan_margin);
     let (by, chosen) = judge(guards, &candidates, &picks, margin);
-    let mut notes: Vec<String> = Vec::new();
-    for n in guards.iter().flat_map(|g| &g.notes) {
-        if !notes.contains(n) {
-            notes.push(n.clone());
-        }
-    }
+    // A heuristic no run chose alone: each run's reasons for setting its
+    // learned plan aside, not one run's alone.
+    let whose: Vec<&Guarded> = match picks.contains(&chosen) {
+        true => vec![&guards[by]],
+        false => guards.iter().collect(),
+    };
     Guarded {
         candidates,
         chosen,
-        doubts: guards[by].doubts.clone(),
-        notes,
+        doubts: lines_once(whose.iter().map(|g| &g.doubts)),
+        notes: lines_once(guards.iter().map(|g| &g.notes)),
     }
+}
+
+/// The lines of every list, in order, each once.
+fn lines_once<'a>(lists: impl Iterator<Item = &'a Vec<String>>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for l in lists.flatten() {
+        if !out.contains(l) {
+            out.push(l.clone());
+        }
+    }
+    out
 }
 
 /// Every run's candidates once, in run order, unpriced, and where each
@@ -327,9 +340,9 @@ fn merge(guards: &[Guarded]) -> (Vec<Candidate>, Vec<usize>) {
 /// Where every competing run fell back to a heuristic's plan, the
 /// heuristic is chosen as one run's guard would choose it, with every
 /// run's members (`fallback`): the lowest worst-member prediction,
-/// or out of distribution `torchrec`'s unless beaten by `margin`. So the
-/// choice is the best heuristic that `plan` reports, and it may be a
-/// heuristic no single run chose.
+/// or out of distribution `torchrec`'s unless beaten by `margin`. So,
+/// within the distribution, the choice is the best heuristic that `plan`
+/// reports. It may be a heuristic no single run chose.
 fn judge(
     guards: &[Guarded],
     candidates: &[Candidate],
@@ -1034,6 +1047,8 @@ mod tests {
         // Mean: size_lookup 8.0 < lookup 8.2; worst member: lookup 8.4.
         assert_eq!(judge(&g, &candidates, &[2, 3], 0.02), (0, 1));
         assert_eq!(best_heuristic(&candidates), Some(1));
+        // The run that chose it, where one did.
+        assert_eq!(judge(&g, &candidates, &[3, 1], 0.02), (1, 1));
         // A learned choice still competes by the mean.
         assert_eq!(judge(&g, &candidates, &[2, 4], 0.02), (0, 2));
         // Out of distribution: lookup does not beat torchrec by 2 % for

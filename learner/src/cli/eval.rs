@@ -16,9 +16,13 @@ pub(super) fn generate(args: GenerateArgs, out: &mut dyn Write) -> anyhow::Resul
     let dir = args.out.unwrap_or_else(|| cfg.data.dir.clone());
     let g = crate::data::generate(&cfg, &dir).with_context(|| match &cfg.data.pool {
         Some(pool) => format!(
-            "generating data in {} from the tables of data.pool = {}",
+            "generating data in {} from the tables of data.pool = {}{}",
             dir.display(),
-            pool.display()
+            pool.display(),
+            match pool.exists() {
+                true => String::new(),
+                false => common::fs::relative_hint(pool),
+            }
         ),
         None => format!("generating data in {}", dir.display()),
     })?;

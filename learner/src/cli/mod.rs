@@ -201,12 +201,13 @@ pub struct PlanArgs {
     #[arg(long, value_name = "NAME")]
     pub optimizer: Option<common::Optimizer>,
     /// Run directory of a trained model (default: the shipped pre-trained
-    /// model, models/pretrained). --checkpoint is the same. Repeat it to
-    /// place with runs trained apart (other train.seed values): each run's
-    /// guard chooses, and all their cost networks judge between the
-    /// choices. Two runs give steadier plans than one on shapes not
-    /// trained on, for twice the training.
-    #[arg(long = "run", visible_alias = "checkpoint", value_name = "DIR")]
+    /// model, models/pretrained). --checkpoint is the same. Repeat it, or
+    /// give several folders after it (`--run runs/seed*`), to place with
+    /// runs trained apart (other train.seed values): each run's guard
+    /// chooses, and all their cost networks judge between the choices.
+    /// Two runs give steadier plans than one on shapes not trained on,
+    /// for twice the training.
+    #[arg(long = "run", visible_alias = "checkpoint", value_name = "DIR", num_args = 1..)]
     pub checkpoint: Vec<PathBuf>,
     /// Measure the final candidates (the learned plan, the other ends of its
     /// searches, the heuristics' plans) on this oracle and return the
@@ -374,8 +375,9 @@ pub struct GenerateArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
-    /// Suite JSON; repeat the flag to evaluate several suites.
-    #[arg(long, required = true)]
+    /// Suite JSON; repeat the flag, or give several files after it
+    /// (`--suite data/generated/*.test.json`), to evaluate several suites.
+    #[arg(long, required = true, num_args = 1..)]
     pub suite: Vec<PathBuf>,
     /// Comma-separated methods, or `all`: random, round_robin, size, dim,
     /// lookup, size_lookup, torchrec, search, and policy (a trained
@@ -399,9 +401,10 @@ pub struct EvalArgs {
     /// is what `learner plan` returns (its network sizes come from the
     /// run's config.toml). Without it, `policy` (and `all`) use the shipped
     /// pre-trained model, models/pretrained. --checkpoint is the same.
-    /// Repeat it to evaluate runs placing together, as `learner plan
-    /// --run A --run B` does (the results are then not saved into a run).
-    #[arg(long = "run", visible_alias = "checkpoint", value_name = "DIR")]
+    /// Repeat it, or give several folders after it, to evaluate runs
+    /// placing together, as `learner plan --run A --run B` does (the
+    /// results are then not saved into a run).
+    #[arg(long = "run", visible_alias = "checkpoint", value_name = "DIR", num_args = 1..)]
     pub checkpoint: Vec<PathBuf>,
 }
 
@@ -609,5 +612,23 @@ mod tests {
         }
         let p = plan(&["--run", "a", "--checkpoint", "b"]);
         assert_eq!(p.checkpoint, vec![r("a"), r("b")]);
+        // Several after one flag, as a shell glob gives them; the next
+        // flag still ends the list.
+        let p = plan(&["--run", "a", "b", "--checkpoint", "c"]);
+        assert_eq!(p.checkpoint, vec![r("a"), r("b"), r("c")]);
+        let cli = Cli::try_parse_from([
+            "learner", "eval", "--suite", "x.json", "y.json", "--run", "a", "b", "--json",
+        ])
+        .unwrap();
+        let Command::Eval(e) = cli.command else {
+            unreachable!()
+        };
+        assert_eq!(e.suite, vec![r("x.json"), r("y.json")]);
+        assert_eq!(e.checkpoint, vec![r("a"), r("b")]);
+        assert!(e.json);
+        assert!(
+            Cli::try_parse_from(argv.iter().chain(&["--run"]).copied()).is_err(),
+            "--run needs a folder"
+        );
     }
 }

@@ -278,9 +278,9 @@ pub fn judge_runs(guards: &[Guarded], models: &[&Model], task: &Task) -> Guarded
     let (by, chosen) = judge(guards, &candidates, &picks, margin);
     // A heuristic no run chose alone: each run's reasons for setting its
     // learned plan aside, not one run's alone.
-    let whose: Vec<&Guarded> = match picks.contains(&chosen) {
-        true => vec![&guards[by]],
-        false => guards.iter().collect(),
+    let whose: Vec<&Guarded> = match by {
+        Some(r) => vec![&guards[r]],
+        None => guards.iter().collect(),
     };
     Guarded {
         candidates,
@@ -331,7 +331,8 @@ fn merge(guards: &[Guarded]) -> (Vec<Candidate>, Vec<usize>) {
     (candidates, picks)
 }
 
-/// Which run's choice to return, and where it lies among `candidates`:
+/// Which run's choice to return (`None` for a heuristic no competing
+/// run chose alone), and where it lies among `candidates`:
 /// the one all members price lowest (the earlier run on a tie). Where any
 /// run finds the task out of its distribution, only such runs' choices
 /// (heuristics' plans) compete: a run with no doubt, trained elsewhere or
@@ -348,7 +349,7 @@ fn judge(
     candidates: &[Candidate],
     picks: &[usize],
     margin: f64,
-) -> (usize, usize) {
+) -> (Option<usize>, usize) {
     let far: Vec<usize> = (0..guards.len())
         .filter(|&r| guards[r].out_of_distribution())
         .collect();
@@ -360,11 +361,7 @@ fn judge(
     let all_heuristic = eligible.iter().all(|&r| !candidates[picks[r]].learned());
     if let Some(h) = best_heuristic(candidates).filter(|_| all_heuristic) {
         let chosen = fallback(candidates, h, doubtful, margin);
-        let by = eligible
-            .iter()
-            .copied()
-            .find(|&r| picks[r] == chosen)
-            .unwrap_or(eligible[0]);
+        let by = eligible.iter().copied().find(|&r| picks[r] == chosen);
         return (by, chosen);
     }
     let by = eligible
@@ -376,7 +373,7 @@ fn judge(
                 .then(a.cmp(&b))
         })
         .expect("one choice per run");
-    (by, picks[by])
+    (Some(by), picks[by])
 }
 
 /// Every model's member predictions of each plan, one after another: the
@@ -1010,10 +1007,10 @@ mod tests {
         ];
         let plain = || guarded(Vec::new(), &[]);
         let g = [plain(), plain(), plain()];
-        assert_eq!(judge(&g, &candidates, &[0, 2, 1], 0.02), (1, 2));
+        assert_eq!(judge(&g, &candidates, &[0, 2, 1], 0.02), (Some(1), 2));
         assert_eq!(
             judge(&g, &candidates, &[3, 2, 1], 0.02),
-            (0, 3),
+            (Some(0), 3),
             "a tie: the earlier run"
         );
         let far = guarded(Vec::new(), &["out of distribution: the dim of `w` (2048)"]);
@@ -1024,7 +1021,7 @@ mod tests {
         let g = [plain(), plain(), far];
         assert_eq!(
             judge(&g, &candidates, &[0, 2, 1], 0.02),
-            (2, 1),
+            (Some(2), 1),
             "torchrec's, though dearer"
         );
     }
@@ -1045,18 +1042,21 @@ mod tests {
         let plain = || guarded(Vec::new(), &[]);
         let g = [plain(), plain()];
         // Mean: size_lookup 8.0 < lookup 8.2; worst member: lookup 8.4.
-        assert_eq!(judge(&g, &candidates, &[2, 3], 0.02), (0, 1));
+        assert_eq!(judge(&g, &candidates, &[2, 3], 0.02), (None, 1));
         assert_eq!(best_heuristic(&candidates), Some(1));
         // The run that chose it, where one did.
-        assert_eq!(judge(&g, &candidates, &[3, 1], 0.02), (1, 1));
+        assert_eq!(judge(&g, &candidates, &[3, 1], 0.02), (Some(1), 1));
         // A learned choice still competes by the mean.
-        assert_eq!(judge(&g, &candidates, &[2, 4], 0.02), (0, 2));
+        assert_eq!(judge(&g, &candidates, &[2, 4], 0.02), (Some(0), 2));
         // Out of distribution: lookup does not beat torchrec by 2 % for
-        // every member (8.4 against 8.5), so torchrec's, in the far run.
+        // every member (8.4 against 8.5), so torchrec's, which no run chose.
         let far = || guarded(Vec::new(), &["out of distribution: the rows of `t`"]);
-        assert_eq!(judge(&[plain(), far()], &candidates, &[0, 1], 0.02), (1, 3));
+        assert_eq!(
+            judge(&[plain(), far()], &candidates, &[0, 1], 0.02),
+            (None, 3)
+        );
         // With no margin, lookup beats it.
-        assert_eq!(judge(&[far(), far()], &candidates, &[3, 3], 0.0), (0, 1));
+        assert_eq!(judge(&[far(), far()], &candidates, &[3, 3], 0.0), (None, 1));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::{append, eval_methods, learner, small_run_config, train_args};
+use support::{append, eval_methods, learner, learner_in, small_run_config, train_args};
 
 #[test]
 fn generate_then_eval_reports_every_method_as_json() {
@@ -893,13 +893,9 @@ fn a_missing_relative_path_names_the_folder_it_was_looked_for_in() {
         if command == "train" {
             args.extend(["--run-dir", "run"]);
         }
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_learner"))
-            .args(args)
-            .current_dir(&here)
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        String::from_utf8_lossy(&out.stderr).to_string()
+        let (ok, _, err) = learner_in(&here, &args);
+        assert!(!ok);
+        err
     };
     let train = |text: &str| refused("train", text);
     let err = train("[train]\nsuite = \"data/s.train.json\"\ninit = \"models/mine\"\n");

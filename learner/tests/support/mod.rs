@@ -9,8 +9,14 @@ use std::time::{Duration, Instant};
 /// Runs the `learner` binary: (success, stdout, stderr). It never panics,
 /// and its logs to a pipe are plain text, without colour codes.
 pub fn learner(args: &[&str]) -> (bool, String, String) {
+    learner_in(std::path::Path::new("."), args)
+}
+
+/// [`learner`], run in folder `dir`.
+pub fn learner_in(dir: &std::path::Path, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_learner"))
         .args(args)
+        .current_dir(dir)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();

@@ -527,7 +527,9 @@ fn distinct(plans: impl IntoIterator<Item = Vec<usize>>) -> Vec<Vec<usize>> {
 /// plain-Rust work such as `plan`'s episodes and searches: each is seeded,
 /// so the results do not depend on the threads).
 fn in_threads<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Asked once: the answer reads the process's CPU quota from files.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let threads = items.len().min(cores);
     if threads <= 1 {
         return items.iter().map(f).collect();

@@ -678,10 +678,13 @@ mod tests {
 
     #[test]
     fn an_ensemble_predicts_its_members_mean_and_its_plain_heads_agree() {
-        for (overall_cost, cost_work, cost_head_gates) in [
-            (OverallCost::Composed, CostWork::Inputs, 0),
-            (OverallCost::Head, CostWork::Gated, 0),
-            (OverallCost::Composed, CostWork::Inputs, 5),
+        // Hidden widths that fill the plain heads' lanes of eight, and
+        // one that leaves five over.
+        for (overall_cost, cost_work, cost_head_gates, cost_head_hidden) in [
+            (OverallCost::Composed, CostWork::Inputs, 0, 64),
+            (OverallCost::Head, CostWork::Gated, 0, 64),
+            (OverallCost::Composed, CostWork::Inputs, 5, 64),
+            (OverallCost::Composed, CostWork::Inputs, 3, 13),
         ] {
             let (_vs, net) = ensemble_of(
                 3,
@@ -689,6 +692,7 @@ mod tests {
                     overall_cost,
                     cost_work,
                     cost_head_gates,
+                    cost_head_hidden,
                     ..ModelConfig::default()
                 },
             );

@@ -83,12 +83,12 @@ impl MemberHeads {
 
     fn finish(&self, projected: &[f32]) -> [f32; 3] {
         let (h, g, stride) = (self.hidden, self.gates, self.stride());
-        let mut out = [0.0f32; 3];
+        let mut out = relu_dots(projected, &self.b1, &self.w2, h, stride);
         for (k, o) in out.iter_mut().enumerate() {
-            let at = k * stride;
-            let (p, b) = (&projected[at..at + stride], &self.b1[at..at + stride]);
-            *o = self.b2[k] + relu_dot(&p[..h], &b[..h], &self.w2[k * h..(k + 1) * h]);
+            *o += self.b2[k];
             if g > 0 {
+                let at = k * stride;
+                let (p, b) = (&projected[at..at + stride], &self.b1[at..at + stride]);
                 *o += gated(&p[h..h + g], &b[h..h + g], &p[h + g..], &b[h + g..]);
             }
         }
@@ -207,22 +207,49 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// `Σ w·max(p + b, 0)` in eight independent lanes, as [`dot`].
+/// The three heads' `Σ w·max(p + b, 0)`: head `k`'s hidden units are
+/// `p` and `b` from `k·stride` (`hidden` of them) and `w` from
+/// `k·hidden`. Each head sums in eight independent lanes, as [`dot`]
+/// (element `j` in lane `j % 8`). One call for the three heads, and a
+/// plain comparison for the ReLU (`f32::max` keeps the loop from being
+/// vectorized): a device's heads cost a third of what three calls did
+/// (docs/results.md, "The speed of `plan`").
 #[multiversion(targets("x86_64+avx2+fma"))]
-fn relu_dot(p: &[f32], b: &[f32], w: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (cp, cb, cw) = (p.chunks_exact(8), b.chunks_exact(8), w.chunks_exact(8));
-    let (rp, rb, rw) = (cp.remainder(), cb.remainder(), cw.remainder());
-    for ((p, b), w) in cp.zip(cb).zip(cw) {
-        for k in 0..8 {
-            lanes[k] += w[k] * (p[k] + b[k]).max(0.0);
+fn relu_dots(p: &[f32], b: &[f32], w: &[f32], hidden: usize, stride: usize) -> [f32; 3] {
+    // Eight elements into the eight lanes: the one loop body, so that it
+    // compiles to whole vectors.
+    #[inline(always)]
+    fn step(lanes: &mut [f32; 8], p: &[f32], b: &[f32], w: &[f32]) {
+        for j in 0..8 {
+            let x = p[j] + b[j];
+            lanes[j] += w[j] * if x > 0.0 { x } else { 0.0 };
         }
     }
-    // Element `j` in lane `j % 8`, the leftovers included.
-    for (k, ((p, b), w)) in rp.iter().zip(rb).zip(rw).enumerate() {
-        lanes[k] += w * (p + b).max(0.0);
+    let mut out = [0.0f32; 3];
+    for (k, o) in out.iter_mut().enumerate() {
+        let (at, wat) = (k * stride, k * hidden);
+        let (p, b, w) = (
+            &p[at..at + hidden],
+            &b[at..at + hidden],
+            &w[wat..wat + hidden],
+        );
+        let mut lanes = [0.0f32; 8];
+        let (cp, cb, cw) = (p.chunks_exact(8), b.chunks_exact(8), w.chunks_exact(8));
+        let (rp, rb, rw) = (cp.remainder(), cb.remainder(), cw.remainder());
+        for ((p, b), w) in cp.zip(cb).zip(cw) {
+            step(&mut lanes, p, b, w);
+        }
+        if !rp.is_empty() {
+            // The leftovers, padded with zeros (which add nothing).
+            let mut tail = [[0.0f32; 8]; 3];
+            tail[0][..rp.len()].copy_from_slice(rp);
+            tail[1][..rb.len()].copy_from_slice(rb);
+            tail[2][..rw.len()].copy_from_slice(rw);
+            step(&mut lanes, &tail[0], &tail[1], &tail[2]);
+        }
+        *o = lanes.iter().sum::<f32>();
     }
-    lanes.iter().sum::<f32>()
+    out
 }
 
 /// `Σ (pu + bu) / (1 + max(pv + bv, 0))`: a cost head's gated units

@@ -259,8 +259,25 @@ pub fn load_latest(cfg: &Config, run: &Path) -> anyhow::Result<Option<Loaded>> {
     Ok(None)
 }
 
+/// Refuses a run folder (`what`: how the user named it) that is not
+/// there, cannot be read or is a file, naming which.
+fn check_folder(run: &Path, what: &str) -> anyhow::Result<()> {
+    match std::fs::metadata(run) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            anyhow::bail!("{what}: no such folder{}", common::fs::relative_hint(run))
+        }
+        Err(e) => anyhow::bail!("{what}: cannot be read ({e})"),
+        Ok(m) if !m.is_dir() => anyhow::bail!(
+            "{what} is a file; give a training run's folder (the one `learner train \
+             --run-dir` wrote, holding config.toml and checkpoints/)"
+        ),
+        Ok(_) => Ok(()),
+    }
+}
+
 /// A run directory's configuration and its newest intact model.
 pub fn load_run(run: &Path) -> anyhow::Result<(Config, Model)> {
+    check_folder(run, &run.display().to_string())?;
     let config = run.join(RunDir::CONFIG);
     anyhow::ensure!(
         config.exists() || !run.join("manifest.json").exists(),
@@ -468,12 +485,7 @@ impl Runs {
 /// whose cost network never did.
 pub fn load_init(run: &Path) -> anyhow::Result<(Config, Model)> {
     let what = || format!("train.init = {}", run.display());
-    anyhow::ensure!(
-        run.exists(),
-        "{}: no such folder{}",
-        what(),
-        common::fs::relative_hint(run)
-    );
+    check_folder(run, &what())?;
     let config = run.join(RunDir::CONFIG);
     anyhow::ensure!(
         config.exists(),

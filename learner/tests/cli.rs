@@ -922,4 +922,33 @@ fn a_missing_relative_path_names_the_folder_it_was_looked_for_in() {
         "{err}"
     );
     assert!(!here.join("run").exists(), "a refused run leaves no folder");
+    // `--run` of plan and eval: a folder that is not there, then a file.
+    std::fs::write(here.join("t.csv"), "").unwrap();
+    let plan = |run: &str| {
+        let args = [
+            "plan",
+            "--run",
+            run,
+            "--tables",
+            "t.csv",
+            "--devices",
+            "2",
+            "--memory-gb",
+            "8",
+        ];
+        let (ok, _, err) = learner_in(&here, &args);
+        assert!(!ok);
+        err
+    };
+    let err = plan("runs/mine");
+    assert!(
+        err.contains("runs/mine: no such folder")
+            && err.contains(&format!("here {}", here.display())),
+        "{err}"
+    );
+    let err = plan("t.csv");
+    assert!(
+        err.contains("t.csv is a file; give a training run's folder"),
+        "{err}"
+    );
 }

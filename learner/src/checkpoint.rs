@@ -344,7 +344,12 @@ impl Runs {
             let (this, model) = load_run(dir)?;
             match &cfg {
                 None => cfg = Some(this),
-                Some(first_cfg) => Self::check_alike(first_cfg, first, &this, dir)?,
+                Some(first_cfg) => {
+                    Self::check_alike(first_cfg, first, &this, dir)?;
+                    if let Some(note) = Self::margin_note(first_cfg, first, &this, dir) {
+                        tracing::warn!("{note}");
+                    }
+                }
             }
             shapes.push(model::shapes::TrainedShapes::read(dir));
             models.push(model);
@@ -409,6 +414,25 @@ impl Runs {
             ),
             None => Ok(()),
         }
+    }
+
+    /// Where a later run's `model.plan_margin` differs from the first
+    /// run's: each run's guard keeps its own, but where every run falls
+    /// back to a heuristic the joint choice among the heuristics takes the
+    /// first run's, which the note says.
+    fn margin_note(first: &Config, a: &Path, cfg: &Config, b: &Path) -> Option<String> {
+        let (m0, m) = (first.model.plan_margin, cfg.model.plan_margin);
+        (m0 != m).then(|| {
+            format!(
+                "--run {} sets model.plan_margin = {m}, --run {} {m0}: each run's guard keeps \
+                 its own, but where every run falls back to a heuristic, the runs choose among \
+                 the heuristics with the first run's ({:.1} %); give the run whose margin you \
+                 want first",
+                b.display(),
+                a.display(),
+                100.0 * m0
+            )
+        })
     }
 
     /// Each run with what it was trained on, for the guard.
@@ -596,6 +620,17 @@ mod tests {
         let first = Config::default();
         let (a, b) = (Path::new("a"), Path::new("b"));
         assert!(Runs::check_alike(&first, a, &first.clone(), b).is_ok());
+        // Another margin is no error, but it is said which one holds.
+        let mut wider = first.clone();
+        wider.model.plan_margin = 0.05;
+        assert!(Runs::check_alike(&first, a, &wider, b).is_ok());
+        assert_eq!(Runs::margin_note(&first, a, &first.clone(), b), None);
+        let note = Runs::margin_note(&first, a, &wider, b).unwrap();
+        assert!(
+            note.contains("--run b sets model.plan_margin = 0.05, --run a 0.02")
+                && note.contains("with the first run's (2.0 %)"),
+            "{note}"
+        );
         let differ = |edit: &dyn Fn(&mut Config)| {
             let mut cfg = first.clone();
             edit(&mut cfg);

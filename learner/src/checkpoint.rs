@@ -259,25 +259,9 @@ pub fn load_latest(cfg: &Config, run: &Path) -> anyhow::Result<Option<Loaded>> {
     Ok(None)
 }
 
-/// Refuses a run folder (`what`: how the user named it) that is not
-/// there, cannot be read or is a file, naming which.
-fn check_folder(run: &Path, what: &str) -> anyhow::Result<()> {
-    match std::fs::metadata(run) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            anyhow::bail!("{what}: no such folder{}", common::fs::relative_hint(run))
-        }
-        Err(e) => anyhow::bail!("{what}: cannot be read ({e})"),
-        Ok(m) if !m.is_dir() => anyhow::bail!(
-            "{what} is a file; give a training run's folder (the one `learner train \
-             --run-dir` wrote, holding config.toml and checkpoints/)"
-        ),
-        Ok(_) => Ok(()),
-    }
-}
-
 /// A run directory's configuration and its newest intact model.
 pub fn load_run(run: &Path) -> anyhow::Result<(Config, Model)> {
-    check_folder(run, &run.display().to_string())?;
+    RunDir::ensure_folder(run, &run.display().to_string())?;
     let config = run.join(RunDir::CONFIG);
     anyhow::ensure!(
         config.exists() || !run.join("manifest.json").exists(),
@@ -417,18 +401,20 @@ impl Runs {
     }
 
     /// Where a later run's `model.plan_margin` differs from the first
-    /// run's: each run's guard keeps its own, but where every run falls
-    /// back to a heuristic the joint choice among the heuristics takes the
-    /// first run's, which the note says.
+    /// run's, what each margin still decides: each run's guard applies its
+    /// own to its learned plan; out of the trained range, where every run
+    /// falls back, the first run's decides whether another heuristic beats
+    /// `torchrec`'s plan ([`model::guard::judge_runs`]).
     fn margin_note(first: &Config, a: &Path, cfg: &Config, b: &Path) -> Option<String> {
         let (m0, m) = (first.model.plan_margin, cfg.model.plan_margin);
         (m0 != m).then(|| {
             format!(
-                "--run {} sets model.plan_margin = {m}, --run {} {m0}: each run's guard keeps \
-                 its own, but where every run falls back to a heuristic, the runs choose among \
-                 the heuristics with the first run's ({:.1} %); give the run whose margin you \
-                 want first",
+                "--run {} sets model.plan_margin = {m} ({:.1} %), --run {} {m0} ({:.1} %): each \
+                 run's guard applies its own margin to its learned plan; out of the trained \
+                 range, where every run falls back to a heuristic, the first --run's margin \
+                 decides whether another heuristic beats torchrec's plan",
                 b.display(),
+                100.0 * m,
                 a.display(),
                 100.0 * m0
             )
@@ -509,7 +495,7 @@ impl Runs {
 /// whose cost network never did.
 pub fn load_init(run: &Path) -> anyhow::Result<(Config, Model)> {
     let what = || format!("train.init = {}", run.display());
-    check_folder(run, &what())?;
+    RunDir::ensure_folder(run, &what())?;
     let config = run.join(RunDir::CONFIG);
     anyhow::ensure!(
         config.exists(),
@@ -627,8 +613,8 @@ mod tests {
         assert_eq!(Runs::margin_note(&first, a, &first.clone(), b), None);
         let note = Runs::margin_note(&first, a, &wider, b).unwrap();
         assert!(
-            note.contains("--run b sets model.plan_margin = 0.05, --run a 0.02")
-                && note.contains("with the first run's (2.0 %)"),
+            note.contains("--run b sets model.plan_margin = 0.05 (5.0 %), --run a 0.02 (2.0 %)")
+                && note.contains("the first --run's margin decides"),
             "{note}"
         );
         let differ = |edit: &dyn Fn(&mut Config)| {

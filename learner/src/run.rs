@@ -41,9 +41,32 @@ impl RunDir {
     pub const CHECKPOINTS: &'static str = "checkpoints";
     pub const LOCK: &'static str = "lock";
 
+    /// Refuses a run folder (`what`: how the user named it) that is not
+    /// there, is a file or cannot be listed, naming which.
+    pub fn ensure_folder(dir: &Path, what: &str) -> anyhow::Result<()> {
+        use std::io::ErrorKind;
+        match std::fs::metadata(dir) {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                anyhow::bail!("{what}: no such folder{}", common::fs::relative_hint(dir))
+            }
+            Ok(m) if !m.is_dir() => anyhow::bail!(
+                "{what} is a file; give a training run's folder (the one `learner train \
+                 --run-dir` wrote, holding {} and {}/)",
+                Self::CONFIG,
+                Self::CHECKPOINTS
+            ),
+            _ => {}
+        }
+        // Listing it needs the folder's own read permission, which its
+        // metadata does not.
+        std::fs::read_dir(dir).map_err(|e| anyhow::anyhow!("{what}: cannot be read ({e})"))?;
+        Ok(())
+    }
+
     /// Fails unless `dir` holds a run (its config.toml), naming the
     /// folder a user should give instead.
     pub fn ensure_holds_run(dir: &Path) -> anyhow::Result<()> {
+        Self::ensure_folder(dir, &dir.display().to_string())?;
         anyhow::ensure!(
             dir.join(Self::CONFIG).is_file(),
             "{} holds no run (no {}): give the folder `learner train --run-dir` wrote",

@@ -922,7 +922,8 @@ fn a_missing_relative_path_names_the_folder_it_was_looked_for_in() {
         "{err}"
     );
     assert!(!here.join("run").exists(), "a refused run leaves no folder");
-    // `--run` of plan and eval: a folder that is not there, then a file.
+    // `plan --run`: a folder that is not there, then a file; `config
+    // --run` shares the check.
     std::fs::write(here.join("t.csv"), "").unwrap();
     let plan = |run: &str| {
         let args = [
@@ -951,4 +952,6 @@ fn a_missing_relative_path_names_the_folder_it_was_looked_for_in() {
         err.contains("t.csv is a file; give a training run's folder"),
         "{err}"
     );
+    let (ok, _, err) = learner_in(&here, &["config", "--run", "runs/mine"]);
+    assert!(!ok && err.contains("runs/mine: no such folder"), "{err}");
 }

@@ -211,9 +211,10 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// `p` and `b` from `k·stride` (`hidden` of them) and `w` from
 /// `k·hidden`. Each head sums in eight independent lanes, as [`dot`]
 /// (element `j` in lane `j % 8`). One call for the three heads, and a
-/// plain comparison for the ReLU (`f32::max` keeps the loop from being
-/// vectorized): a device's heads cost a third of what three calls did
-/// (docs/results.md, "The speed of `plan`").
+/// plain comparison for the ReLU (with `f32::max` the loop compiled to
+/// short, shuffled vectors): a device's heads take well under half the
+/// time three calls did (docs/results.md, "The speed of `plan`", "The
+/// cost heads in one pass").
 #[multiversion(targets("x86_64+avx2+fma"))]
 fn relu_dots(p: &[f32], b: &[f32], w: &[f32], hidden: usize, stride: usize) -> [f32; 3] {
     // Eight elements into the eight lanes: the one loop body, so that it
@@ -428,5 +429,49 @@ impl PolicyScorer {
             lanes[j % 8] += w * (a + b + c + bias).max(0.0);
         }
         self.b2 + lanes.iter().sum::<f32>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The old per-head form: element `j` in lane `j % 8`, `f32::max`.
+    fn reference(p: &[f32], b: &[f32], w: &[f32]) -> f32 {
+        let mut lanes = [0.0f32; 8];
+        for (j, ((p, b), w)) in p.iter().zip(b).zip(w).enumerate() {
+            lanes[j % 8] += w * (p + b).max(0.0);
+        }
+        lanes.iter().sum()
+    }
+
+    /// `relu_dots` gives each head's reference sum bit for bit, for
+    /// widths that fill the lanes and one that does not, with gates'
+    /// rows between the heads, and inputs at zero, negative zero and
+    /// below.
+    #[test]
+    fn the_heads_in_one_pass_sum_as_each_head_alone() {
+        let value = |i: usize| match i % 7 {
+            0 => 0.0,
+            1 => -0.0,
+            2 => -(i as f32) * 0.37,
+            _ => ((i * 7919) % 113) as f32 / 17.0 - 3.0,
+        };
+        for (hidden, gates) in [(8, 0), (13, 0), (64, 0), (13, 3)] {
+            let stride = hidden + 2 * gates;
+            let p: Vec<f32> = (0..3 * stride).map(value).collect();
+            let b: Vec<f32> = (0..3 * stride).map(|i| value(i + 5)).collect();
+            let w: Vec<f32> = (0..3 * hidden).map(|i| value(i + 11)).collect();
+            let got = relu_dots(&p, &b, &w, hidden, stride);
+            for (k, g) in got.iter().enumerate() {
+                let (at, wat) = (k * stride, k * hidden);
+                let want = reference(
+                    &p[at..at + hidden],
+                    &b[at..at + hidden],
+                    &w[wat..wat + hidden],
+                );
+                assert_eq!(g.to_bits(), want.to_bits(), "hidden {hidden}, head {k}");
+            }
+        }
     }
 }

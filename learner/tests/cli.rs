@@ -887,46 +887,40 @@ fn a_missing_relative_path_names_the_folder_it_was_looked_for_in() {
     let dir = tempfile::tempdir().unwrap();
     let here = dir.path().canonicalize().unwrap();
     let cfg = here.join("c.toml");
+    let named = format!("here {}", here.display());
+    // Every call here is refused: its error output.
+    let fails = |args: &[&str]| {
+        let (ok, _, err) = learner_in(&here, args);
+        assert!(!ok);
+        err
+    };
     let refused = |command: &str, text: &str| {
         std::fs::write(&cfg, text).unwrap();
         let mut args = vec![command, "--config", "c.toml"];
         if command == "train" {
             args.extend(["--run-dir", "run"]);
         }
-        let (ok, _, err) = learner_in(&here, &args);
-        assert!(!ok);
-        err
+        fails(&args)
+    };
+    // Names what was missing, and the folder a relative path starts at.
+    let hinted = |err: &str, what: &str| {
+        assert!(err.contains(what) && err.contains(&named), "{err}");
     };
     let train = |text: &str| refused("train", text);
     let err = train("[train]\nsuite = \"data/s.train.json\"\ninit = \"models/mine\"\n");
-    assert!(
-        err.contains("train.init = models/mine: no such folder")
-            && err.contains(&format!("here {}", here.display())),
-        "{err}"
-    );
+    hinted(&err, "train.init = models/mine: no such folder");
     let err = train("[train]\nsuite = \"data/s.train.json\"\n");
-    assert!(
-        err.contains("train.suite = data/s.train.json")
-            && err.contains(&format!("here {}", here.display())),
-        "{err}"
-    );
+    hinted(&err, "train.suite = data/s.train.json");
     let err = train("[data]\ndir = \"d\"\n[train]\nsuite = \"d/s.train.json\"\n");
-    assert!(
-        err.contains("writes its suites into data.dir = d;")
-            && err.contains(&format!("here {}", here.display())),
-        "{err}"
-    );
+    hinted(&err, "writes its suites into data.dir = d;");
     let err = refused("generate", "[data]\npool = \"mine.csv\"\n");
-    assert!(
-        err.contains("data.pool = mine.csv;") && err.contains(&format!("here {}", here.display())),
-        "{err}"
-    );
+    hinted(&err, "data.pool = mine.csv;");
     assert!(!here.join("run").exists(), "a refused run leaves no folder");
     // `plan --run`: a folder that is not there, then a file; `config
     // --run` shares the check.
     std::fs::write(here.join("t.csv"), "").unwrap();
     let plan = |run: &str| {
-        let args = [
+        fails(&[
             "plan",
             "--run",
             run,
@@ -936,22 +930,15 @@ fn a_missing_relative_path_names_the_folder_it_was_looked_for_in() {
             "2",
             "--memory-gb",
             "8",
-        ];
-        let (ok, _, err) = learner_in(&here, &args);
-        assert!(!ok);
-        err
+        ])
     };
     let err = plan("runs/mine");
-    assert!(
-        err.contains("runs/mine: no such folder")
-            && err.contains(&format!("here {}", here.display())),
-        "{err}"
-    );
+    hinted(&err, "runs/mine: no such folder");
     let err = plan("t.csv");
     assert!(
         err.contains("t.csv is a file; give a training run's folder"),
         "{err}"
     );
-    let (ok, _, err) = learner_in(&here, &["config", "--run", "runs/mine"]);
-    assert!(!ok && err.contains("runs/mine: no such folder"), "{err}");
+    let err = fails(&["config", "--run", "runs/mine"]);
+    assert!(err.contains("runs/mine: no such folder"), "{err}");
 }

@@ -134,9 +134,23 @@ impl Placed {
         }
     }
 
-    /// Puts table `t` on device `to`.
-    fn put(&mut self, t: usize, to: usize, bytes: &[u64]) {
+    /// Puts table `t` on device `to` in the plan and the bytes, not in the
+    /// tables per device ([`Placed::list`] brings them along).
+    fn shift(&mut self, t: usize, to: usize, bytes: &[u64]) {
         let from = self.plan.assignment[t];
+        if from == to {
+            return;
+        }
+        self.used[from] -= bytes[t];
+        self.used[to] += bytes[t];
+        self.plan.assignment[t] = to;
+        if let Some(moved) = &mut self.moved {
+            moved.push(t);
+        }
+    }
+
+    /// Lists table `t` on device `to` rather than `from`.
+    fn list(&mut self, t: usize, from: usize, to: usize) {
         if from == to {
             return;
         }
@@ -145,12 +159,6 @@ impl Placed {
         }
         if let Err(k) = self.on[to].binary_search(&t) {
             self.on[to].insert(k, t);
-        }
-        self.used[from] -= bytes[t];
-        self.used[to] += bytes[t];
-        self.plan.assignment[t] = to;
-        if let Some(moved) = &mut self.moved {
-            moved.push(t);
         }
     }
 
@@ -170,16 +178,33 @@ impl Placed {
     }
 
     fn apply(&mut self, m: Move, bytes: &[u64]) {
-        self.put(m.table, m.to, bytes);
+        self.try_move(m, bytes);
+        self.keep(m);
+    }
+
+    /// Makes move `m` in the plan and the bytes, for a costing; then
+    /// [`Placed::keep`] or [`Placed::take_back`]. Most proposals are taken
+    /// back: the tables per device are left as they are until one is kept.
+    fn try_move(&mut self, m: Move, bytes: &[u64]) {
+        self.shift(m.table, m.to, bytes);
         if let Some(j) = m.swap {
-            self.put(j, m.from, bytes);
+            self.shift(j, m.from, bytes);
         }
     }
 
-    fn undo(&mut self, m: Move, bytes: &[u64]) {
-        self.put(m.table, m.from, bytes);
+    /// Keeps the move [`Placed::try_move`] made.
+    fn keep(&mut self, m: Move) {
+        self.list(m.table, m.from, m.to);
         if let Some(j) = m.swap {
-            self.put(j, m.to, bytes);
+            self.list(j, m.to, m.from);
+        }
+    }
+
+    /// Takes back the move [`Placed::try_move`] made.
+    fn take_back(&mut self, m: Move, bytes: &[u64]) {
+        self.shift(m.table, m.from, bytes);
+        if let Some(j) = m.swap {
+            self.shift(j, m.to, bytes);
         }
     }
 }
@@ -278,17 +303,18 @@ pub fn search<C: PlanCost + ?Sized>(
         let Some(m) = hood.propose(&cur, from, rng) else {
             continue;
         };
-        cur.apply(m, &hood.bytes);
+        cur.try_move(m, &hood.bytes);
         let s = cur.score(oracle, tables, &mut totals)?;
         evaluations += 1;
         if s.better(&cur_s) {
+            cur.keep(m);
             cur_s = s;
             since_progress = 0;
             if cur_s.better(&best.1) {
                 best = (cur.plan.assignment.clone(), cur_s);
             }
         } else {
-            cur.undo(m, &hood.bytes);
+            cur.take_back(m, &hood.bytes);
             since_progress += 1;
         }
         if since_progress >= patience && evaluations < budget {
@@ -880,7 +906,7 @@ mod tests {
     }
 
     #[test]
-    fn moves_and_their_undoing_keep_the_tables_per_device_and_their_bytes() {
+    fn moves_kept_or_taken_back_keep_the_tables_per_device_and_their_bytes() {
         let tables = pool(30, 2);
         let mem = MemoryModel::default();
         let bytes: Vec<u64> = tables.iter().map(|t| mem.table_bytes(t)).collect();
@@ -894,20 +920,32 @@ mod tests {
             assignment: (0..30).map(|_| rng.gen_range(0..3)).collect(),
         };
         let mut at = Placed::new(&start, &bytes);
-        let mut applied = Vec::new();
-        for _ in 0..200 {
+        let (mut applied, mut taken_back) = (Vec::new(), 0);
+        for _ in 0..300 {
             let from = rng.gen_range(0..3);
             if let Some(m) = hood.propose(&at, from, &mut rng) {
-                at.apply(m, &bytes);
-                applied.push(m);
+                at.try_move(m, &bytes);
+                if rng.gen_bool(0.6) {
+                    at.keep(m);
+                    applied.push(m);
+                } else {
+                    at.take_back(m, &bytes);
+                    taken_back += 1;
+                }
             }
             let fresh = Placed::new(&at.plan, &bytes);
             assert_eq!(at.on, fresh.on);
             assert_eq!(at.used, fresh.used);
         }
-        assert!(applied.len() > 100);
+        assert!(applied.len() > 100 && taken_back > 50);
+        // Undone in reverse, each as the opposite move.
         for m in applied.into_iter().rev() {
-            at.undo(m, &bytes);
+            let back = Move {
+                from: m.to,
+                to: m.from,
+                ..m
+            };
+            at.apply(back, &bytes);
         }
         assert_eq!(at.plan, start);
         let fresh = Placed::new(&start, &bytes);

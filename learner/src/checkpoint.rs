@@ -433,6 +433,15 @@ impl Runs {
             .collect()
     }
 
+    /// Sets every run's `model.plan_search`: the predicted plans each of
+    /// `plan`'s searches may spend (0 or 1: no search). Returns each
+    /// run's own, in order.
+    pub fn set_plan_search(&mut self, plans: usize) -> Vec<usize> {
+        (self.models.iter_mut())
+            .map(|m| std::mem::replace(&mut m.plan_cfg.plan_search, plans))
+            .collect()
+    }
+
     pub fn models(&self) -> Vec<&Model> {
         self.models.iter().collect()
     }

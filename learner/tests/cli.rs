@@ -800,7 +800,7 @@ fn two_runs_place_together() {
     let (ok, _, err) = learner(&["train", "--resume", b.to_str().unwrap(), "--seed", "2"]);
     assert!(!ok && err.contains("--seed sets a new run's seed"), "{err}");
     let pool = data.join("pool.test.csv");
-    let plan = |runs: &[&std::path::Path]| {
+    let plan = |runs: &[&std::path::Path], extra: &[&str]| {
         let mut args = vec![
             "plan",
             "--tables",
@@ -814,9 +814,10 @@ fn two_runs_place_together() {
         for r in runs {
             args.extend(["--run", r.to_str().unwrap()]);
         }
+        args.extend_from_slice(extra);
         learner(&args)
     };
-    let (ok, stdout, err) = plan(&[&a, &b]);
+    let (ok, stdout, err) = plan(&[&a, &b], &[]);
     assert!(ok, "{err}");
     assert!(
         err.contains("2 runs placed together: the plan is ") && err.contains("by all 2 members"),
@@ -839,7 +840,7 @@ fn two_runs_place_together() {
     }
     let members = |c: &serde_json::Value| c["predicted_ms_members"].as_array().unwrap().len();
     assert!(candidates.iter().all(|c| members(c) == 2), "{v}");
-    let (ok, _, err) = plan(&[&a, &a]);
+    let (ok, _, err) = plan(&[&a, &a], &[]);
     assert!(!ok && err.contains("is given twice"), "{err}");
     // Runs placed together must price the same memory.
     let fp32 = dir.path().join("fp32");
@@ -852,7 +853,7 @@ fn two_runs_place_together() {
         text.replace("precision = \"fp16\"", "precision = \"fp32\""),
     )
     .unwrap();
-    let (ok, _, err) = plan(&[&a, &fp32]);
+    let (ok, _, err) = plan(&[&a, &fp32], &[]);
     assert!(
         !ok && err.contains("learned its costs with another memory (fp32 weights"),
         "{err}"
@@ -878,6 +879,48 @@ fn two_runs_place_together() {
         "{v}"
     );
     assert!(!a.join("eval").exists() && !b.join("eval").exists());
+    // Another search than a run's own: said, with the run's own, and the
+    // results are not saved into it; with its own, they are.
+    let own = common::config::Config::load_run(&a.join("config.toml"))
+        .unwrap()
+        .model
+        .plan_search;
+    let eval_a = |plans: usize| {
+        learner(&[
+            "eval",
+            "--suite",
+            suite.to_str().unwrap(),
+            "--methods",
+            "lookup,policy",
+            "--run",
+            a.to_str().unwrap(),
+            "--plan-search",
+            &plans.to_string(),
+        ])
+    };
+    let (ok, _, err) = eval_a(own + 1);
+    assert!(
+        ok && err.contains(&format!("searches predicts up to {} plans", own + 1))
+            && err.contains(&format!("(the run's own: {own})"))
+            && err.contains("not saved into the run"),
+        "{err}"
+    );
+    assert!(!a.join("eval").exists());
+    let (ok, _, err) = eval_a(own);
+    assert!(ok && !err.contains("not saved"), "{err}");
+    assert!(a.join("eval").join("dlrm-12x3.test-sim.json").exists());
+    let (ok, stdout, err) = plan(&[&a, &b], &["--plan-search", "0"]);
+    assert!(
+        ok && err.contains("`plan` does not search")
+            && err.contains(&format!("(the runs' own: {own}, {own})")),
+        "{err}"
+    );
+    assert!(serde_json::from_str::<common::Placement>(&stdout).is_ok());
+    let (ok, _, err) = plan(&[&a], &["--plan-search", "-1"]);
+    assert!(
+        !ok && err.contains("'-1' for '--plan-search <N>': must be 0 or more"),
+        "{err}"
+    );
 }
 
 /// A configuration's relative paths start at the folder `learner` runs

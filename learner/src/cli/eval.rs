@@ -40,7 +40,26 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let mut methods =
         Method::parse_list(&args.methods).map_err(|e| anyhow::anyhow!("--methods: {e}"))?;
-    let runs = policy_runs(&args, &mut methods)?;
+    let mut runs = policy_runs(&args, &mut methods)?;
+    // Results with another search than the run's own are not its `plan`'s.
+    let mut own_plan_search = true;
+    if let Some(n) = args.plan_search {
+        match runs.as_mut().filter(|_| methods.contains(&Method::Policy)) {
+            Some(r) => {
+                let own = r.set_plan_search(n);
+                own_plan_search = own.iter().all(|&o| o == n);
+                let unsaved = match (own_plan_search, args.checkpoint.len()) {
+                    (false, 1) => "; the results are not saved into the run",
+                    _ => "",
+                };
+                tracing::info!("`policy`: {}{unsaved}", super::plan_search_note(n, &own));
+            }
+            None => tracing::warn!(
+                "--plan-search {n} changes only `policy`, which --methods {} does not ask for",
+                args.methods
+            ),
+        }
+    }
     let suites = args
         .suite
         .iter()
@@ -132,7 +151,7 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         // The evaluated run keeps its results (the shipped model's folder
         // is left as it is, and so are runs evaluated together: the
         // results are not one run's).
-        if let [run] = args.checkpoint.as_slice() {
+        if let ([run], true) = (args.checkpoint.as_slice(), own_plan_search) {
             save_report(run, &suite.path, args.backend, &report)?;
         }
         let measured = |m: &crate::eval::MethodResult| m.per_task_ms.iter().any(Option::is_some);

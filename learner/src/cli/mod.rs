@@ -217,6 +217,15 @@ pub struct PlanArgs {
     /// the cuda feature).
     #[arg(long, value_enum, value_name = "BACKEND")]
     pub verify: Option<benchworker::Backend>,
+    /// Predicted plans each of the learned plan's searches on the cost
+    /// network may spend (default: the run's `model.plan_search`, 2000
+    /// for the shipped model; 0 or 1: no search). The time grows about
+    /// linearly: for 200 tables on 8 devices 4000 took 1.5 times as long
+    /// as 2000, and gained 0.3 to 0.7 points against the best heuristic
+    /// on the DLRM-like test suites (docs/results.md, "A longer search
+    /// when there is time").
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole)]
+    pub plan_search: Option<usize>,
     /// What places the tables: `policy` (the trained model, guarded by
     /// the heuristics' plans), a heuristic (random, round_robin, size, dim,
     /// lookup, size_lookup, torchrec), or `search` (local search measured on
@@ -406,6 +415,12 @@ pub struct EvalArgs {
     /// results are then not saved into a run).
     #[arg(long = "run", visible_alias = "checkpoint", value_name = "DIR", num_args = 1..)]
     pub checkpoint: Vec<PathBuf>,
+    /// Predicted plans each of `policy`'s searches on the cost network may
+    /// spend, as `learner plan --plan-search` (default: the run's
+    /// `model.plan_search`). Results with another value than the run's
+    /// are not saved into it.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole)]
+    pub plan_search: Option<usize>,
 }
 
 /// Runs a parsed command, writing results to `out`.
@@ -440,6 +455,24 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             pretrain::pretrain(args, out)
         }
         Command::Plan(args) => plan::plan(args, out),
+    }
+}
+
+/// What `--plan-search N` does, beside the runs' own `model.plan_search`.
+fn plan_search_note(n: usize, own: &[usize]) -> String {
+    let own: Vec<String> = own.iter().map(usize::to_string).collect();
+    let own = match own.as_slice() {
+        [one] => format!("the run's own: {one}"),
+        _ => format!("the runs' own: {}", own.join(", ")),
+    };
+    match n {
+        0 | 1 => format!(
+            "--plan-search {n}: `plan` does not search; it keeps the cheapest predicted of \
+             the policy's episode and the heuristics' plans ({own})"
+        ),
+        _ => {
+            format!("--plan-search {n}: each of `plan`'s searches predicts up to {n} plans ({own})")
+        }
     }
 }
 

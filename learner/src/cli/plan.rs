@@ -24,6 +24,10 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         given => given.to_vec(),
     };
     let mut runs = crate::checkpoint::Runs::load(&dirs)?;
+    if let Some(n) = args.plan_search {
+        let own = runs.set_plan_search(n);
+        tracing::info!("{}", super::plan_search_note(n, &own));
+    }
     if runs.dirs.len() > 1 {
         tracing::info!(
             "placing with {} runs together: each run's guard chooses, and all their cost \

@@ -898,9 +898,9 @@ fn two_runs_place_together() {
             &plans.to_string(),
         ])
     };
-    let (ok, _, err) = eval_a(own + 1);
+    let (ok, _, err) = eval_a(own + 1000);
     assert!(
-        ok && err.contains(&format!("searches predicts up to {} plans", own + 1))
+        ok && err.contains(&format!("searches predicts up to {} plans", own + 1000))
             && err.contains(&format!("(the run's own: {own})"))
             && err.contains("not saved into the run"),
         "{err}"
@@ -911,11 +911,21 @@ fn two_runs_place_together() {
     assert!(a.join("eval").join("dlrm-12x3.test-sim.json").exists());
     let (ok, stdout, err) = plan(&[&a, &b], &["--plan-search", "0"]);
     assert!(
-        ok && err.contains("`plan` does not search")
+        ok && err.contains("`plan` runs no local search")
             && err.contains(&format!("(the runs' own: {own}, {own})")),
         "{err}"
     );
     assert!(serde_json::from_str::<common::Placement>(&stdout).is_ok());
+    // It reaches the searches: without them, --verify has no other ends
+    // of them (`basin`) to measure; with the run's own, it has.
+    let basins = |extra: &[&str]| {
+        let (ok, _, err) = plan(&[&a], &[&["--verify", "sim"], extra].concat());
+        assert!(ok, "{err}");
+        !err.contains(", 0 of them `basin`")
+    };
+    assert!(basins(&[]) && !basins(&["--plan-search", "0"]));
+    let (ok, _, err) = plan(&[&a], &["--plan-search", "0", "--method", "lookup"]);
+    assert!(ok && err.contains("changes only the learned plan"), "{err}");
     let (ok, _, err) = plan(&[&a], &["--plan-search", "-1"]);
     assert!(
         !ok && err.contains("'-1' for '--plan-search <N>': must be 0 or more"),

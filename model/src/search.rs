@@ -9,8 +9,9 @@
 //! a few random moves. Every proposal is one oracle measurement; the budget
 //! counts them.
 //!
-//! Proposals are made and undone in place, on a plan whose tables per device
-//! and memory per device are kept up to date, so that a proposal costs what
+//! Proposals are made and undone in place, on a plan whose memory per device
+//! is kept up to date (and its tables per device, as of the last kept
+//! move), so that a proposal costs what
 //! its costing does: `plan` runs thousands of them on the cost network
 //! ([`CostNetOracle`]) within its few milliseconds.
 
@@ -112,6 +113,8 @@ impl Score {
 /// the tables put elsewhere since it was last costed.
 struct Placed {
     plan: Plan,
+    /// The tables per device, as of the last kept move: a move being
+    /// costed ([`Placed::try_move`]) is not in them.
     on: Vec<Vec<usize>>,
     used: Vec<u64>,
     /// Tables moved since the last costing; `None` before the first.
@@ -227,7 +230,8 @@ struct Neighbourhood {
 
 impl Neighbourhood {
     /// A random feasible move or swap of a table on `from`; `None` if the
-    /// draw was infeasible.
+    /// draw was infeasible. Not while a move is being costed: its tables
+    /// are not yet listed where it put them.
     fn propose(&self, at: &Placed, from: usize, rng: &mut impl Rng) -> Option<Move> {
         let on_from = &at.on[from];
         let devices = at.plan.devices;

@@ -219,11 +219,13 @@ pub struct PlanArgs {
     pub verify: Option<benchworker::Backend>,
     /// Predicted plans each of the learned plan's searches on the cost
     /// network may spend (default: the run's `model.plan_search`, 2000
-    /// for the shipped model; 0 or 1: no search). The time grows about
-    /// linearly: for 200 tables on 8 devices 4000 took 1.5 times as long
-    /// as 2000, and gained 0.3 to 0.7 points against the best heuristic
-    /// on the DLRM-like test suites (docs/results.md, "A longer search
-    /// when there is time").
+    /// for the shipped model and the main job; 0 or 1: no search). The
+    /// searches take most of the time: for 200 tables on 8 devices, 4000
+    /// took 1.5 times as long as 2000, and 8000 2.5 times. On the main
+    /// job's runs 4000 gained 0.3 to 0.7 points against the best heuristic
+    /// on the DLRM-like test suites; far from the shapes a model trained
+    /// on, a longer search can gain nothing (docs/results.md, "A longer
+    /// search when there is time").
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole)]
     pub plan_search: Option<usize>,
     /// What places the tables: `policy` (the trained model, guarded by
@@ -467,8 +469,8 @@ fn plan_search_note(n: usize, own: &[usize]) -> String {
     };
     match n {
         0 | 1 => format!(
-            "--plan-search {n}: `plan` does not search; it keeps the cheapest predicted of \
-             the policy's episode and the heuristics' plans ({own})"
+            "--plan-search {n}: `plan` runs no local search on the cost network; it keeps the \
+             cheapest predicted of the policy's episodes and the heuristics' plans ({own})"
         ),
         _ => {
             format!("--plan-search {n}: each of `plan`'s searches predicts up to {n} plans ({own})")

@@ -26,7 +26,17 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut runs = crate::checkpoint::Runs::load(&dirs)?;
     if let Some(n) = args.plan_search {
         let own = runs.set_plan_search(n);
-        tracing::info!("{}", super::plan_search_note(n, &own));
+        match args.method {
+            // `search` starts from the guard's choice.
+            Method::Policy | Method::Search => {
+                tracing::info!("{}", super::plan_search_note(n, &own))
+            }
+            m => tracing::warn!(
+                "--plan-search {n} changes only the learned plan; --method {} places with a \
+                 heuristic",
+                m.name()
+            ),
+        }
     }
     if runs.dirs.len() > 1 {
         tracing::info!(

@@ -5,7 +5,9 @@
 
 mod support;
 
-use support::{append, eval_methods, learner, learner_in, small_run_config, train_args};
+use support::{
+    append, eval_methods, eval_methods_with, learner, learner_in, small_run_config, train_args,
+};
 
 #[test]
 fn generate_then_eval_reports_every_method_as_json() {
@@ -886,17 +888,8 @@ fn two_runs_place_together() {
         .model
         .plan_search;
     let eval_a = |plans: usize| {
-        learner(&[
-            "eval",
-            "--suite",
-            suite.to_str().unwrap(),
-            "--methods",
-            "lookup,policy",
-            "--run",
-            a.to_str().unwrap(),
-            "--plan-search",
-            &plans.to_string(),
-        ])
+        let plans = plans.to_string();
+        eval_methods_with(&suite, &a, "lookup,policy", &["--plan-search", &plans])
     };
     let (ok, _, err) = eval_a(own + 1000);
     assert!(

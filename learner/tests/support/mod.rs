@@ -85,7 +85,17 @@ pub fn eval_methods(
     run: &std::path::Path,
     methods: &str,
 ) -> (bool, String, String) {
-    learner(&[
+    eval_methods_with(suite, run, methods, &[])
+}
+
+/// [`eval_methods`] with more arguments after them.
+pub fn eval_methods_with(
+    suite: &std::path::Path,
+    run: &std::path::Path,
+    methods: &str,
+    extra: &[&str],
+) -> (bool, String, String) {
+    let mut args = vec![
         "eval",
         "--suite",
         suite.to_str().unwrap(),
@@ -93,5 +103,7 @@ pub fn eval_methods(
         methods,
         "--checkpoint",
         run.to_str().unwrap(),
-    ])
+    ];
+    args.extend_from_slice(extra);
+    learner(&args)
 }

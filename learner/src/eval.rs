@@ -109,8 +109,9 @@ pub fn evaluate(
     } = *setting;
     let mut per_method: BTreeMap<Method, Vec<Option<f64>>> = BTreeMap::new();
     let mut outcomes = Outcomes::default();
-    // `policy`'s choices: the learned plan, a heuristic's, and with doubts.
-    let mut guard_tally = [0usize; 3];
+    // `policy`'s choices: the learned plan, a heuristic's, with doubts,
+    // and learned plans won by a narrow predicted gain.
+    let mut guard_tally = [0usize; 4];
     for (k, task) in suite.tasks.iter().enumerate() {
         let ctx = Context::for_task(task, mem, batch);
         let task_seed = cfg.seed ^ fnv1a(task.name.as_bytes()) ^ k as u64;
@@ -152,6 +153,7 @@ pub fn evaluate(
                 Ok(g) => {
                     guard_tally[usize::from(g.method() != model::guard::POLICY)] += 1;
                     guard_tally[2] += usize::from(!g.doubts.is_empty());
+                    guard_tally[3] += usize::from(g.narrow_win().is_some());
                     let measured = oracle.measure(&task.tables, g.plan()).map(|r| r.cost_ms);
                     outcomes.cost(&task.name, Method::Policy, measured)
                 }
@@ -163,10 +165,13 @@ pub fn evaluate(
     }
     if guard_tally[0] + guard_tally[1] > 0 {
         tracing::info!(
-            "{}: `policy` returned the learned plan for {} and a heuristic's for {} \
-             ({} of them for a doubt of the cost network)",
+            "{}: `policy` returned the learned plan for {} ({} of them predicted under {} % \
+             cheaper than the best heuristic's: a narrow win) and a heuristic's for {} ({} of \
+             them for a doubt of the cost network)",
             suite.path.display(),
             common::count(guard_tally[0], "task"),
+            guard_tally[3],
+            model::guard::SURE_GAIN * 100.0,
             common::count(guard_tally[1], "task"),
             guard_tally[2]
         );

@@ -485,6 +485,10 @@ fn pretrain_then_fine_tune_then_plan_verified_on_sim() {
         "{v}"
     );
     assert!(basins > 0, "this seeded task has other basins: {err}");
+    assert!(
+        v["narrow_win"].is_null(),
+        "a measured choice is no narrow win: {v}"
+    );
     assert!(candidates.len() >= 4, "{v}");
     let measured: Vec<f64> = candidates
         .iter()
@@ -842,6 +846,22 @@ fn two_runs_place_together() {
     }
     let members = |c: &serde_json::Value| c["predicted_ms_members"].as_array().unwrap().len();
     assert!(candidates.iter().all(|c| members(c) == 2), "{v}");
+    // A learned plan won by under 6 % is called narrow in the log and the
+    // JSON alike, against a candidate of the task.
+    let narrow = &v["narrow_win"];
+    assert_eq!(
+        narrow.is_null(),
+        !err.contains("within its error on tables it did not train on"),
+        "{err}\n{v}"
+    );
+    if !narrow.is_null() {
+        assert_eq!(v["method"], "policy", "{v}");
+        assert!(narrow["gain_pct"][0].as_f64().unwrap() < 6.0, "{v}");
+        assert!(
+            candidates.iter().any(|c| c["method"] == narrow["rival"]),
+            "{v}"
+        );
+    }
     let (ok, _, err) = plan(&[&a, &a], &[]);
     assert!(!ok && err.contains("is given twice"), "{err}");
     // Runs placed together must price the same memory.

@@ -112,8 +112,17 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         noise = model::guard::verify(&mut guarded, &task.tables, o.as_mut())?;
     }
     if args.method == Method::Policy {
-        if let Some(b) = args.verify {
-            log_verified(&guarded, b, noise, &run_cfg);
+        match args.verify {
+            Some(b) => log_verified(&guarded, b, noise, &run_cfg),
+            None => {
+                if let Some(narrow) = guarded.narrow_win() {
+                    tracing::warn!(
+                        "{narrow}; such plans measured slower than the heuristic's in some \
+                         tasks (docs/results.md, \"Fresh draws and other shapes\"): `--verify \
+                         BACKEND` measures the candidates"
+                    );
+                }
+            }
         }
     } else {
         let oracle = oracle
@@ -523,6 +532,10 @@ fn placement_document(
     });
     v["method"] = serde_json::json!(guarded.method());
     v["doubts"] = serde_json::json!(guarded.doubts);
+    v["narrow_win"] = match guarded.narrow_win() {
+        Some(n) => serde_json::json!({ "rival": n.rival, "gain_pct": n.gain_pct }),
+        None => serde_json::Value::Null,
+    };
     v["candidates"] = guarded
         .candidates
         .iter()

@@ -165,13 +165,18 @@ pub fn evaluate(
     }
     if guard_tally[0] + guard_tally[1] > 0 {
         tracing::info!(
-            "{}: `policy` returned the learned plan for {} ({} of them predicted under {} % \
-             cheaper than the best heuristic's: a narrow win) and a heuristic's for {} ({} of \
+            "{}: `policy` returned the learned plan for {}{} and a heuristic's for {} ({} of \
              them for a doubt of the cost network)",
             suite.path.display(),
             common::count(guard_tally[0], "task"),
-            guard_tally[3],
-            model::guard::SURE_GAIN * 100.0,
+            match guard_tally[3] {
+                0 => String::new(),
+                n => format!(
+                    " ({n} of them predicted under {} % cheaper than the best heuristic's: \
+                     a narrow win)",
+                    model::guard::SURE_GAIN * 100.0
+                ),
+            },
             common::count(guard_tally[1], "task"),
             guard_tally[2]
         );

@@ -859,10 +859,9 @@ fn two_runs_place_together() {
         assert_eq!(v["method"], "policy", "{v}");
         let rival = narrow["rival"].as_str().unwrap();
         assert!(candidates.iter().any(|c| c["method"] == rival), "{v}");
-        let highest = narrow["gain_pct"][1].as_f64().unwrap();
+        let lowest = narrow["predicted_change_pct"][0].as_f64().unwrap();
         assert!(
-            err.contains(&format!("{:+.1} % to", -highest))
-                && err.contains(&format!("`{rival}`'s")),
+            err.contains(&format!("{lowest:+.1} % to")) && err.contains(&format!("`{rival}`'s")),
             "the log gives the JSON's figures: {err}\n{v}"
         );
     }

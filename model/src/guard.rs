@@ -591,12 +591,25 @@ pub fn verify(
 ) -> anyhow::Result<Option<f64>> {
     let mut first_error = None;
     let mut spread: Option<f64> = None;
-    for c in &mut g.candidates {
+    // A slow oracle (`cpu`, `cuda`) says how far it has got.
+    let (start, n) = (std::time::Instant::now(), g.candidates.len());
+    let slow = std::time::Duration::from_secs(2);
+    for (k, c) in g.candidates.iter_mut().enumerate() {
         match oracle.measure(tables, &c.plan) {
             Ok(m) => {
                 c.measured = Some(m.cost_ms);
                 if let Some(s) = oracle.spread() {
                     spread = Some(spread.unwrap_or(0.0).max(s.relative_iqr()));
+                }
+                if start.elapsed() > slow {
+                    tracing::info!(
+                        "--verify {}: `{}` measured {:.3} ms ({} of {n}, {:.0} s so far)",
+                        oracle.name(),
+                        c.method,
+                        m.cost_ms,
+                        k + 1,
+                        start.elapsed().as_secs_f64()
+                    );
                 }
             }
             Err(e) => {

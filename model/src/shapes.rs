@@ -43,6 +43,9 @@ pub struct FeatureOutside {
     pub feature: &'static str,
     /// The trained range.
     pub trained: [f64; 2],
+    /// The range a table may lie in without counting as outside: the
+    /// trained one and its slack.
+    pub allowed: [f64; 2],
     /// The tables outside it, by name, and their value.
     pub tables: Vec<(String, f64)>,
 }
@@ -67,7 +70,18 @@ impl std::fmt::Display for FeatureOutside {
             named.join(", "),
             short(self.trained[0]),
             short(self.trained[1])
-        )
+        )?;
+        match self.allowed[0] <= 0.0 {
+            // Sizes, and shares trained down to near zero: only too large
+            // counts.
+            true => write!(f, " (outside: over {})", short(self.allowed[1])),
+            false => write!(
+                f,
+                " (outside: below {} or over {})",
+                short(self.allowed[0]),
+                short(self.allowed[1])
+            ),
+        }
     }
 }
 
@@ -132,26 +146,25 @@ impl TrainedShapes {
         };
         let mut out = Vec::new();
         for (k, &[lo, hi]) in ranges.iter().enumerate() {
-            let inside = |v: f64| {
-                if k < 4 {
-                    // Only above: a table smaller, narrower or looked up
-                    // less than any trained one adds little to a device's
-                    // cost, whatever the network makes of it.
-                    v <= hi * Self::FEATURE_SLACK
-                } else {
-                    v >= lo - Self::BIN_SLACK && v <= hi + Self::BIN_SLACK
-                }
+            let allowed = if k < 4 {
+                // Only above: a table smaller, narrower or looked up less
+                // than any trained one adds little to a device's cost,
+                // whatever the network makes of it.
+                [f64::NEG_INFINITY, hi * Self::FEATURE_SLACK]
+            } else {
+                [lo - Self::BIN_SLACK, hi + Self::BIN_SLACK]
             };
             let outside: Vec<(String, f64)> = tables
                 .iter()
                 .map(|t| (t, t.features()[k]))
-                .filter(|&(_, v)| !inside(v))
+                .filter(|&(_, v)| !(allowed[0]..=allowed[1]).contains(&v))
                 .map(|(t, v)| (t.name.clone(), v))
                 .collect();
             if !outside.is_empty() {
                 out.push(FeatureOutside {
                     feature: common::table::FEATURE_NAMES[k],
                     trained: [lo, hi],
+                    allowed,
                     tables: outside,
                 });
             }
@@ -190,14 +203,21 @@ impl TrainedShapes {
                 format!("{a} to {b}")
             }
         };
+        // One decimal, or two under 0.1 (3 tables on
+        // 100 devices is 0.03 per device, not 0.0).
+        let per = |x: f64| match x >= 0.1 {
+            true => format!("{x:.1}"),
+            false => format!("{x:.2}"),
+        };
         let density_range = if lo == hi {
-            format!("{lo:.1}")
+            per(lo)
         } else {
-            format!("{lo:.1} to {hi:.1}")
+            format!("{} to {}", per(lo), per(hi))
         };
         Some(format!(
-            "{tables} tables on {devices} devices is {density:.1} per device, and the model \
-             was trained on {density_range} ({} tables on {} devices)",
+            "{tables} tables on {devices} devices is {} per device, and the model was trained \
+             on {density_range} ({} tables on {} devices)",
+            per(density),
             range(self.tables.map(|t| t as f64)),
             range(self.devices.map(|d| d as f64))
         ))
@@ -243,6 +263,18 @@ mod tests {
             text.contains("`from_trace` (0)") && text.contains("outside the trained"),
             "{text}"
         );
+        // Each says where a table starts to count as outside.
+        let lo = bin0.trained[0] - TrainedShapes::BIN_SLACK;
+        assert!(
+            text.contains(&format!("(outside: below {}", short(lo))),
+            "{text}"
+        );
+        let dim = out.iter().find(|f| f.feature == "dim").unwrap().to_string();
+        let top = shapes.features.as_ref().unwrap()[0][1] * TrainedShapes::FEATURE_SLACK;
+        assert!(
+            dim.contains(&format!("(outside: over {})", short(top))),
+            "{dim}"
+        );
         // A run from before the ranges were kept checks nothing.
         let old = TrainedShapes {
             features: None,
@@ -278,6 +310,8 @@ mod tests {
             "{far}"
         );
         assert!(shapes.outside(4, 2).is_some());
+        let sparse = shapes.outside(3, 100).unwrap();
+        assert!(sparse.contains("is 0.03 per device"), "{sparse}");
         // A run from before the file, or a damaged one: no shapes, no error.
         std::fs::write(dir.path().join(TrainedShapes::FILE), b"{oops").unwrap();
         assert_eq!(TrainedShapes::read(dir.path()), None);

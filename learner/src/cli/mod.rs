@@ -172,7 +172,9 @@ pub enum Command {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlanFormat {
-    /// {"devices", "assignment": [{"table", "device"}], "estimate": {…}}
+    /// {"devices", "assignment": [{"table", "device"}], "estimate": {…},
+    /// "method", "candidates", "doubts", "narrow_win"} (docs/cluster.md,
+    /// "Placement JSON")
     Placement,
     /// {"world_size", "ranks": {table: rank}}
     Torchrec,

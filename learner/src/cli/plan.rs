@@ -506,6 +506,18 @@ fn comparison(guarded: &Guarded) -> String {
     if several {
         let _ = writeln!(s, "  (N): proposed by the N-th --run");
     }
+    // Equal up to how the devices are numbered: the same plan.
+    let same = |a: &Candidate| {
+        use model::mdp::numbered_by_first_use as numbered;
+        numbered(&a.plan.assignment) == numbered(&chosen.plan.assignment)
+    };
+    if !chosen.learned() && guarded.candidates.iter().any(|c| c.learned() && same(c)) {
+        let _ = writeln!(
+            s,
+            "  the learned plan is `{}`'s plan: it is named by the heuristic",
+            chosen.method
+        );
+    }
     if !measured {
         let _ = writeln!(
             s,
@@ -597,6 +609,28 @@ mod tests {
             assignment: vec![0, 1],
         };
         Candidate::new(method, plan, predicted.to_vec())
+    }
+
+    /// `--compare` says when the learned plan is the heuristic's chosen.
+    #[test]
+    fn the_comparison_says_when_the_learned_plan_is_the_heuristics() {
+        let mut guarded = Guarded {
+            candidates: vec![
+                candidate(model::guard::POLICY, &[9.0]),
+                candidate("size", &[9.0]),
+            ],
+            chosen: 1,
+            doubts: Vec::new(),
+            notes: Vec::new(),
+        };
+        let text = comparison(&guarded);
+        assert!(text.contains("the learned plan is `size`'s plan"), "{text}");
+        // Devices numbered otherwise: still the same plan.
+        guarded.candidates[0].plan.assignment = vec![1, 0];
+        assert!(comparison(&guarded).contains("the learned plan is `size`'s plan"));
+        guarded.candidates[0].plan.assignment = vec![0, 0];
+        let text = comparison(&guarded);
+        assert!(!text.contains("the learned plan is"), "{text}");
     }
 
     /// The placement JSON names a narrow win with the guard's figures, and

@@ -505,6 +505,38 @@ fn pretrain_then_fine_tune_then_plan_verified_on_sim() {
     );
 }
 
+/// A bad --devices or --memory-gb is named before anything is said of
+/// the CSV (here: its missing columns).
+#[test]
+fn plan_names_a_bad_argument_before_the_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    std::fs::write(&csv, "name,rows,dim\na,1000,16\nb,2000,32\n").unwrap();
+    let run = |devices: &str, memory: &str| {
+        learner(&[
+            "plan",
+            "--tables",
+            csv.to_str().unwrap(),
+            "--devices",
+            devices,
+            "--memory-gb",
+            memory,
+        ])
+    };
+    for (devices, memory, says) in [
+        ("2", "0", "--memory-gb must be a positive number"),
+        ("2", "-1", "--memory-gb must be a positive number"),
+        ("0", "16", "'--devices <DEVICES>': must be 1 or more"),
+        ("100000", "16", "--devices must lie in"),
+    ] {
+        let (ok, _, err) = run(devices, memory);
+        assert!(!ok && err.contains(says), "{devices} {memory}: {err}");
+        assert!(!err.contains("no pooling_factor"), "{err}");
+    }
+    let (ok, _, err) = run("2", "16");
+    assert!(ok && err.contains("no pooling_factor"), "{err}");
+}
+
 /// Memory is counted with the model's precision and optimizer unless
 /// `--precision` and `--optimizer` say otherwise, and the summary says
 /// which.

@@ -190,13 +190,8 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 /// The user's task: the tables of `--tables` on `--devices` devices of
 /// `--memory-gb`, checked to fit.
 fn user_task(args: &PlanArgs, mem: &common::MemoryModel) -> anyhow::Result<common::Task> {
-    let tables = common::pool::read(&args.tables)?;
-    let task = common::Task {
-        name: args.tables.display().to_string(),
-        devices: args.devices,
-        memory_gb: args.memory_gb,
-        tables,
-    };
+    // The arguments first: a bad one is named before any warning about
+    // the CSV's columns.
     anyhow::ensure!(
         (1..=common::placement::MAX_DEVICES).contains(&args.devices),
         "--devices must lie in 1..={}",
@@ -206,6 +201,13 @@ fn user_task(args: &PlanArgs, mem: &common::MemoryModel) -> anyhow::Result<commo
         args.memory_gb.is_finite() && args.memory_gb > 0.0,
         "--memory-gb must be a positive number"
     );
+    let tables = common::pool::read(&args.tables)?;
+    let task = common::Task {
+        name: args.tables.display().to_string(),
+        devices: args.devices,
+        memory_gb: args.memory_gb,
+        tables,
+    };
     if let Some(why) = task.infeasibility(mem) {
         anyhow::bail!(
             "{}: cannot fit memory: {why} (counting {} weights and {} state: --precision, \

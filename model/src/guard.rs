@@ -157,7 +157,7 @@ impl Guarded {
         // 6 % computes as 5.999… in floating point.
         (lo < SURE_GAIN * 100.0 - 1e-9).then_some(NarrowWin {
             rival: rival.method,
-            gain_pct: [lo, hi],
+            change_pct: [-hi, -lo],
         })
     }
 }
@@ -177,9 +177,11 @@ pub const SURE_GAIN: f64 = 0.06;
 pub struct NarrowWin {
     /// The best heuristic candidate's method.
     pub rival: &'static str,
-    /// The smallest and largest member's predicted gain, in percent
-    /// (below zero: that member predicts the learned plan dearer).
-    pub gain_pct: [f64; 2],
+    /// The members' predicted cost of the learned plan against the
+    /// rival's, in percent, from the most to the least change: below zero
+    /// where cheaper (above zero: that member predicts it dearer), as the
+    /// warning and the placement JSON give it.
+    pub change_pct: [f64; 2],
 }
 
 impl std::fmt::Display for NarrowWin {
@@ -188,8 +190,8 @@ impl std::fmt::Display for NarrowWin {
             f,
             "the cost network's members predict the learned plan {:+.1} % to {:+.1} % against \
              `{}`'s: a win under {} % is within its error on tables it did not train on",
-            -self.gain_pct[1],
-            -self.gain_pct[0],
+            self.change_pct[0],
+            self.change_pct[1],
             self.rival,
             SURE_GAIN * 100.0
         )
@@ -758,8 +760,8 @@ mod tests {
         );
         let narrow = g.narrow_win().expect("under 6 %");
         assert_eq!(narrow.rival, "size_lookup");
-        assert!((narrow.gain_pct[0] - 3.0).abs() < 1e-9, "{narrow:?}");
-        assert!((narrow.gain_pct[1] - 5.0).abs() < 1e-9, "{narrow:?}");
+        assert!((narrow.change_pct[0] + 5.0).abs() < 1e-9, "{narrow:?}");
+        assert!((narrow.change_pct[1] + 3.0).abs() < 1e-9, "{narrow:?}");
         let text = narrow.to_string();
         assert!(
             text.contains("-5.0 % to -3.0 % against `size_lookup`'s") && text.contains("under 6 %"),

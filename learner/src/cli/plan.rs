@@ -112,20 +112,20 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         noise = model::guard::verify(&mut guarded, &task.tables, o.as_mut())?;
     }
     if args.method == Method::Policy {
-        match args.verify {
-            Some(b) => log_verified(&guarded, b, noise, &run_cfg),
-            None => {
-                if let Some(narrow) = guarded.narrow_win() {
-                    let learned_from = run_cfg.cluster.backend.unwrap_or(benchworker::Backend::Sim);
-                    tracing::warn!(
-                        "{narrow}; on held-out tasks about one such plan in five measured \
-                         over 1 % slower than the heuristic's (docs/results.md, \"Fresh draws \
-                         and other shapes\"): `--verify {}` measures the candidates on the \
-                         oracle this model learned from (`--verify cuda` on your GPUs)",
-                        learned_from.name()
-                    );
-                }
-            }
+        match (args.verify, guarded.narrow_win()) {
+            (Some(b), _) => log_verified(&guarded, b, noise, &run_cfg),
+            (None, Some(narrow)) => tracing::warn!(
+                "{narrow}; on held-out tasks about one such plan in five measured over 1 % \
+                 slower than the heuristic's (docs/results.md, \"Fresh draws and other \
+                 shapes\"): `--verify {}` measures the candidates on the oracle this model \
+                 learned from (`--verify cuda` on your GPUs)",
+                run_cfg
+                    .cluster
+                    .backend
+                    .unwrap_or(benchworker::Backend::Sim)
+                    .name()
+            ),
+            (None, None) => {}
         }
     } else {
         let oracle = oracle
@@ -549,12 +549,10 @@ fn placement_document(
     });
     v["method"] = serde_json::json!(guarded.method());
     v["doubts"] = serde_json::json!(guarded.doubts);
-    // As the warning and the summary give it: the change in predicted
-    // cost against the rival, below zero where cheaper.
     v["narrow_win"] = match guarded.narrow_win() {
         Some(n) => serde_json::json!({
             "rival": n.rival,
-            "predicted_change_pct": [-n.gain_pct[1], -n.gain_pct[0]],
+            "predicted_change_pct": n.change_pct,
         }),
         None => serde_json::Value::Null,
     };

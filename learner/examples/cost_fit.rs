@@ -106,7 +106,8 @@ fn main() -> anyhow::Result<()> {
             let _guard = tch::no_grad_guard();
             let mdp = model::mdp::MdpTask::new(&task.tables, task.devices, cap, &cfg.memory);
             let reps = model.cost.tables(&mdp.features);
-            let mut net = model::search::CostNetOracle::new(model.cost.device_heads(), &reps, 0);
+            let heads = model.cost.device_heads(&reps, task.devices);
+            let mut net = model::search::CostNetOracle::new(heads, &reps, 0);
             let mut r = ChaCha8Rng::seed_from_u64(0);
             let out = model::search::search(
                 &mut net,

@@ -118,7 +118,8 @@ fn main() -> anyhow::Result<()> {
     let start = model::baselines::place(model::baselines::Method::Torchrec, &ctx, &mut rng)
         .ok_or_else(|| anyhow::anyhow!("torchrec found no plan that fits"))?;
     let reps = tch::no_grad(|| model.cost.tables(&mdp.features));
-    let net = model::search::CostNetOracle::new(model.cost.device_heads(), &reps, 0);
+    let heads = model.cost.device_heads(&reps, task.devices);
+    let net = model::search::CostNetOracle::new(heads, &reps, 0);
     let budget = 2000;
     // A fresh copy of the oracle each time, as `plan` takes one per search.
     let (min, median) = timed(|| {

@@ -99,12 +99,14 @@ fn opts() -> (Kind, Device) {
     (Kind::Float, Device::Cpu)
 }
 
-/// Each table's predicted cost alone on a device (ms), from the cost
-/// network's `[M, width]` table representations.
-pub fn single_table_costs(cost: &CostNet, repr: &Tensor) -> Vec<f32> {
+/// Each table's predicted cost alone on one of a task's devices (ms), from
+/// the cost network's `[M, width]` table representations and the task's
+/// context ([`CostNet::context`]).
+pub fn single_table_costs(cost: &CostNet, repr: &Tensor, ctx: &Tensor) -> Vec<f32> {
     let m = repr.size()[0];
-    let single =
-        tch::no_grad(|| cost.overall_cost(repr, &Tensor::arange(m, (Kind::Int64, Device::Cpu)), m));
+    let single = tch::no_grad(|| {
+        cost.overall_cost(repr, &Tensor::arange(m, (Kind::Int64, Device::Cpu)), m, ctx)
+    });
     crate::tensor_vec(&single)
 }
 
@@ -395,7 +397,8 @@ pub fn try_rollout(
     let _guard = tch::no_grad_guard();
     let (m, e, d) = (task.tables(), episodes as i64, task.devices as i64);
     let cost_repr = cost.tables(&task.features);
-    let single = single_table_costs(cost, &cost_repr);
+    let ctx = cost.context(&cost_repr, task.devices);
+    let single = single_table_costs(cost, &cost_repr, &ctx);
     let order = placement_order(&single);
     let reward_scale = balanced_cost(&single, task.devices);
     let pol_repr = policy.tables(&task.features);
@@ -433,10 +436,11 @@ pub fn try_rollout(
             .expand([e, pw], false);
         // Every device's costs with the table added, in one call.
         let table_cost = cost_repr.get(table as i64);
-        let with = costs_with(cost, &dev_cost, &table_cost).map_err(|err| RolloutError::Torch {
-            what: format!("step {step}: the cost network's device costs"),
-            message: err.to_string(),
-        })?;
+        let with =
+            costs_with(cost, &dev_cost, &table_cost, &ctx).map_err(|err| RolloutError::Torch {
+                what: format!("step {step}: the cost network's device costs"),
+                message: err.to_string(),
+            })?;
         let mut features = Vec::with_capacity(episodes * task.devices * DEVICE_FEATURES as usize);
         for (k, u) in used.iter().enumerate() {
             let span = k * task.devices..(k + 1) * task.devices;
@@ -481,7 +485,7 @@ pub fn try_rollout(
         actions.push(action);
     }
     let plan_of_device = rows.repeat_interleave_self_int(d, 0, None);
-    let predicted = cost.overall_cost(&dev_cost.view([e * d, cw]), &plan_of_device, e);
+    let predicted = cost.overall_cost(&dev_cost.view([e * d, cw]), &plan_of_device, e, &ctx);
     let stack = |what: &str, parts: &[Tensor]| {
         Tensor::f_stack(parts, 0).map_err(|e| RolloutError::Torch {
             what: format!("stacking the unroll's {what}"),
@@ -532,18 +536,23 @@ fn check_rollout(task: &MdpTask, episodes: usize) -> Result<(), RolloutError> {
 
 /// Every device's predicted (fwd, bwd, comm) with the table whose cost
 /// representation is `table_cost` added, for each episode's devices
-/// (`dev_cost`: `[E, D, width]`), in one call: `[E·D]` in order.
+/// (`dev_cost`: `[E, D, width]`; the task's context `ctx`), in one call:
+/// `[E·D]` in order.
 fn costs_with(
     cost: &CostNet,
     dev_cost: &Tensor,
     table_cost: &Tensor,
+    ctx: &Tensor,
 ) -> Result<Vec<[f32; 3]>, tch::TchError> {
     let [e, d, cw] = dev_cost.size()[..] else {
         unreachable!("device representations are [E, D, width]")
     };
     let with: Vec<f32> = Vec::try_from(
-        cost.device_costs(&(dev_cost + table_cost.view([1, 1, cw])).view([e * d, cw]))
-            .view([-1]),
+        cost.device_costs(
+            &(dev_cost + table_cost.view([1, 1, cw])).view([e * d, cw]),
+            ctx,
+        )
+        .view([-1]),
     )?;
     Ok(with.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect())
 }
@@ -584,7 +593,8 @@ impl PlainEpisodes {
     pub fn new(policy: &PolicyNet, cost: &CostNet, task: &MdpTask) -> PlainEpisodes {
         let _guard = tch::no_grad_guard();
         let cost_repr = cost.tables(&task.features);
-        let single = single_table_costs(cost, &cost_repr);
+        let ctx = cost.context(&cost_repr, task.devices);
+        let single = single_table_costs(cost, &cost_repr, &ctx);
         let rows = |t: &Tensor| -> Vec<Vec<f32>> {
             let width = t.size()[1] as usize;
             crate::tensor_vec::<f32>(&t.to_kind(Kind::Float))
@@ -592,7 +602,7 @@ impl PlainEpisodes {
                 .map(<[f32]>::to_vec)
                 .collect()
         };
-        let heads = cost.device_heads();
+        let heads = cost.device_heads(&cost_repr, task.devices);
         let flat = crate::tensor_vec::<f32>(&cost_repr.to_kind(Kind::Float));
         PlainEpisodes {
             order: placement_order(&single),
@@ -822,7 +832,9 @@ mod tests {
                     used[plan[placed]] += task.bytes[placed];
                 }
                 let costs = |x: &Tensor| -> Vec<[f32; 3]> {
-                    let v = Vec::<f32>::try_from(tch::no_grad(|| cost.device_costs(x)).view([-1]));
+                    let v = Vec::<f32>::try_from(
+                        tch::no_grad(|| cost.device_costs(x, &cost.context(&repr, 3))).view([-1]),
+                    );
                     v.unwrap().chunks(3).map(|c| [c[0], c[1], c[2]]).collect()
                 };
                 // Devices still empty cost nothing.

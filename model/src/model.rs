@@ -150,8 +150,10 @@ impl Model {
         features: &[[f32; common::NUM_FEATURES]],
         plans: &[&Plan],
     ) -> Vec<Vec<f64>> {
-        let heads = self.cost.device_heads();
         let reps = tch::no_grad(|| self.cost.tables(&Tensor::from_slice2(features)));
+        // The plans are of one task: one device count.
+        let devices = plans.first().map_or(1, |p| p.devices);
+        let heads = self.cost.device_heads(&reps, devices);
         let flat = tensor_vec::<f32>(&reps.to_kind(Kind::Float));
         composed_member_costs(&heads, &heads.project_rows(&flat), plans)
     }

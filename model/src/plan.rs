@@ -228,7 +228,8 @@ impl Model {
         );
         let plan_of_device =
             Tensor::arange(n, (Kind::Int64, Device::Cpu)).repeat_interleave_self_int(d, 0, None);
-        let costs: Vec<f32> = tensor_vec(&self.cost.overall_cost(&dev, &plan_of_device, n));
+        let ctx = self.cost.context(reps, devices);
+        let costs: Vec<f32> = tensor_vec(&self.cost.overall_cost(&dev, &plan_of_device, n, &ctx));
         (0..candidates.len())
             .filter(|&i| !candidates[i].1)
             .min_by(|&a, &b| costs[a].total_cmp(&costs[b]).then(a.cmp(&b)))
@@ -359,7 +360,8 @@ impl Model {
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
         let _guard = tch::no_grad_guard();
         let reps = self.cost.tables(&mdp.features);
-        let net = crate::search::CostNetOracle::new(self.cost.device_heads(), &reps, 0);
+        let heads = self.cost.device_heads(&reps, task.devices);
+        let net = crate::search::CostNetOracle::new(heads, &reps, 0);
         in_threads(starts, |start| {
             Self::search_from(&net, task, mem, start.clone(), budget).0
         })
@@ -429,7 +431,8 @@ impl Model {
         // Per-device (fwd, bwd, comm) as plain floats: a move changes two
         // devices, and `compose` is two maxima and a sum.
         let costs_of = |t: &Tensor| tensor_vec::<f32>(t);
-        let mut pd = costs_of(&self.cost.device_costs(&dev_repr));
+        let ctx = self.cost.context(reps, d);
+        let mut pd = costs_of(&self.cost.device_costs(&dev_repr, &ctx));
         let composed = |dev: &dyn Fn(usize) -> [f32; 3]| {
             let (mut fwd, mut rest) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
             for x in 0..d {
@@ -474,7 +477,7 @@ impl Model {
             let changed = costs_of(
                 &self
                     .cost
-                    .device_costs(&Tensor::cat(&[src_repr, dst_repr], 0)),
+                    .device_costs(&Tensor::cat(&[src_repr, dst_repr], 0), &ctx),
             );
             let (best, best_cost) = (0..n)
                 .map(|i| {
@@ -656,7 +659,8 @@ mod tests {
                         .features,
                 )
             });
-            let mut net = crate::search::CostNetOracle::new(model.cost.device_heads(), &reps, 0);
+            let heads = model.cost.device_heads(&reps, task.devices);
+            let mut net = crate::search::CostNetOracle::new(heads, &reps, 0);
             let mut predict = |p: &Plan| net.measure(&task.tables, p).unwrap().cost_ms;
             let (ps, pm) = (predict(&searched), predict(&moved));
             assert!(

@@ -561,6 +561,16 @@ impl CostNetOracle {
                 ),
             });
         }
+        if let Some(d) = self.heads.devices().filter(|&d| d != plan.devices) {
+            return Err(OracleError::Backend {
+                backend: "cost_net",
+                message: format!(
+                    "prepared for a task on {d} devices (its exchange heads hold the task's \
+                     context), asked about a plan on {}",
+                    plan.devices
+                ),
+            });
+        }
         let moved = moved.filter(|_| {
             self.plan.len() == tables.len()
                 && plan.assignment.len() == tables.len()
@@ -710,7 +720,7 @@ mod tests {
         let net = CostNet::new(&vs.root(), &cfg);
         let features: Vec<_> = tables.iter().map(common::features::scaled).collect();
         let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&features)));
-        let mut oracle = CostNetOracle::new(net.device_heads(), &reps, 0);
+        let mut oracle = CostNetOracle::new(net.device_heads(&reps, 3), &reps, 0);
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         let plans: Vec<Plan> = (0..6)
             .map(|_| Plan {
@@ -780,6 +790,49 @@ mod tests {
             .is_err());
     }
 
+    /// Heads that hold a task's context cost that task's plans as the
+    /// network does, and refuse a plan on another device count (whose
+    /// exchanges they would get wrong) without losing the last plan.
+    #[test]
+    fn a_cost_net_oracle_with_context_keeps_to_its_device_count() {
+        use crate::nets::{CostNet, PlacedTables, PlanBatch};
+        use common::config::ModelConfig;
+        let tables = pool(12, 7);
+        tch::manual_seed(3);
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let cfg = ModelConfig {
+            cost_context: true,
+            ..ModelConfig::default()
+        };
+        let net = CostNet::new(&vs.root(), &cfg);
+        let features: Vec<_> = tables.iter().map(common::features::scaled).collect();
+        let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&features)));
+        let mut oracle = CostNetOracle::new(net.device_heads(&reps, 4), &reps, 0);
+        let plan = |devices: usize| Plan {
+            devices,
+            assignment: (0..tables.len()).map(|t| t % devices).collect(),
+        };
+        let expected = |p: &Plan| {
+            let batch = PlanBatch::new([&PlacedTables {
+                features: features.clone(),
+                assignment: p.assignment.clone(),
+                devices: p.devices,
+            }]);
+            tch::no_grad(|| net.forward(&batch))
+                .overall
+                .double_value(&[0])
+        };
+        let four = oracle.measure(&tables, &plan(4)).unwrap().cost_ms;
+        let want = expected(&plan(4));
+        assert!(
+            (four - want).abs() < 1e-4 * (1.0 + want.abs()),
+            "{four} vs {want}"
+        );
+        let err = oracle.measure(&tables, &plan(2)).unwrap_err().to_string();
+        assert!(err.contains("4 devices") && err.contains("on 2"), "{err}");
+        assert_eq!(oracle.measure(&tables, &plan(4)).unwrap().cost_ms, four);
+    }
+
     /// A cost network oracle over a random network, for a task of `tables`.
     fn cost_net_oracle(tables: &[Table]) -> CostNetOracle {
         use crate::nets::CostNet;
@@ -788,7 +841,7 @@ mod tests {
         let net = CostNet::new(&vs.root(), &ModelConfig::default());
         let features: Vec<_> = tables.iter().map(common::features::scaled).collect();
         let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&features)));
-        CostNetOracle::new(net.device_heads(), &reps, 0)
+        CostNetOracle::new(net.device_heads(&reps, 3), &reps, 0)
     }
 
     /// The cost network oracle told nothing of what moved: it costs every

@@ -39,6 +39,14 @@ pub struct ModelConfig {
     /// Whether and how the cost network uses each table's work on a linear
     /// scale (see [`CostWork`]).
     pub cost_work: CostWork,
+    /// Whether the exchange head also reads the task around the device:
+    /// the share `(D − 1) / D` of the device's pooled rows that leave it,
+    /// its representation scaled by that share, and the task's tables'
+    /// summed representation over `D`. A device's all-to-all sends
+    /// `(B/D)·(D − 1)·Σ its dims` and receives `(B/D)·Σ the others'
+    /// dims`: neither is a function of its own tables alone. false:
+    /// the device's own tables only (models trained before this setting).
+    pub cost_context: bool,
     /// Episodes the policy places when it places for a user (`plan`,
     /// eval's `policy`): its greedy episode and `plan_samples − 1` samples
     /// (each seeded by its number, spread over the cores); the plan with the
@@ -148,6 +156,7 @@ impl Default for ModelConfig {
             value_hidden: 64,
             overall_cost: OverallCost::Composed,
             cost_work: CostWork::Inputs,
+            cost_context: false,
             plan_samples: 1,
             plan_heuristics: true,
             plan_temperature: 1.0,

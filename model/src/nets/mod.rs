@@ -229,6 +229,9 @@ pub struct CostNet {
     member_width: i64,
     composition: OverallCost,
     work: CostWork,
+    /// Whether the exchange heads read the task's context
+    /// (`model.cost_context`, see [`CostNet::context`]).
+    context: bool,
 }
 
 /// One network of the ensemble.
@@ -265,16 +268,40 @@ impl Member {
             .squeeze_dim(1)
     }
 
-    fn device_costs(&self, device_repr: &Tensor) -> Tensor {
+    /// `[G, 3]` costs of devices; `context` (`[G or 1, 1 + out]`: the
+    /// share `(D − 1) / D` and this member's part of the task's mean
+    /// representation) only where the exchange head reads it.
+    fn device_costs(&self, device_repr: &Tensor, context: Option<&Tensor>) -> Tensor {
+        let comm = match context {
+            None => self.comm.forward(device_repr),
+            Some(ctx) => self.comm.forward(&exchange_input(device_repr, ctx)),
+        };
         Tensor::cat(
             &[
                 self.fwd.forward(device_repr),
                 self.bwd.forward(device_repr),
-                self.comm.forward(device_repr),
+                comm,
             ],
             1,
         )
     }
+}
+
+/// The exchange head's input with the task's context: the device's
+/// representation `x`, `s·x`, the task's mean representation `c` and `s`
+/// (`[G, 3·out + 1]`), from `x` (`[G, out]`) and `[s, c]` (`[G or 1,
+/// 1 + out]`). A device sends `s·Σ its dims` and receives `c − x/D =
+/// c − (1 − s)·x` per sample and dim, both linear in these.
+fn exchange_input(x: &Tensor, ctx: &Tensor) -> Tensor {
+    let [g, o] = x.size()[..] else {
+        unreachable!("device representations are [G, width]")
+    };
+    let ctx = ctx.expand([g, 1 + o], false);
+    let share = ctx.narrow(1, 0, 1);
+    Tensor::cat(
+        &[x.shallow_clone(), x * &share, ctx.narrow(1, 1, o), share],
+        1,
+    )
 }
 
 impl CostNet {
@@ -303,7 +330,12 @@ impl CostNet {
                     table: mlp(&(&p / "table"), input, h, o).add_fn(|x| x.relu()),
                     fwd: CostHead::new(&(&p / "fwd"), o, hh, cfg.cost_head_gates),
                     bwd: CostHead::new(&(&p / "bwd"), o, hh, cfg.cost_head_gates),
-                    comm: CostHead::new(&(&p / "comm"), o, hh, cfg.cost_head_gates),
+                    comm: CostHead::new(
+                        &(&p / "comm"),
+                        if cfg.cost_context { 3 * o + 1 } else { o },
+                        hh,
+                        cfg.cost_head_gates,
+                    ),
                     overall: mlp(&(&p / "overall"), o, hh, 1),
                 }
             })
@@ -313,7 +345,51 @@ impl CostNet {
             member_width: o,
             composition: cfg.overall_cost,
             work: cfg.cost_work,
+            context: cfg.cost_context,
         }
+    }
+
+    /// The task's context for the exchange heads (`[1, 1 + members ×
+    /// out]`): the share `(D − 1) / D` of a device's pooled rows that go to
+    /// other devices, and the summed representation of all the task's
+    /// tables (`table_reps`, from [`CostNet::tables`]) over `D`. It is the
+    /// same for every plan of the task, partial ones included, so a search
+    /// evaluates a device from its own tables as before. Networks without
+    /// `model.cost_context` ignore it.
+    pub fn context(&self, table_reps: &Tensor, devices: usize) -> Tensor {
+        let d = devices.max(1) as f64;
+        let width = table_reps.size()[1];
+        let mean = if table_reps.size()[0] == 0 {
+            Tensor::zeros([1, width], (table_reps.kind(), table_reps.device()))
+        } else {
+            table_reps.sum_dim_intlist([0i64].as_slice(), true, None::<Kind>) / d
+        };
+        let share = Tensor::full([1, 1], (d - 1.0) / d, (mean.kind(), mean.device()));
+        Tensor::cat(&[share, mean], 1)
+    }
+
+    /// Each device's context in a batch of whole plans (`[G, 1 + members
+    /// × out]`): [`CostNet::context`] of its plan, from the device sums.
+    fn batch_context(&self, device_sums: &Tensor, batch: &PlanBatch) -> Tensor {
+        let ones = Tensor::ones(
+            [batch.devices, 1],
+            (device_sums.kind(), device_sums.device()),
+        );
+        let count = sum_by(&ones, &batch.plan_of_device, batch.plans).clamp_min(1.0);
+        let total = sum_by(device_sums, &batch.plan_of_device, batch.plans);
+        Tensor::cat(&[(&count - 1.0) / &count, total / &count], 1)
+            .index_select(0, &batch.plan_of_device)
+    }
+
+    /// Member `m`'s part of a context: the share and its part of the mean
+    /// representation (`None` for a network without context).
+    fn member_context(&self, ctx: &Tensor, m: usize) -> Option<Tensor> {
+        if !self.context {
+            return None;
+        }
+        let share = ctx.narrow(1, 0, 1);
+        let mean = ctx.narrow(1, 1 + m as i64 * self.member_width, self.member_width);
+        Some(Tensor::cat(&[share, mean], 1))
     }
 
     /// Networks in the ensemble.
@@ -367,24 +443,32 @@ impl CostNet {
     }
 
     /// `[G, 3]` cost features of devices given their summed representations
-    /// (the members' mean).
-    pub fn device_costs(&self, device_repr: &Tensor) -> Tensor {
+    /// (the members' mean) and the context of their task ([`CostNet::context`],
+    /// `[1, …]`, or one row per device).
+    pub fn device_costs(&self, device_repr: &Tensor, ctx: &Tensor) -> Tensor {
         mean_of(
             self.members
                 .iter()
                 .enumerate()
-                .map(|(m, member)| member.device_costs(&self.part(device_repr, m)))
+                .map(|(m, member)| {
+                    member.device_costs(
+                        &self.part(device_repr, m),
+                        self.member_context(ctx, m).as_ref(),
+                    )
+                })
                 .collect(),
         )
     }
 
     /// `[P]` overall costs from device representations (see
-    /// [`OverallCost`]).
+    /// [`OverallCost`]), the plans being of one task whose context is `ctx`
+    /// (or with one context row per device).
     pub fn overall_cost(
         &self,
         device_repr: &Tensor,
         plan_of_device: &Tensor,
         plans: i64,
+        ctx: &Tensor,
     ) -> Tensor {
         match self.composition {
             OverallCost::Head => mean_of(
@@ -397,17 +481,33 @@ impl CostNet {
                     .collect(),
             ),
             OverallCost::Composed => {
-                compose(&self.device_costs(device_repr), plan_of_device, plans)
+                compose(&self.device_costs(device_repr, ctx), plan_of_device, plans)
             }
         }
     }
 
-    /// A plain copy of the per-device heads, for many cheap evaluations
-    /// of single devices (see [`DeviceHeads`]).
-    pub fn device_heads(&self) -> DeviceHeads {
+    /// A plain copy of the per-device heads for the plans of one task
+    /// (its tables' representations `reps`, on `devices` devices), for many
+    /// cheap evaluations of single devices (see [`DeviceHeads`]): the
+    /// exchange heads' context ([`CostNet::context`]) is folded into their
+    /// first layer's weights and bias.
+    pub fn device_heads(&self, reps: &Tensor, devices: usize) -> DeviceHeads {
         let _guard = tch::no_grad_guard();
+        let ctx = self.context(reps, devices);
+        let ctx = &ctx;
         DeviceHeads {
-            members: self.members.iter().map(MemberHeads::of).collect(),
+            devices: self.context.then_some(devices),
+            members: self
+                .members
+                .iter()
+                .enumerate()
+                .map(|(m, member)| {
+                    let context = self
+                        .member_context(ctx, m)
+                        .map(|c| crate::tensor_vec::<f32>(&c.to_kind(Kind::Float)));
+                    MemberHeads::of(member, context.as_deref())
+                })
+                .collect(),
         }
     }
 
@@ -428,9 +528,10 @@ impl CostNet {
     /// heads.
     pub fn forward(&self, batch: &PlanBatch) -> CostPrediction {
         let dev = self.device_sums(batch);
-        let per_device = self.device_costs(&dev);
+        let ctx = self.batch_context(&dev, batch);
+        let per_device = self.device_costs(&dev, &ctx);
         let overall = match self.composition {
-            OverallCost::Head => self.overall_cost(&dev, &batch.plan_of_device, batch.plans),
+            OverallCost::Head => self.overall_cost(&dev, &batch.plan_of_device, batch.plans, &ctx),
             OverallCost::Composed => compose(&per_device, &batch.plan_of_device, batch.plans),
         };
         CostPrediction {
@@ -443,12 +544,13 @@ impl CostNet {
     /// member learns from its loss alone, so the members stay apart).
     pub fn forward_members(&self, batch: &PlanBatch) -> Vec<CostPrediction> {
         let dev = self.device_sums(batch);
+        let ctx = self.batch_context(&dev, batch);
         self.members
             .iter()
             .enumerate()
             .map(|(m, member)| {
                 let part = self.part(&dev, m);
-                let per_device = member.device_costs(&part);
+                let per_device = member.device_costs(&part, self.member_context(&ctx, m).as_ref());
                 let overall = match self.composition {
                     OverallCost::Head => {
                         member.overall_head(&part, &batch.plan_of_device, batch.plans)
@@ -637,27 +739,88 @@ mod tests {
 
     #[test]
     fn plain_heads_equal_the_cost_networks_heads() {
-        let (_vs, net) = cost_net();
-        let heads = net.device_heads();
-        // Device representations of three groups of tables, one empty.
-        let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&pool(12))));
-        let dev = sum_by(
-            &reps,
-            &Tensor::from_slice(&[0i64, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1]),
-            3,
-        );
-        let expected = tch::no_grad(|| net.device_costs(&dev));
-        assert_eq!(heads.width(), dev.size()[1] as usize);
-        for d in 0..3 {
-            let repr = Vec::<f32>::try_from(dev.get(d)).unwrap();
-            let got = heads.costs(&repr);
-            for (k, g) in got.iter().enumerate() {
-                let e = expected.double_value(&[d, k as i64]) as f32;
-                assert!(
-                    (g - e).abs() < 1e-4 * (1.0 + e.abs()),
-                    "device {d} head {k}: {g} vs {e}"
-                );
+        for cost_context in [false, true] {
+            let (_vs, net) = ensemble_of(
+                1,
+                ModelConfig {
+                    cost_context,
+                    ..ModelConfig::default()
+                },
+            );
+            // Device representations of three groups of tables, one empty.
+            let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&pool(12))));
+            let heads = net.device_heads(&reps, 3);
+            assert_eq!(heads.devices(), cost_context.then_some(3));
+            let dev = sum_by(
+                &reps,
+                &Tensor::from_slice(&[0i64, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1]),
+                3,
+            );
+            let expected = tch::no_grad(|| net.device_costs(&dev, &net.context(&reps, 3)));
+            assert_eq!(heads.width(), dev.size()[1] as usize);
+            for d in 0..3 {
+                let repr = Vec::<f32>::try_from(dev.get(d)).unwrap();
+                let got = heads.costs(&repr);
+                for (k, g) in got.iter().enumerate() {
+                    let e = expected.double_value(&[d, k as i64]) as f32;
+                    assert!(
+                        (g - e).abs() < 1e-4 * (1.0 + e.abs()),
+                        "context {cost_context}, device {d} head {k}: {g} vs {e}"
+                    );
+                }
             }
+        }
+    }
+
+    /// With `model.cost_context` the exchange head reads the task: the
+    /// same device costs another exchange beside other devices or in
+    /// another device count, its forward and backward do not change, and
+    /// whole plans in a batch get the context of their own task.
+    #[test]
+    fn the_exchange_head_reads_the_tasks_context() {
+        let (_vs, net) = ensemble_of(
+            2,
+            ModelConfig {
+                cost_context: true,
+                ..ModelConfig::default()
+            },
+        );
+        let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&pool(8))));
+        let ctx = net.context(&reps, 4);
+        // The share (D − 1)/D, then the mean representation.
+        assert!((ctx.double_value(&[0, 0]) - 0.75).abs() < 1e-6);
+        let mean = reps.sum_dim_intlist([0i64].as_slice(), true, None::<Kind>) / 4.0;
+        assert!(close(&ctx.narrow(1, 1, reps.size()[1]), &mean));
+        let device = reps
+            .narrow(0, 0, 2)
+            .sum_dim_intlist([0i64].as_slice(), true, None::<Kind>);
+        let on = |devices: usize, tables: i64| {
+            let others = reps.narrow(0, 0, tables);
+            tch::no_grad(|| net.device_costs(&device, &net.context(&others, devices)))
+        };
+        let (four, two, fewer) = (on(4, 8), on(2, 8), on(4, 4));
+        for other in [&two, &fewer] {
+            assert!(close(&four.narrow(1, 0, 2), &other.narrow(1, 0, 2)));
+            assert!((four.double_value(&[0, 2]) - other.double_value(&[0, 2])).abs() > 1e-6);
+        }
+        // Forward: a plan's devices read its own context, as the rollout's
+        // path does with the task's.
+        let batch = PlanBatch::new(&[
+            placed(pool(8), vec![0, 0, 1, 1, 2, 2, 3, 3], 4),
+            placed(pool(8), vec![0, 1, 0, 1, 0, 1, 0, 1], 2),
+        ]);
+        let both = tch::no_grad(|| net.forward(&batch));
+        for (plan, devices, of) in [
+            (0, 4, [0i64, 0, 1, 1, 2, 2, 3, 3]),
+            (1, 2, [0, 1, 0, 1, 0, 1, 0, 1]),
+        ] {
+            let dev = sum_by(&reps, &Tensor::from_slice(&of), devices as i64);
+            let apart = tch::no_grad(|| net.device_costs(&dev, &net.context(&reps, devices)));
+            let at = if plan == 0 { 0 } else { 4 };
+            assert!(close(
+                &both.per_device.narrow(0, at, devices as i64),
+                &apart
+            ));
         }
     }
 
@@ -680,11 +843,13 @@ mod tests {
     fn an_ensemble_predicts_its_members_mean_and_its_plain_heads_agree() {
         // Hidden widths that fill the plain heads' lanes of eight, and
         // one that leaves five over.
-        for (overall_cost, cost_work, cost_head_gates, cost_head_hidden) in [
-            (OverallCost::Composed, CostWork::Inputs, 0, 64),
-            (OverallCost::Head, CostWork::Gated, 0, 64),
-            (OverallCost::Composed, CostWork::Inputs, 5, 64),
-            (OverallCost::Composed, CostWork::Inputs, 3, 13),
+        for (overall_cost, cost_work, cost_head_gates, cost_head_hidden, cost_context) in [
+            (OverallCost::Composed, CostWork::Inputs, 0, 64, false),
+            (OverallCost::Head, CostWork::Gated, 0, 64, false),
+            (OverallCost::Composed, CostWork::Inputs, 5, 64, false),
+            (OverallCost::Composed, CostWork::Inputs, 3, 13, false),
+            (OverallCost::Composed, CostWork::Inputs, 0, 64, true),
+            (OverallCost::Composed, CostWork::Inputs, 3, 13, true),
         ] {
             let (_vs, net) = ensemble_of(
                 3,
@@ -693,6 +858,7 @@ mod tests {
                     cost_work,
                     cost_head_gates,
                     cost_head_hidden,
+                    cost_context,
                     ..ModelConfig::default()
                 },
             );
@@ -716,7 +882,7 @@ mod tests {
             let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&pool(7))));
             assert_eq!(reps.size()[1], 3 * ModelConfig::default().cost_table_out);
             let dev = sum_by(&reps, &Tensor::from_slice(&[0i64, 0, 1, 1, 1, 2, 2]), 3);
-            let heads = net.device_heads();
+            let heads = net.device_heads(&reps, 3);
             assert_eq!(heads.width(), reps.size()[1] as usize);
             for d in 0..3 {
                 let got = heads.costs(&Vec::<f32>::try_from(dev.get(d)).unwrap());
@@ -821,7 +987,8 @@ mod tests {
             .collect();
         let rows = Tensor::from_slice(&rows).view([13, NUM_FEATURES as i64]);
         let dev = sum_by(&net.tables(&rows), &batch.device_of, batch.devices);
-        let apart = net.overall_cost(&dev, &batch.plan_of_device, batch.plans);
+        let ctx = net.batch_context(&dev, &batch);
+        let apart = net.overall_cost(&dev, &batch.plan_of_device, batch.plans, &ctx);
         let together = net.forward(&batch).overall;
         assert!(close(&apart, &together));
         // The same gradients too.
@@ -846,15 +1013,17 @@ mod tests {
 
     #[test]
     fn every_cost_variant_is_invariant_to_device_numbering() {
-        for (overall_cost, cost_work) in [
-            (OverallCost::Composed, CostWork::Inputs),
-            (OverallCost::Head, CostWork::Gated),
+        for (overall_cost, cost_work, cost_context) in [
+            (OverallCost::Composed, CostWork::Inputs, false),
+            (OverallCost::Head, CostWork::Gated, false),
+            (OverallCost::Composed, CostWork::Inputs, true),
         ] {
             tch::manual_seed(0);
             let vs = nn::VarStore::new(Device::Cpu);
             let cfg = ModelConfig {
                 overall_cost,
                 cost_work,
+                cost_context,
                 ..ModelConfig::default()
             };
             let net = CostNet::new(&vs.root(), &cfg);
@@ -868,12 +1037,10 @@ mod tests {
             assert!(close(&a.overall, &b.overall));
             assert!(close(&a.per_device.get(0), &b.per_device.get(2)));
             // The rollout's path (device representations) agrees with forward.
-            let dev = sum_by(
-                &net.tables(&Tensor::from_slice2(&pool(6))),
-                &Tensor::from_slice(&[0i64, 0, 1, 1, 2, 2]),
-                3,
-            );
-            let via_repr = net.overall_cost(&dev, &Tensor::from_slice(&[0i64, 0, 0]), 1);
+            let reps = net.tables(&Tensor::from_slice2(&pool(6)));
+            let dev = sum_by(&reps, &Tensor::from_slice(&[0i64, 0, 1, 1, 2, 2]), 3);
+            let ctx = net.context(&reps, 3);
+            let via_repr = net.overall_cost(&dev, &Tensor::from_slice(&[0i64, 0, 0]), 1, &ctx);
             assert!(close(&via_repr, &a.overall));
         }
     }

@@ -20,6 +20,9 @@ use super::{Member, DEVICE_FEATURES};
 #[derive(Debug, Clone)]
 pub struct DeviceHeads {
     pub(super) members: Vec<MemberHeads>,
+    /// The device count of the task whose context the exchange heads hold
+    /// (`None`: heads without context, good for any task of the tables).
+    pub(super) devices: Option<usize>,
 }
 
 /// One member's three heads.
@@ -41,19 +44,27 @@ pub(super) struct MemberHeads {
 }
 
 impl MemberHeads {
-    pub(super) fn of(m: &Member) -> MemberHeads {
+    /// The member's heads; `context` (the share `s` and the member's part
+    /// `c` of the task's mean representation, see
+    /// [`super::CostNet::context`]) where its exchange head reads them.
+    pub(super) fn of(m: &Member, context: Option<&[f32]>) -> MemberHeads {
         let heads = [&m.fwd, &m.bwd, &m.comm];
         let gates = heads[0]
             .gates
             .as_ref()
             .map_or(0, |(u, _)| u.ws.size()[0] as usize);
+        let width = m.fwd.head.l1.ws.size()[1] as usize;
         let (mut w1, mut b1, mut w2, mut b2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for h in heads {
+        for (k, h) in heads.into_iter().enumerate() {
             let mut rows = vec![dense(&h.head.l1)];
             if let Some((u, v)) = &h.gates {
                 rows.extend([dense(u), dense(v)]);
             }
             for (w, b) in rows {
+                let (w, b) = match context {
+                    Some(ctx) if k == 2 => with_context(&w, &b, width, ctx),
+                    _ => (w, b),
+                };
                 w1.extend(w);
                 b1.extend(b);
             }
@@ -62,7 +73,7 @@ impl MemberHeads {
             b2.extend(b);
         }
         MemberHeads {
-            width: m.fwd.head.l1.ws.size()[1] as usize,
+            width,
             hidden: m.fwd.head.l1.ws.size()[0] as usize,
             gates,
             w1,
@@ -97,6 +108,12 @@ impl MemberHeads {
 }
 
 impl DeviceHeads {
+    /// The device count these heads hold the context of, if any: their
+    /// costs are for plans on that many devices only.
+    pub fn devices(&self) -> Option<usize> {
+        self.devices
+    }
+
     /// Width of the device representation the heads read (all members').
     pub fn width(&self) -> usize {
         self.members.iter().map(|m| m.width).sum()
@@ -261,6 +278,25 @@ fn gated(pu: &[f32], bu: &[f32], pv: &[f32], bv: &[f32]) -> f32 {
         .zip(pv.iter().zip(bv))
         .map(|((pu, bu), (pv, bv))| (pu + bu) / (1.0 + (pv + bv).max(0.0)))
         .sum()
+}
+
+/// An exchange head's layer on `[x, s·x, c, s]` (rows of `3·width + 1`)
+/// folded for one context `[s, c]`: rows `A + s·B` of `width` on `x`, and
+/// biases `b + C·c + e·s`. A device's costs then come from its own
+/// tables' projections, as without context.
+fn with_context(w: &[f32], b: &[f32], width: usize, ctx: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (share, mean) = (ctx[0], &ctx[1..]);
+    let row = 3 * width + 1;
+    let mut folded = Vec::with_capacity(b.len() * width);
+    let mut bias = Vec::with_capacity(b.len());
+    for (r, &b) in w.chunks_exact(row).zip(b) {
+        let (a, rest) = r.split_at(width);
+        let (scaled, rest) = rest.split_at(width);
+        let (on_mean, on_share) = rest.split_at(width);
+        folded.extend(a.iter().zip(scaled).map(|(a, s)| a + share * s));
+        bias.push(b + dot(on_mean, mean) + on_share[0] * share);
+    }
+    (folded, bias)
 }
 
 /// A linear layer's weight (`[out, in]`, row-major) and bias as plain

@@ -957,6 +957,17 @@ fn two_runs_place_together() {
     let (ok, _, err) = eval_a(own);
     assert!(ok && !err.contains("not saved"), "{err}");
     assert!(a.join("eval").join("dlrm-12x3.test-sim.json").exists());
+    // A run folder it cannot save into: the report still comes, and the
+    // command still succeeds.
+    std::fs::remove_dir_all(a.join("eval")).unwrap();
+    std::fs::write(a.join("eval"), "in the way").unwrap();
+    let (ok, stdout, err) = eval_a(own);
+    assert!(
+        ok && err.contains("are not saved into") && err.contains("report above holds them"),
+        "{err}"
+    );
+    assert!(stdout.contains("policy"), "{stdout}");
+    std::fs::remove_file(a.join("eval")).unwrap();
     let (ok, stdout, err) = plan(&[&a, &b], &["--plan-search", "0"]);
     assert!(
         ok && err.contains("`plan` runs no local search")

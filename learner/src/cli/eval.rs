@@ -151,8 +151,16 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         // The evaluated run keeps its results (the shipped model's folder
         // is left as it is, and so are runs evaluated together: the
         // results are not one run's).
+        // The report is out already: a run folder that cannot be written
+        // (read-only, say) costs the saved copy only.
         if let ([run], true) = (args.checkpoint.as_slice(), own_plan_search) {
-            save_report(run, &suite.path, args.backend, &report)?;
+            if let Err(e) = save_report(run, &suite.path, args.backend, &report) {
+                tracing::warn!(
+                    "the results of {} are not saved into {}: {e:#} (the report above holds them)",
+                    suite.path.display(),
+                    run.display()
+                );
+            }
         }
         let measured = |m: &crate::eval::MethodResult| m.per_task_ms.iter().any(Option::is_some);
         if !report.methods.values().any(measured) {

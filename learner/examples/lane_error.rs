@@ -4,10 +4,13 @@
 //! penalty: not a function of each table alone, which a sum of table
 //! representations cannot see. Per device of the guard's candidates (the
 //! learned plan and the heuristics'), on `sim`, the lane factor is the
-//! device's lookup bytes weighted by the penalties in its block over the
-//! same with each table in a block of its own (1: no waste). It prints
-//! the forward error (predicted over measured) by lane factor, then by
-//! tables on the device.
+//! device's lookup width (pooling × dim, summed) weighted by the
+//! penalties in one fused call's block over the same with each table in
+//! a block of its own (1: no waste). It is an approximation: `sim` also
+//! rounds rows to sectors, weighs in the cache, and runs a device's
+//! tables one call each where that is faster, wasting no lanes. It
+//! prints the forward error (predicted over measured) by lane factor,
+//! then by tables on the device.
 //!
 //! cargo run --release --example lane_error -- RUN_DIR SUITE...
 

@@ -767,7 +767,12 @@ mod tests {
         for seed in 0..6u64 {
             tch::manual_seed(seed as i64);
             let vs = nn::VarStore::new(Device::Cpu);
-            let cfg = ModelConfig::default();
+            // Odd seeds: two members whose exchange heads read the task.
+            let cfg = ModelConfig {
+                cost_context: seed % 2 == 1,
+                cost_members: 1 + seed as i64 % 2,
+                ..ModelConfig::default()
+            };
             let policy = PolicyNet::new(&(vs.root() / "policy"), &cfg);
             let cost = CostNet::new(&(vs.root() / "cost"), &cfg);
             let t = generate_pool(

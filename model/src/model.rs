@@ -180,7 +180,8 @@ impl Model {
 /// (`[tables × projected width]`): the members' device costs composed as
 /// [`crate::nets::compose`] does, `max fwd + max (bwd + 2·comm)`. A plan
 /// that is not one of these tables' (another count of tables, no device, a
-/// table on a device it lacks) is predicted NaN by every member: never
+/// table on a device it lacks) or, for heads that hold a task's context,
+/// on another device count, is predicted NaN by every member: never
 /// cheaper than another.
 fn composed_member_costs(
     heads: &crate::nets::DeviceHeads,
@@ -196,6 +197,7 @@ fn composed_member_costs(
             if p.devices == 0
                 || p.assignment.len() != tables
                 || p.assignment.iter().any(|&d| d >= p.devices)
+                || heads.devices().is_some_and(|d| d != p.devices)
             {
                 return vec![f64::NAN; heads.members()];
             }
@@ -246,48 +248,63 @@ mod tests {
 
     #[test]
     fn member_costs_on_plain_arrays_equal_the_batched_forward() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = small_config();
-        cfg.model.cost_members = 3;
-        let suite = small_suite(&cfg, "test", dir.path());
-        tch::manual_seed(5);
-        let model = Model::new(&cfg);
-        let task = &suite.tasks[0];
-        let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let plans: Vec<Plan> = (0..5)
-            .map(|_| Plan {
-                devices: task.devices,
-                assignment: (0..task.tables.len())
-                    .map(|_| rng.gen_range(0..task.devices))
-                    .collect(),
-            })
-            .collect();
-        let refs: Vec<&Plan> = plans.iter().collect();
-        let features: Vec<_> = task.tables.iter().map(scaled).collect();
-        let plain = model.member_costs_plain(&features, &refs);
-        let batched = model.member_costs_batched(&features, &refs);
-        assert_eq!(plain.len(), 5);
-        for (p, b) in plain.iter().zip(&batched) {
-            assert_eq!(p.len(), 3);
-            for (x, y) in p.iter().zip(b) {
-                assert!((x - y).abs() < 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
+        for cost_context in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = small_config();
+            cfg.model.cost_members = 3;
+            cfg.model.cost_context = cost_context;
+            let suite = small_suite(&cfg, "test", dir.path());
+            tch::manual_seed(5);
+            let model = Model::new(&cfg);
+            let task = &suite.tasks[0];
+            let mut rng = ChaCha8Rng::seed_from_u64(1);
+            let plans: Vec<Plan> = (0..5)
+                .map(|_| Plan {
+                    devices: task.devices,
+                    assignment: (0..task.tables.len())
+                        .map(|_| rng.gen_range(0..task.devices))
+                        .collect(),
+                })
+                .collect();
+            let refs: Vec<&Plan> = plans.iter().collect();
+            let features: Vec<_> = task.tables.iter().map(scaled).collect();
+            let plain = model.member_costs_plain(&features, &refs);
+            let batched = model.member_costs_batched(&features, &refs);
+            assert_eq!(plain.len(), 5);
+            for (p, b) in plain.iter().zip(&batched) {
+                assert_eq!(p.len(), 3);
+                for (x, y) in p.iter().zip(b) {
+                    assert!((x - y).abs() < 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
+                }
             }
-        }
-        // The members differ (else the test would not tell them apart).
-        assert!(plain.iter().any(|p| (p[0] - p[1]).abs() > 1e-6));
-        // A plan of other tables or devices is never predicted cheap.
-        let bad = [
-            Plan {
-                devices: task.devices,
-                assignment: vec![task.devices; task.tables.len()],
-            },
-            Plan {
-                devices: task.devices,
-                assignment: vec![0; task.tables.len() + 1],
-            },
-        ];
-        for p in model.member_costs_plain(&features, &[&bad[0], &bad[1]]) {
-            assert!(p.len() == 3 && p.iter().all(|x| x.is_nan()), "{p:?}");
+            // The members differ (else the test would not tell them apart).
+            assert!(plain.iter().any(|p| (p[0] - p[1]).abs() > 1e-6));
+            // A plan of other tables or devices is never predicted cheap;
+            // with a context, neither is one on another device count.
+            let bad = [
+                Plan {
+                    devices: task.devices,
+                    assignment: vec![task.devices; task.tables.len()],
+                },
+                Plan {
+                    devices: task.devices,
+                    assignment: vec![0; task.tables.len() + 1],
+                },
+                Plan {
+                    devices: task.devices + 1,
+                    assignment: vec![task.devices; task.tables.len()],
+                },
+            ];
+            let costs =
+                model.member_costs_plain(&features, &[&plans[0], &bad[0], &bad[1], &bad[2]]);
+            assert!(costs[0].iter().all(|x| x.is_finite()), "{:?}", costs[0]);
+            for (k, p) in costs[1..].iter().enumerate() {
+                let refused = k < 2 || cost_context;
+                assert!(
+                    p.len() == 3 && p.iter().all(|x| x.is_nan() == refused),
+                    "{k}: {p:?}"
+                );
+            }
         }
     }
 }

@@ -707,19 +707,16 @@ mod tests {
 
     #[test]
     fn the_cost_network_oracle_predicts_what_the_cost_network_does() {
-        use crate::nets::{CostNet, PlacedTables, PlanBatch};
+        use crate::nets::{PlacedTables, PlanBatch};
         use common::config::ModelConfig;
         let tables = pool(24, 5);
         tch::manual_seed(1);
-        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         // An ensemble of two: each member's heads read its own part.
         let cfg = ModelConfig {
             cost_members: 2,
             ..ModelConfig::default()
         };
-        let net = CostNet::new(&vs.root(), &cfg);
-        let features: Vec<_> = tables.iter().map(common::features::scaled).collect();
-        let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&features)));
+        let (_vs, net, features, reps) = cost_net_of(&cfg, &tables);
         let mut oracle = CostNetOracle::new(net.device_heads(&reps, 3), &reps, 0);
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         let plans: Vec<Plan> = (0..6)
@@ -795,18 +792,15 @@ mod tests {
     /// exchanges they would get wrong) without losing the last plan.
     #[test]
     fn a_cost_net_oracle_with_context_keeps_to_its_device_count() {
-        use crate::nets::{CostNet, PlacedTables, PlanBatch};
+        use crate::nets::{PlacedTables, PlanBatch};
         use common::config::ModelConfig;
         let tables = pool(12, 7);
         tch::manual_seed(3);
-        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let cfg = ModelConfig {
             cost_context: true,
             ..ModelConfig::default()
         };
-        let net = CostNet::new(&vs.root(), &cfg);
-        let features: Vec<_> = tables.iter().map(common::features::scaled).collect();
-        let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&features)));
+        let (_vs, net, features, reps) = cost_net_of(&cfg, &tables);
         let mut oracle = CostNetOracle::new(net.device_heads(&reps, 4), &reps, 0);
         let plan = |devices: usize| Plan {
             devices,
@@ -833,14 +827,28 @@ mod tests {
         assert_eq!(oracle.measure(&tables, &plan(4)).unwrap().cost_ms, four);
     }
 
-    /// A cost network oracle over a random network, for a task of `tables`.
-    fn cost_net_oracle(tables: &[Table]) -> CostNetOracle {
-        use crate::nets::CostNet;
-        use common::config::ModelConfig;
+    /// A random cost network of `cfg` (its variables' store, kept alive
+    /// beside it), the scaled features of `tables` and its table
+    /// representations of them.
+    fn cost_net_of(
+        cfg: &common::config::ModelConfig,
+        tables: &[Table],
+    ) -> (
+        tch::nn::VarStore,
+        crate::nets::CostNet,
+        Vec<[f32; common::NUM_FEATURES]>,
+        Tensor,
+    ) {
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-        let net = CostNet::new(&vs.root(), &ModelConfig::default());
+        let net = crate::nets::CostNet::new(&vs.root(), cfg);
         let features: Vec<_> = tables.iter().map(common::features::scaled).collect();
         let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&features)));
+        (vs, net, features, reps)
+    }
+
+    /// A cost network oracle over a random network, for a task of `tables`.
+    fn cost_net_oracle(tables: &[Table]) -> CostNetOracle {
+        let (_vs, net, _, reps) = cost_net_of(&Default::default(), tables);
         CostNetOracle::new(net.device_heads(&reps, 3), &reps, 0)
     }
 

@@ -71,16 +71,17 @@ impl std::fmt::Display for FeatureOutside {
             short(self.trained[0]),
             short(self.trained[1])
         )?;
-        match self.allowed[0] <= 0.0 {
-            // Sizes, and shares trained down to near zero: only too large
-            // counts.
-            true => write!(f, " (outside: over {})", short(self.allowed[1])),
-            false => write!(
+        // Sizes, and shares trained down to near zero: only too large
+        // counts.
+        if self.allowed[0] <= 0.0 {
+            write!(f, " (outside: over {})", short(self.allowed[1]))
+        } else {
+            write!(
                 f,
                 " (outside: below {} or over {})",
                 short(self.allowed[0]),
                 short(self.allowed[1])
-            ),
+            )
         }
     }
 }
@@ -205,9 +206,12 @@ impl TrainedShapes {
         };
         // One decimal, or two under 0.1 (3 tables on
         // 100 devices is 0.03 per device, not 0.0).
-        let per = |x: f64| match x >= 0.1 {
-            true => format!("{x:.1}"),
-            false => format!("{x:.2}"),
+        let per = |x: f64| {
+            if x >= 0.1 {
+                format!("{x:.1}")
+            } else {
+                format!("{x:.2}")
+            }
         };
         let density_range = if lo == hi {
             per(lo)

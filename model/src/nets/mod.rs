@@ -354,16 +354,15 @@ impl CostNet {
     /// other devices, and the summed representation of all the task's
     /// tables (`table_reps`, from [`CostNet::tables`]) over `D`. It is the
     /// same for every plan of the task, partial ones included, so a search
-    /// evaluates a device from its own tables as before. Networks without
-    /// `model.cost_context` ignore it.
+    /// evaluates a device from its own tables as before. A network without
+    /// `model.cost_context` gets a placeholder it does not read.
     pub fn context(&self, table_reps: &Tensor, devices: usize) -> Tensor {
+        if !self.context {
+            return Self::no_context(table_reps);
+        }
         let d = devices.max(1) as f64;
-        let width = table_reps.size()[1];
-        let mean = if table_reps.size()[0] == 0 {
-            Tensor::zeros([1, width], (table_reps.kind(), table_reps.device()))
-        } else {
-            table_reps.sum_dim_intlist([0i64].as_slice(), true, None::<Kind>) / d
-        };
+        // No table: a sum of zeros.
+        let mean = table_reps.sum_dim_intlist([0i64].as_slice(), true, None::<Kind>) / d;
         let share = Tensor::full([1, 1], (d - 1.0) / d, (mean.kind(), mean.device()));
         Tensor::cat(&[share, mean], 1)
     }
@@ -371,6 +370,9 @@ impl CostNet {
     /// Each device's context in a batch of whole plans (`[G, 1 + members
     /// × out]`): [`CostNet::context`] of its plan, from the device sums.
     fn batch_context(&self, device_sums: &Tensor, batch: &PlanBatch) -> Tensor {
+        if !self.context {
+            return Self::no_context(device_sums);
+        }
         let ones = Tensor::ones(
             [batch.devices, 1],
             (device_sums.kind(), device_sums.device()),
@@ -379,6 +381,12 @@ impl CostNet {
         let total = sum_by(device_sums, &batch.plan_of_device, batch.plans);
         Tensor::cat(&[(&count - 1.0) / &count, total / &count], 1)
             .index_select(0, &batch.plan_of_device)
+    }
+
+    /// What a network without context passes for one (it reads none, so
+    /// nothing is computed: not in every training step either).
+    fn no_context(like: &Tensor) -> Tensor {
+        Tensor::zeros([1, 1], (like.kind(), like.device()))
     }
 
     /// Member `m`'s part of a context: the share and its part of the mean

@@ -48,22 +48,24 @@ impl MemberHeads {
     /// `c` of the task's mean representation, see
     /// [`super::CostNet::context`]) where its exchange head reads them.
     pub(super) fn of(m: &Member, context: Option<&[f32]>) -> MemberHeads {
-        let heads = [&m.fwd, &m.bwd, &m.comm];
-        let gates = heads[0]
+        // Only the exchange head reads the context.
+        let heads = [(&m.fwd, None), (&m.bwd, None), (&m.comm, context)];
+        let gates = m
+            .fwd
             .gates
             .as_ref()
             .map_or(0, |(u, _)| u.ws.size()[0] as usize);
         let width = m.fwd.head.l1.ws.size()[1] as usize;
         let (mut w1, mut b1, mut w2, mut b2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (k, h) in heads.into_iter().enumerate() {
+        for (h, context) in heads {
             let mut rows = vec![dense(&h.head.l1)];
             if let Some((u, v)) = &h.gates {
                 rows.extend([dense(u), dense(v)]);
             }
             for (w, b) in rows {
                 let (w, b) = match context {
-                    Some(ctx) if k == 2 => with_context(&w, &b, width, ctx),
-                    _ => (w, b),
+                    Some(ctx) => with_context(&w, &b, width, ctx),
+                    None => (w, b),
                 };
                 w1.extend(w);
                 b1.extend(b);

@@ -767,10 +767,17 @@ mod tests {
         for seed in 0..6u64 {
             tch::manual_seed(seed as i64);
             let vs = nn::VarStore::new(Device::Cpu);
-            // Odd seeds: two members whose exchange heads read the task.
+            // Odd seeds: two members whose exchange heads read the task;
+            // seeds 2 and 4: heads that see the devices' widest tables
+            // (seed 4: two members).
             let cfg = ModelConfig {
                 cost_context: seed % 2 == 1,
-                cost_members: 1 + seed as i64 % 2,
+                cost_members: 1 + seed as i64 % 2 + i64::from(seed == 4),
+                cost_wide_dims: if seed % 2 == 0 && seed > 0 {
+                    vec![32, 64, 100]
+                } else {
+                    vec![]
+                },
                 ..ModelConfig::default()
             };
             let policy = PolicyNet::new(&(vs.root() / "policy"), &cfg);

@@ -71,8 +71,8 @@ impl Model {
                 })
                 .with_context(|| {
                     format!(
-                        "loading {} (a checkpoint of this configuration? its layer sizes \
-                         and model.cost_members must match)",
+                        "loading {} (a checkpoint of this configuration? its layer sizes, \
+                         model.cost_members and model.cost_wide_dims must match)",
                         path.display()
                     )
                 })?;
@@ -248,11 +248,14 @@ mod tests {
 
     #[test]
     fn member_costs_on_plain_arrays_equal_the_batched_forward() {
-        for cost_context in [false, true] {
+        for (cost_context, cost_wide_dims) in
+            [(false, vec![]), (true, vec![]), (false, vec![32, 64, 100])]
+        {
             let dir = tempfile::tempdir().unwrap();
             let mut cfg = small_config();
             cfg.model.cost_members = 3;
             cfg.model.cost_context = cost_context;
+            cfg.model.cost_wide_dims = cost_wide_dims;
             let suite = small_suite(&cfg, "test", dir.path());
             tch::manual_seed(5);
             let model = Model::new(&cfg);

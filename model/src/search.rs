@@ -710,81 +710,85 @@ mod tests {
         use crate::nets::{PlacedTables, PlanBatch};
         use common::config::ModelConfig;
         let tables = pool(24, 5);
-        tch::manual_seed(1);
-        // An ensemble of two: each member's heads read its own part.
-        let cfg = ModelConfig {
-            cost_members: 2,
-            ..ModelConfig::default()
-        };
-        let (_vs, net, features, reps) = cost_net_of(&cfg, &tables);
-        let mut oracle = CostNetOracle::new(net.device_heads(&reps, 3), &reps, 0);
-        let mut rng = ChaCha8Rng::seed_from_u64(2);
-        let plans: Vec<Plan> = (0..6)
-            .map(|_| Plan {
-                devices: 3,
-                assignment: (0..tables.len()).map(|_| rng.gen_range(0..3)).collect(),
-            })
-            .collect();
-        // Then a walk of single moves and swaps, longer than the sums'
-        // refresh period (the sums are updated by the tables that moved).
-        let mut walk = vec![plans[0].clone()];
-        for _ in 0..1100 {
-            let mut next = walk.last().unwrap().clone();
-            for _ in 0..rng.gen_range(1..3) {
-                let t = rng.gen_range(0..tables.len());
-                next.assignment[t] = rng.gen_range(0..3);
-            }
-            walk.push(next);
-        }
-        // The same tables on 2 devices and back: the sums start afresh.
-        let two = Plan {
-            devices: 2,
-            assignment: (0..tables.len()).map(|t| t % 2).collect(),
-        };
-        // The random plans twice over, so that the second pass comes from
-        // the cache.
-        for plan in plans
-            .iter()
-            .chain(&plans)
-            .chain(&walk)
-            .chain([&two, &plans[3], &two])
-        {
-            let got = oracle.measure(&tables, plan).unwrap();
-            let batch = PlanBatch::new([&PlacedTables {
-                features: features.clone(),
-                assignment: plan.assignment.clone(),
-                devices: plan.devices,
-            }]);
-            let want = tch::no_grad(|| net.forward(&batch));
-            let expected = want.overall.double_value(&[0]);
-            assert!(
-                (got.cost_ms - expected).abs() < 1e-4 * (1.0 + expected.abs()),
-                "{} vs {expected}",
-                got.cost_ms
-            );
-            for (d, dev) in got.devices.iter().enumerate() {
-                let fwd = want.per_device.double_value(&[d as i64, 0]);
-                let bwd = want.per_device.double_value(&[d as i64, 1]);
-                let comm = want.per_device.double_value(&[d as i64, 2]);
-                for (g, w) in [
-                    (dev.fwd_ms, fwd),
-                    (dev.bwd_ms, bwd),
-                    (dev.bwd_comm_ms, comm),
-                ] {
-                    assert!((g - w).abs() < 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
-                }
-            }
-        }
-        let fewer = &tables[..10];
-        assert!(oracle
-            .measure(
-                fewer,
-                &Plan {
+        // An ensemble of two: each member's heads read its own part; and
+        // one whose heads see the devices' widest tables.
+        for cost_wide_dims in [vec![], vec![32, 64, 100]] {
+            tch::manual_seed(1);
+            let cfg = ModelConfig {
+                cost_members: 2,
+                cost_wide_dims,
+                ..ModelConfig::default()
+            };
+            let (_vs, net, features, reps) = cost_net_of(&cfg, &tables);
+            let mut oracle = CostNetOracle::new(net.device_heads(&reps, 3), &reps, 0);
+            let mut rng = ChaCha8Rng::seed_from_u64(2);
+            let plans: Vec<Plan> = (0..6)
+                .map(|_| Plan {
                     devices: 3,
-                    assignment: vec![0; 10]
+                    assignment: (0..tables.len()).map(|_| rng.gen_range(0..3)).collect(),
+                })
+                .collect();
+            // Then a walk of single moves and swaps, longer than the sums'
+            // refresh period (the sums are updated by the tables that moved).
+            let mut walk = vec![plans[0].clone()];
+            for _ in 0..1100 {
+                let mut next = walk.last().unwrap().clone();
+                for _ in 0..rng.gen_range(1..3) {
+                    let t = rng.gen_range(0..tables.len());
+                    next.assignment[t] = rng.gen_range(0..3);
                 }
-            )
-            .is_err());
+                walk.push(next);
+            }
+            // The same tables on 2 devices and back: the sums start afresh.
+            let two = Plan {
+                devices: 2,
+                assignment: (0..tables.len()).map(|t| t % 2).collect(),
+            };
+            // The random plans twice over, so that the second pass comes from
+            // the cache.
+            for plan in plans
+                .iter()
+                .chain(&plans)
+                .chain(&walk)
+                .chain([&two, &plans[3], &two])
+            {
+                let got = oracle.measure(&tables, plan).unwrap();
+                let batch = PlanBatch::new([&PlacedTables {
+                    features: features.clone(),
+                    assignment: plan.assignment.clone(),
+                    devices: plan.devices,
+                }]);
+                let want = tch::no_grad(|| net.forward(&batch));
+                let expected = want.overall.double_value(&[0]);
+                assert!(
+                    (got.cost_ms - expected).abs() < 1e-4 * (1.0 + expected.abs()),
+                    "{} vs {expected}",
+                    got.cost_ms
+                );
+                for (d, dev) in got.devices.iter().enumerate() {
+                    let fwd = want.per_device.double_value(&[d as i64, 0]);
+                    let bwd = want.per_device.double_value(&[d as i64, 1]);
+                    let comm = want.per_device.double_value(&[d as i64, 2]);
+                    for (g, w) in [
+                        (dev.fwd_ms, fwd),
+                        (dev.bwd_ms, bwd),
+                        (dev.bwd_comm_ms, comm),
+                    ] {
+                        assert!((g - w).abs() < 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
+                    }
+                }
+            }
+            let fewer = &tables[..10];
+            assert!(oracle
+                .measure(
+                    fewer,
+                    &Plan {
+                        devices: 3,
+                        assignment: vec![0; 10]
+                    }
+                )
+                .is_err());
+        }
     }
 
     /// Heads that hold a task's context cost that task's plans as the
@@ -846,9 +850,10 @@ mod tests {
         (vs, net, features, reps)
     }
 
-    /// A cost network oracle over a random network, for a task of `tables`.
-    fn cost_net_oracle(tables: &[Table]) -> CostNetOracle {
-        let (_vs, net, _, reps) = cost_net_of(&Default::default(), tables);
+    /// A cost network oracle over a random network of `cfg`, for a task of
+    /// `tables`.
+    fn cost_net_oracle(tables: &[Table], cfg: &common::config::ModelConfig) -> CostNetOracle {
+        let (_vs, net, _, reps) = cost_net_of(cfg, tables);
         CostNetOracle::new(net.device_heads(&reps, 3), &reps, 0)
     }
 
@@ -871,68 +876,76 @@ mod tests {
     #[test]
     fn told_what_moved_the_cost_network_costs_as_it_does_afresh() {
         let tables = pool(40, 8);
-        let mut told = cost_net_oracle(&tables);
-        let mut fresh = told.clone();
-        let mut compare = |told: &mut CostNetOracle, plan: &Plan, moved: &[usize], what: &str| {
-            let (mut a, mut b) = (vec![0.0; plan.devices], vec![0.0; plan.devices]);
-            let got = told.plan_cost(&tables, plan, Some(moved), &mut a).unwrap();
-            let want = fresh.plan_cost(&tables, plan, None, &mut b).unwrap();
-            assert_eq!(got, want, "{what}");
-            assert_eq!(a, b, "{what}");
-        };
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let mut plan = Plan {
-            devices: 5,
-            assignment: (0..40).map(|_| rng.gen_range(0..5)).collect(),
-        };
-        let mut a = vec![0.0; 6];
-        told.plan_cost(&tables, &plan, None, &mut a).unwrap();
-        // A walk of moves, swaps and moves back (some tables named as moved
-        // stay where they were, as an undone proposal's do), longer than the
-        // sums' refresh period, now and then moving more tables than the
-        // sums are updated by; the hints of a step name that step's tables.
-        for step in 0..1500 {
-            let mut moved = Vec::new();
-            let n = if step % 50 == 7 {
-                12
-            } else {
-                rng.gen_range(1..4)
+        // The widest-table counts are moved with the rest.
+        for cost_wide_dims in [vec![], vec![32, 64, 100]] {
+            let cfg = common::config::ModelConfig {
+                cost_wide_dims,
+                ..Default::default()
             };
-            for _ in 0..n {
-                let t = rng.gen_range(0..40);
-                moved.push(t);
-                if step % 3 != 0 {
-                    plan.assignment[t] = rng.gen_range(0..5);
+            let mut told = cost_net_oracle(&tables, &cfg);
+            let mut fresh = told.clone();
+            let mut compare =
+                |told: &mut CostNetOracle, plan: &Plan, moved: &[usize], what: &str| {
+                    let (mut a, mut b) = (vec![0.0; plan.devices], vec![0.0; plan.devices]);
+                    let got = told.plan_cost(&tables, plan, Some(moved), &mut a).unwrap();
+                    let want = fresh.plan_cost(&tables, plan, None, &mut b).unwrap();
+                    assert_eq!(got, want, "{what}");
+                    assert_eq!(a, b, "{what}");
+                };
+            let mut rng = ChaCha8Rng::seed_from_u64(3);
+            let mut plan = Plan {
+                devices: 5,
+                assignment: (0..40).map(|_| rng.gen_range(0..5)).collect(),
+            };
+            let mut a = vec![0.0; 6];
+            told.plan_cost(&tables, &plan, None, &mut a).unwrap();
+            // A walk of moves, swaps and moves back (some tables named as moved
+            // stay where they were, as an undone proposal's do), longer than the
+            // sums' refresh period, now and then moving more tables than the
+            // sums are updated by; the hints of a step name that step's tables.
+            for step in 0..1500 {
+                let mut moved = Vec::new();
+                let n = if step % 50 == 7 {
+                    12
+                } else {
+                    rng.gen_range(1..4)
+                };
+                for _ in 0..n {
+                    let t = rng.gen_range(0..40);
+                    moved.push(t);
+                    if step % 3 != 0 {
+                        plan.assignment[t] = rng.gen_range(0..5);
+                    }
                 }
+                compare(&mut told, &plan, &moved, &format!("step {step}"));
             }
-            compare(&mut told, &plan, &moved, &format!("step {step}"));
+            // One table back and forth between cached plans, more often than
+            // the tables awaiting the sums are listed; then a new plan.
+            for k in 0..600 {
+                plan.assignment[3] = k % 2;
+                compare(&mut told, &plan, &[3], &format!("toggle {k}"));
+            }
+            plan.assignment[4] = (plan.assignment[4] + 1) % 5;
+            compare(&mut told, &plan, &[4], "after the toggling");
+            // The same tables on more devices: costed afresh, whatever the hint.
+            let mut wider = Plan {
+                devices: 6,
+                assignment: plan.assignment.clone(),
+            };
+            wider.assignment[9] = 5;
+            compare(&mut told, &wider, &[9], "six devices");
+            // A moved table on a device the plan does not have: refused, and
+            // the last plan stays what it was.
+            wider.assignment[9] = 0;
+            wider.assignment[7] = 6;
+            let err = told.plan_cost(&tables, &wider, Some(&[9, 7]), &mut a);
+            assert!(matches!(
+                err,
+                Err(OracleError::DeviceOutOfRange { table: 7, .. })
+            ));
+            wider.assignment[7] = 5;
+            compare(&mut told, &wider, &[9, 7], "after the error");
         }
-        // One table back and forth between cached plans, more often than
-        // the tables awaiting the sums are listed; then a new plan.
-        for k in 0..600 {
-            plan.assignment[3] = k % 2;
-            compare(&mut told, &plan, &[3], &format!("toggle {k}"));
-        }
-        plan.assignment[4] = (plan.assignment[4] + 1) % 5;
-        compare(&mut told, &plan, &[4], "after the toggling");
-        // The same tables on more devices: costed afresh, whatever the hint.
-        let mut wider = Plan {
-            devices: 6,
-            assignment: plan.assignment.clone(),
-        };
-        wider.assignment[9] = 5;
-        compare(&mut told, &wider, &[9], "six devices");
-        // A moved table on a device the plan does not have: refused, and
-        // the last plan stays what it was.
-        wider.assignment[9] = 0;
-        wider.assignment[7] = 6;
-        let err = told.plan_cost(&tables, &wider, Some(&[9, 7]), &mut a);
-        assert!(matches!(
-            err,
-            Err(OracleError::DeviceOutOfRange { table: 7, .. })
-        ));
-        wider.assignment[7] = 5;
-        compare(&mut told, &wider, &[9, 7], "after the error");
     }
 
     #[test]
@@ -945,7 +958,7 @@ mod tests {
             devices: 4,
             assignment: common::suite::first_fit_decreasing(&tables, 4, cap, &mem).unwrap(),
         };
-        let oracle = cost_net_oracle(&tables);
+        let oracle = cost_net_oracle(&tables, &Default::default());
         let run =
             |c: &mut dyn FnMut(&mut ChaCha8Rng) -> Outcome| c(&mut ChaCha8Rng::seed_from_u64(4));
         let told = run(&mut |rng| {

@@ -673,6 +673,21 @@ mod tests {
             .to_string();
             assert!(e.contains("model.cost_members"), "{e}");
         }
+        // Widest-table dims: ascending, in range, few, and not beside the
+        // exchange's context.
+        for (bad, why) in [
+            ("cost_wide_dims = [64, 32]", "ascending"),
+            ("cost_wide_dims = [64, 64]", "ascending"),
+            ("cost_wide_dims = [0, 64]", "1..=65536"),
+            ("cost_wide_dims = [1, 2, 3, 4, 5, 6, 7, 8, 9]", "at most 8"),
+            ("cost_wide_dims = [64]\ncost_context = true", "together"),
+        ] {
+            refused(&format!("[model]\n{bad}\n"), "model.cost_wide_dims");
+            refused(&format!("[model]\n{bad}\n"), why);
+        }
+        let c =
+            Config::from_toml("[model]\ncost_wide_dims = [32, 64]\n", Path::new("c.toml")).unwrap();
+        assert_eq!(c.model.cost_wide_dims, [32, 64]);
         for bad in [
             "cost_weight_decay = -0.1",
             "cost_lr = 0.5\ncost_weight_decay = 2.0",

@@ -47,6 +47,15 @@ pub struct ModelConfig {
     /// dims`: neither is a function of its own tables alone. false:
     /// the device's own tables only (models trained before this setting).
     pub cost_context: bool,
+    /// Dims (ascending) at which the cost heads also see the device's
+    /// widest table: for each, whether the device holds a table wider
+    /// than it. A fused lookup sizes its thread blocks by its widest
+    /// table. The narrower tables beside a wide one then leave lanes
+    /// idle. A sum of table representations grows with each table; a
+    /// flag does not. The flags come from counts, which add up over
+    /// tables, so a search still moves a table by additions. Empty: none
+    /// (models trained before this setting).
+    pub cost_wide_dims: Vec<u32>,
     /// Episodes the policy places when it places for a user (`plan`,
     /// eval's `policy`): its greedy episode and `plan_samples − 1` samples
     /// (each seeded by its number, spread over the cores); the plan with the
@@ -157,6 +166,7 @@ impl Default for ModelConfig {
             overall_cost: OverallCost::Composed,
             cost_work: CostWork::Inputs,
             cost_context: false,
+            cost_wide_dims: Vec::new(),
             plan_samples: 1,
             plan_heuristics: true,
             plan_temperature: 1.0,
@@ -194,6 +204,30 @@ impl ModelConfig {
                     ),
                 ));
             }
+        }
+        if self.cost_wide_dims.len() > 8
+            || self.cost_wide_dims.windows(2).any(|w| w[0] >= w[1])
+            || self
+                .cost_wide_dims
+                .iter()
+                .any(|&d| !(1..=65536).contains(&d))
+        {
+            return Err(InvalidSetting::new(
+                "model.cost_wide_dims",
+                format!(
+                    "model.cost_wide_dims = {:?} must be at most 8 dims in 1..=65536, \
+                     strictly ascending (e.g. [32, 64, 128, 256, 512])",
+                    self.cost_wide_dims
+                ),
+            ));
+        }
+        if self.cost_context && !self.cost_wide_dims.is_empty() {
+            return Err(InvalidSetting::new(
+                "model.cost_wide_dims",
+                "model.cost_wide_dims and model.cost_context cannot be used together \
+                 (the exchange head's context has no part for the widest table); \
+                 set one of them",
+            ));
         }
         if !(self.plan_temperature.is_finite() && (0.0..=1e3).contains(&self.plan_temperature)) {
             return Err(InvalidSetting::new(

@@ -232,6 +232,10 @@ pub struct CostNet {
     /// Whether the exchange heads read the task's context
     /// (`model.cost_context`, see [`CostNet::context`]).
     context: bool,
+    /// `model.cost_wide_dims` as scaled dims (`dim / 128`, the first
+    /// feature): a table's representation ends with one count column per
+    /// threshold, 1 where the table is wider (see [`CostNet::tables`]).
+    wide: Vec<f64>,
 }
 
 /// One network of the ensemble.
@@ -268,22 +272,26 @@ impl Member {
             .squeeze_dim(1)
     }
 
-    /// `[G, 3]` costs of devices; `context` (`[G or 1, 1 + out]`: the
-    /// share `(D − 1) / D` and this member's part of the task's mean
-    /// representation) only where the exchange head reads it.
-    fn device_costs(&self, device_repr: &Tensor, context: Option<&Tensor>) -> Tensor {
-        let comm = match context {
-            None => self.comm.forward(device_repr),
-            Some(ctx) => self.comm.forward(&exchange_input(device_repr, ctx)),
+    /// `[G, 3]` costs of devices; `wide` (`[G, K]`) the devices'
+    /// widest-table flags ([`CostNet::wide_flags`]) where the heads read
+    /// them; `context` (`[G or 1, 1 + out]`: the share `(D − 1) / D` and
+    /// this member's part of the task's mean representation) only where
+    /// the exchange head reads it.
+    fn device_costs(
+        &self,
+        device_repr: &Tensor,
+        wide: Option<&Tensor>,
+        context: Option<&Tensor>,
+    ) -> Tensor {
+        let x = match wide {
+            None => device_repr.shallow_clone(),
+            Some(w) => Tensor::cat(&[device_repr.shallow_clone(), w.shallow_clone()], 1),
         };
-        Tensor::cat(
-            &[
-                self.fwd.forward(device_repr),
-                self.bwd.forward(device_repr),
-                comm,
-            ],
-            1,
-        )
+        let comm = match context {
+            None => self.comm.forward(&x),
+            Some(ctx) => self.comm.forward(&exchange_input(&x, ctx)),
+        };
+        Tensor::cat(&[self.fwd.forward(&x), self.bwd.forward(&x), comm], 1)
     }
 }
 
@@ -319,6 +327,13 @@ impl CostNet {
             } else {
                 WORK_FEATURES
             };
+        // The heads read the device's representation and its widest-table
+        // flags.
+        let k = cfg.cost_wide_dims.len() as i64;
+        assert!(
+            k == 0 || !cfg.cost_context,
+            "model.cost_wide_dims and model.cost_context are exclusive (ModelConfig::validate)"
+        );
         let members = (0..cfg.cost_members.max(1))
             .map(|m| {
                 let p = if m == 0 {
@@ -328,11 +343,11 @@ impl CostNet {
                 };
                 Member {
                     table: mlp(&(&p / "table"), input, h, o).add_fn(|x| x.relu()),
-                    fwd: CostHead::new(&(&p / "fwd"), o, hh, cfg.cost_head_gates),
-                    bwd: CostHead::new(&(&p / "bwd"), o, hh, cfg.cost_head_gates),
+                    fwd: CostHead::new(&(&p / "fwd"), o + k, hh, cfg.cost_head_gates),
+                    bwd: CostHead::new(&(&p / "bwd"), o + k, hh, cfg.cost_head_gates),
                     comm: CostHead::new(
                         &(&p / "comm"),
-                        if cfg.cost_context { 3 * o + 1 } else { o },
+                        if cfg.cost_context { 3 * o + 1 } else { o + k },
                         hh,
                         cfg.cost_head_gates,
                     ),
@@ -346,6 +361,11 @@ impl CostNet {
             composition: cfg.overall_cost,
             work: cfg.cost_work,
             context: cfg.cost_context,
+            wide: cfg
+                .cost_wide_dims
+                .iter()
+                .map(|&d| d as f64 / 128.0)
+                .collect(),
         }
     }
 
@@ -405,14 +425,16 @@ impl CostNet {
         self.members.len()
     }
 
-    /// `[N, members × out]` table representations; they do not depend on
-    /// the plan, so an episode computes them once.
+    /// `[N, members × out + K]` table representations; they do not depend
+    /// on the plan, so an episode computes them once. The `K` last columns
+    /// count the table against `model.cost_wide_dims`: 1 where it is wider
+    /// than the dim, so that a device's sum counts its wider tables.
     pub fn tables(&self, features: &Tensor) -> Tensor {
         let x = match self.work {
             CostWork::None => features.shallow_clone(),
             CostWork::Inputs | CostWork::Gated => with_work_features(features),
         };
-        let reps: Vec<Tensor> = self
+        let mut reps: Vec<Tensor> = self
             .members
             .iter()
             .map(|m| {
@@ -434,6 +456,15 @@ impl CostNet {
                 r * scale
             })
             .collect();
+        if !self.wide.is_empty() {
+            // Exact 0/1 columns: the scaled dim is `dim / 128`, exact in f32.
+            let dim = features.narrow(1, 0, 1);
+            reps.extend(
+                self.wide
+                    .iter()
+                    .map(|&t| dim.gt(t).to_kind(features.kind())),
+            );
+        }
         if reps.len() == 1 {
             reps.into_iter().next().unwrap_or_default()
         } else {
@@ -441,9 +472,23 @@ impl CostNet {
         }
     }
 
-    /// Member `m`'s part of device (or table) representations.
+    /// The devices' widest-table flags (`[G, K]`) from their summed
+    /// representations: for each of `model.cost_wide_dims`, 1 where the
+    /// device holds a wider table (its count column is at least 1), else 0.
+    /// `None` for a network without them.
+    fn wide_flags(&self, device_repr: &Tensor) -> Option<Tensor> {
+        if self.wide.is_empty() {
+            return None;
+        }
+        let k = self.wide.len() as i64;
+        let counts = device_repr.narrow(1, device_repr.size()[1] - k, k);
+        Some(counts.clamp(0.0, 1.0))
+    }
+
+    /// Member `m`'s part of device (or table) representations (without
+    /// the count columns of [`CostNet::wide_flags`]).
     fn part(&self, repr: &Tensor, m: usize) -> Tensor {
-        if self.members.len() == 1 {
+        if self.members.len() == 1 && self.wide.is_empty() {
             repr.shallow_clone()
         } else {
             repr.narrow(1, m as i64 * self.member_width, self.member_width)
@@ -454,6 +499,7 @@ impl CostNet {
     /// (the members' mean) and the context of their task ([`CostNet::context`],
     /// `[1, …]`, or one row per device).
     pub fn device_costs(&self, device_repr: &Tensor, ctx: &Tensor) -> Tensor {
+        let wide = self.wide_flags(device_repr);
         mean_of(
             self.members
                 .iter()
@@ -461,6 +507,7 @@ impl CostNet {
                 .map(|(m, member)| {
                     member.device_costs(
                         &self.part(device_repr, m),
+                        wide.as_ref(),
                         self.member_context(ctx, m).as_ref(),
                     )
                 })
@@ -505,6 +552,7 @@ impl CostNet {
         let ctx = &ctx;
         DeviceHeads {
             devices: self.context.then_some(devices),
+            wide: self.wide.len(),
             members: self
                 .members
                 .iter()
@@ -513,13 +561,13 @@ impl CostNet {
                     let context = self
                         .member_context(ctx, m)
                         .map(|c| crate::tensor_vec::<f32>(&c.to_kind(Kind::Float)));
-                    MemberHeads::of(member, context.as_deref())
+                    MemberHeads::of(member, self.wide.len(), context.as_deref())
                 })
                 .collect(),
         }
     }
 
-    /// `[G, members × out]` device representations of a batch: each
+    /// `[G, members × out + K]` device representations of a batch: each
     /// distinct table's representation, summed over the tables of each
     /// device.
     fn device_sums(&self, batch: &PlanBatch) -> Tensor {
@@ -553,12 +601,17 @@ impl CostNet {
     pub fn forward_members(&self, batch: &PlanBatch) -> Vec<CostPrediction> {
         let dev = self.device_sums(batch);
         let ctx = self.batch_context(&dev, batch);
+        let wide = self.wide_flags(&dev);
         self.members
             .iter()
             .enumerate()
             .map(|(m, member)| {
                 let part = self.part(&dev, m);
-                let per_device = member.device_costs(&part, self.member_context(&ctx, m).as_ref());
+                let per_device = member.device_costs(
+                    &part,
+                    wide.as_ref(),
+                    self.member_context(&ctx, m).as_ref(),
+                );
                 let overall = match self.composition {
                     OverallCost::Head => {
                         member.overall_head(&part, &batch.plan_of_device, batch.plans)
@@ -747,11 +800,12 @@ mod tests {
 
     #[test]
     fn plain_heads_equal_the_cost_networks_heads() {
-        for cost_context in [false, true] {
+        for (cost_context, cost_wide_dims) in [(false, vec![]), (true, vec![]), (false, vec![64])] {
             let (_vs, net) = ensemble_of(
                 1,
                 ModelConfig {
                     cost_context,
+                    cost_wide_dims,
                     ..ModelConfig::default()
                 },
             );
@@ -832,6 +886,76 @@ mod tests {
         }
     }
 
+    /// With `model.cost_wide_dims` a table's representation ends with its
+    /// counts (1 where wider than the dim); the heads read whether a
+    /// device holds any such table, not how many; the plain heads agree
+    /// for every number of flags set.
+    #[test]
+    fn the_heads_see_the_devices_widest_table() {
+        let (_vs, net) = ensemble_of(
+            2,
+            ModelConfig {
+                cost_wide_dims: vec![32, 64, 100],
+                ..ModelConfig::default()
+            },
+        );
+        let dims = [16u32, 32, 48, 64, 96, 128];
+        let mut features = pool(dims.len());
+        for (f, d) in features.iter_mut().zip(dims) {
+            f[0] = d as f32 / 128.0;
+        }
+        let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&features)));
+        let w = reps.size()[1];
+        let counts: Vec<Vec<f32>> = (0..dims.len() as i64)
+            .map(|t| Vec::<f32>::try_from(reps.get(t).narrow(0, w - 3, 3)).unwrap())
+            .collect();
+        let expected: [[f32; 3]; 6] = [
+            [0., 0., 0.],
+            [0., 0., 0.],
+            [1., 0., 0.],
+            [1., 0., 0.],
+            [1., 1., 0.],
+            [1., 1., 1.],
+        ];
+        for (got, want) in counts.iter().zip(expected) {
+            assert_eq!(got[..], want[..]);
+        }
+        // Devices: flags 000, 100 (once and twice), 110, 111 and empty.
+        let groups: [&[usize]; 6] = [&[0, 1], &[2, 0], &[2, 3], &[4], &[5, 3], &[]];
+        let heads = net.device_heads(&reps, groups.len());
+        assert_eq!(heads.width(), w as usize);
+        let sums: Vec<Tensor> = groups
+            .iter()
+            .map(|g| {
+                g.iter()
+                    .fold(Tensor::zeros([w], (Kind::Float, Device::Cpu)), |acc, &t| {
+                        acc + reps.get(t as i64)
+                    })
+            })
+            .collect();
+        let dev = Tensor::stack(&sums, 0);
+        let ctx = net.context(&reps, groups.len());
+        let expected = tch::no_grad(|| net.device_costs(&dev, &ctx));
+        for d in 0..groups.len() {
+            let got = heads.costs(&Vec::<f32>::try_from(dev.get(d as i64)).unwrap());
+            for (k, g) in got.iter().enumerate() {
+                let e = expected.double_value(&[d as i64, k as i64]) as f32;
+                assert!(
+                    (g - e).abs() < 1e-4 * (1.0 + e.abs()),
+                    "device {d} head {k}: {g} vs {e}"
+                );
+            }
+        }
+        // Two wider tables count as one; no wider table is another input.
+        let with_count = |c: f64| {
+            let r = dev.get(1).copy();
+            let _ = r.narrow(0, w - 3, 1).fill_(c);
+            tch::no_grad(|| net.device_costs(&r.unsqueeze(0), &ctx))
+        };
+        assert!(close(&with_count(1.0), &with_count(2.0)));
+        assert!(!close(&with_count(0.0), &with_count(1.0)));
+    }
+
     fn ensemble(members: i64) -> (nn::VarStore, CostNet) {
         ensemble_of(members, ModelConfig::default())
     }
@@ -851,14 +975,53 @@ mod tests {
     fn an_ensemble_predicts_its_members_mean_and_its_plain_heads_agree() {
         // Hidden widths that fill the plain heads' lanes of eight, and
         // one that leaves five over.
-        for (overall_cost, cost_work, cost_head_gates, cost_head_hidden, cost_context) in [
-            (OverallCost::Composed, CostWork::Inputs, 0, 64, false),
-            (OverallCost::Head, CostWork::Gated, 0, 64, false),
-            (OverallCost::Composed, CostWork::Inputs, 5, 64, false),
-            (OverallCost::Composed, CostWork::Inputs, 3, 13, false),
-            (OverallCost::Composed, CostWork::Inputs, 0, 64, true),
-            (OverallCost::Composed, CostWork::Inputs, 3, 13, true),
+        let wide = || vec![32, 64, 100];
+        for (
+            overall_cost,
+            cost_work,
+            cost_head_gates,
+            cost_head_hidden,
+            cost_context,
+            cost_wide_dims,
+        ) in [
+            (
+                OverallCost::Composed,
+                CostWork::Inputs,
+                0,
+                64,
+                false,
+                vec![],
+            ),
+            (OverallCost::Head, CostWork::Gated, 0, 64, false, vec![]),
+            (
+                OverallCost::Composed,
+                CostWork::Inputs,
+                5,
+                64,
+                false,
+                vec![],
+            ),
+            (
+                OverallCost::Composed,
+                CostWork::Inputs,
+                3,
+                13,
+                false,
+                vec![],
+            ),
+            (OverallCost::Composed, CostWork::Inputs, 0, 64, true, vec![]),
+            (OverallCost::Composed, CostWork::Inputs, 3, 13, true, vec![]),
+            (
+                OverallCost::Composed,
+                CostWork::Inputs,
+                0,
+                64,
+                false,
+                wide(),
+            ),
+            (OverallCost::Head, CostWork::Gated, 3, 13, false, wide()),
         ] {
+            let k = cost_wide_dims.len() as i64;
             let (_vs, net) = ensemble_of(
                 3,
                 ModelConfig {
@@ -867,6 +1030,7 @@ mod tests {
                     cost_head_gates,
                     cost_head_hidden,
                     cost_context,
+                    cost_wide_dims,
                     ..ModelConfig::default()
                 },
             );
@@ -888,7 +1052,10 @@ mod tests {
             }
             // The search's plain heads give the same mean.
             let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&pool(7))));
-            assert_eq!(reps.size()[1], 3 * ModelConfig::default().cost_table_out);
+            assert_eq!(
+                reps.size()[1],
+                3 * ModelConfig::default().cost_table_out + k
+            );
             let dev = sum_by(&reps, &Tensor::from_slice(&[0i64, 0, 1, 1, 1, 2, 2]), 3);
             let heads = net.device_heads(&reps, 3);
             assert_eq!(heads.width(), reps.size()[1] as usize);

@@ -23,20 +23,28 @@ pub struct DeviceHeads {
     /// The device count of the task whose context the exchange heads hold
     /// (`None`: heads without context, good for any task of the tables).
     pub(super) devices: Option<usize>,
+    /// How many widest-table counts end a representation and a projection
+    /// (`model.cost_wide_dims`; 0: none).
+    pub(super) wide: usize,
 }
 
 /// One member's three heads.
 #[derive(Debug, Clone)]
 pub(super) struct MemberHeads {
+    /// Width of the member's part of a device representation.
     width: usize,
     hidden: usize,
     /// Gated units per head (`model.cost_head_gates`).
     gates: usize,
     /// Each head's projection rows: its hidden layer's, then its gates'
     /// `u` and `v` (`stride()` rows per head); the three heads' one after
-    /// the other: `[3·stride, width]` row-major, and their biases
-    /// `[3·stride]`.
+    /// the other: `[3·stride, width]` row-major.
     w1: Vec<f32>,
+    /// Their biases `[3·stride]`, one set for each number `n` of
+    /// widest-table flags set (`model.cost_wide_dims`, `K` of them, so
+    /// `K + 1` sets): the first `n` flags' weights folded into the bias.
+    /// The dims ascend, so a device wider than one is wider than those
+    /// before it: its flags are always the first `n`.
     b1: Vec<f32>,
     /// The hidden layers' output weights `[3·hidden]` and biases `[3]`.
     w2: Vec<f32>,
@@ -47,7 +55,13 @@ impl MemberHeads {
     /// The member's heads; `context` (the share `s` and the member's part
     /// `c` of the task's mean representation, see
     /// [`super::CostNet::context`]) where its exchange head reads them.
-    pub(super) fn of(m: &Member, context: Option<&[f32]>) -> MemberHeads {
+    /// `wide` of the heads' inputs, after the member's part of the device
+    /// representation, are the widest-table flags.
+    pub(super) fn of(m: &Member, wide: usize, context: Option<&[f32]>) -> MemberHeads {
+        assert!(
+            wide == 0 || context.is_none(),
+            "widest-table flags and the exchange context are exclusive"
+        );
         // Only the exchange head reads the context.
         let heads = [(&m.fwd, None), (&m.bwd, None), (&m.comm, context)];
         let gates = m
@@ -55,8 +69,10 @@ impl MemberHeads {
             .gates
             .as_ref()
             .map_or(0, |(u, _)| u.ws.size()[0] as usize);
-        let width = m.fwd.head.l1.ws.size()[1] as usize;
+        let width = m.fwd.head.l1.ws.size()[1] as usize - wide;
         let (mut w1, mut b1, mut w2, mut b2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // The flags' columns of every projection row, `[3·stride, wide]`.
+        let mut on_flags = Vec::new();
         for (h, context) in heads {
             let mut rows = vec![dense(&h.head.l1)];
             if let Some((u, v)) = &h.gates {
@@ -67,13 +83,26 @@ impl MemberHeads {
                     Some(ctx) => with_context(&w, &b, width, ctx),
                     None => (w, b),
                 };
-                w1.extend(w);
+                for row in w.chunks_exact(width + wide) {
+                    let (on_repr, flags) = row.split_at(width);
+                    w1.extend_from_slice(on_repr);
+                    on_flags.extend_from_slice(flags);
+                }
                 b1.extend(b);
             }
             let (w, b) = dense(&h.head.l2);
             w2.extend(w);
             b2.extend(b);
         }
+        let b1 = (0..=wide)
+            .flat_map(|set| {
+                let on_flags = &on_flags;
+                b1.iter().enumerate().map(move |(r, &b)| {
+                    let flags = &on_flags[r * wide..(r + 1) * wide];
+                    flags[..set].iter().fold(b, |acc, f| acc + f)
+                })
+            })
+            .collect();
         MemberHeads {
             width,
             hidden: m.fwd.head.l1.ws.size()[0] as usize,
@@ -94,14 +123,17 @@ impl MemberHeads {
         out.extend(self.w1.chunks_exact(self.width).map(|row| dot(row, repr)));
     }
 
-    fn finish(&self, projected: &[f32]) -> [f32; 3] {
+    /// (fwd, bwd, comm) from a device's summed projections and the
+    /// number of its widest-table flags set.
+    fn finish(&self, projected: &[f32], set: usize) -> [f32; 3] {
         let (h, g, stride) = (self.hidden, self.gates, self.stride());
-        let mut out = relu_dots(projected, &self.b1, &self.w2, h, stride);
+        let b1 = &self.b1[set * 3 * stride..(set + 1) * 3 * stride];
+        let mut out = relu_dots(projected, b1, &self.w2, h, stride);
         for (k, o) in out.iter_mut().enumerate() {
             *o += self.b2[k];
             if g > 0 {
                 let at = k * stride;
-                let (p, b) = (&projected[at..at + stride], &self.b1[at..at + stride]);
+                let (p, b) = (&projected[at..at + stride], &b1[at..at + stride]);
                 *o += gated(&p[h..h + g], &b[h..h + g], &p[h + g..], &b[h + g..]);
             }
         }
@@ -116,19 +148,21 @@ impl DeviceHeads {
         self.devices
     }
 
-    /// Width of the device representation the heads read (all members').
+    /// Width of the device representation the heads read (all members',
+    /// then the widest-table counts).
     pub fn width(&self) -> usize {
-        self.members.iter().map(|m| m.width).sum()
+        self.members.iter().map(|m| m.width).sum::<usize>() + self.wide
     }
 
     /// Length of a projection: the three heads' hidden units and gates'
-    /// two rows each, per member.
+    /// two rows each, per member, then the widest-table counts (which
+    /// add up over a device's tables as the rest does).
     pub fn projected_width(&self) -> usize {
-        self.members.iter().map(|m| 3 * m.stride()).sum()
+        self.members.iter().map(|m| 3 * m.stride()).sum::<usize>() + self.wide
     }
 
     /// The heads' first layer without its bias: `W1 · repr`, member by
-    /// member.
+    /// member, then the representation's widest-table counts as they are.
     pub fn project(&self, repr: &[f32]) -> Vec<f32> {
         let mut out = Vec::with_capacity(self.projected_width());
         let mut at = 0;
@@ -136,6 +170,7 @@ impl DeviceHeads {
             m.project_into(&repr[at..at + m.width], &mut out);
             at += m.width;
         }
+        out.extend_from_slice(&repr[at..at + self.wide]);
         out
     }
 
@@ -149,6 +184,7 @@ impl DeviceHeads {
             return Vec::new();
         }
         let reps = Tensor::from_slice(&reps[..rows * width]).view([rows as i64, width as i64]);
+        let counts_at = (width - self.wide) as i64;
         let mut at = 0;
         let parts: Vec<Tensor> = self
             .members
@@ -159,6 +195,7 @@ impl DeviceHeads {
                 at += m.width as i64;
                 part
             })
+            .chain((self.wide > 0).then(|| reps.narrow(1, counts_at, self.wide as i64)))
             .collect();
         crate::tensor_vec(&Tensor::cat(&parts, 1))
     }
@@ -189,10 +226,14 @@ impl DeviceHeads {
 
     /// Each member's heads on its own part of `projected`, in order.
     fn each<'a>(&'a self, projected: &'a [f32]) -> impl Iterator<Item = [f32; 3]> + 'a {
+        // The widest-table flags set: counts of wider tables of at least
+        // one (counts are sums of exact ones and zeros).
+        let counts = &projected[projected.len() - self.wide..];
+        let set = counts.iter().filter(|&&c| c > 0.5).count();
         let mut at = 0;
         self.members.iter().map(move |m| {
             at += 3 * m.stride();
-            m.finish(&projected[at - 3 * m.stride()..at])
+            m.finish(&projected[at - 3 * m.stride()..at], set)
         })
     }
 

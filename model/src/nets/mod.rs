@@ -225,16 +225,20 @@ pub struct CostPrediction {
 #[derive(Debug)]
 pub struct CostNet {
     members: Vec<Member>,
-    /// Width of one member's table representation.
+    /// Width of one member's table representation: `out`, times `K + 1`
+    /// with `K` widest-table dims (see [`CostNet::part`]).
     member_width: i64,
+    /// Width of the representation a member's heads read (`out`).
+    out: i64,
     composition: OverallCost,
     work: CostWork,
     /// Whether the exchange heads read the task's context
     /// (`model.cost_context`, see [`CostNet::context`]).
     context: bool,
     /// `model.cost_wide_dims` as scaled dims (`dim / 128`, the first
-    /// feature): a table's representation ends with one count column per
-    /// threshold, 1 where the table is wider (see [`CostNet::tables`]).
+    /// feature): a table's representation has a group of channels per
+    /// dim, and ends with one count column per dim, 1 where the table is
+    /// wider (see [`CostNet::tables`] and [`CostNet::part`]).
     wide: Vec<f64>,
 }
 
@@ -342,7 +346,7 @@ impl CostNet {
                     p / format!("member{m}")
                 };
                 Member {
-                    table: mlp(&(&p / "table"), input, h, o).add_fn(|x| x.relu()),
+                    table: mlp(&(&p / "table"), input, h, o * (k + 1)).add_fn(|x| x.relu()),
                     fwd: CostHead::new(&(&p / "fwd"), o + k, hh, cfg.cost_head_gates),
                     bwd: CostHead::new(&(&p / "bwd"), o + k, hh, cfg.cost_head_gates),
                     comm: CostHead::new(
@@ -357,7 +361,8 @@ impl CostNet {
             .collect();
         CostNet {
             members,
-            member_width: o,
+            member_width: o * (k + 1),
+            out: o,
             composition: cfg.overall_cost,
             work: cfg.cost_work,
             context: cfg.cost_context,
@@ -425,9 +430,11 @@ impl CostNet {
         self.members.len()
     }
 
-    /// `[N, members × out + K]` table representations; they do not depend
-    /// on the plan, so an episode computes them once. The `K` last columns
-    /// count the table against `model.cost_wide_dims`: 1 where it is wider
+    /// `[N, members × (K + 1) × out + K]` table representations, `K` the
+    /// widest-table dims (`model.cost_wide_dims`); they do not depend on
+    /// the plan, so an episode computes them once. Each member's part
+    /// holds `K + 1` groups of `out` channels ([`CostNet::part`]). The `K`
+    /// last columns count the table against the dims: 1 where it is wider
     /// than the dim, so that a device's sum counts its wider tables.
     pub fn tables(&self, features: &Tensor) -> Tensor {
         let x = match self.work {
@@ -485,14 +492,24 @@ impl CostNet {
         Some(counts.clamp(0.0, 1.0))
     }
 
-    /// Member `m`'s part of device (or table) representations (without
-    /// the count columns of [`CostNet::wide_flags`]).
+    /// What member `m`'s heads read of device representations
+    /// (`[G, out]`). With widest-table dims, the member's first group of
+    /// channels plus group `k + 1` wherever the device's flag `k` is set
+    /// ([`CostNet::wide_flags`]): a wide table changes how every table
+    /// beside it costs (their lanes), which a group that counts only
+    /// beside a wide table can say and a flag added on cannot.
     fn part(&self, repr: &Tensor, m: usize) -> Tensor {
         if self.members.len() == 1 && self.wide.is_empty() {
-            repr.shallow_clone()
-        } else {
-            repr.narrow(1, m as i64 * self.member_width, self.member_width)
+            return repr.shallow_clone();
         }
+        let mine = repr.narrow(1, m as i64 * self.member_width, self.member_width);
+        let Some(flags) = self.wide_flags(repr) else {
+            return mine;
+        };
+        let o = self.out;
+        (0..self.wide.len() as i64).fold(mine.narrow(1, 0, o), |x, k| {
+            x + mine.narrow(1, (k + 1) * o, o) * flags.narrow(1, k, 1)
+        })
     }
 
     /// `[G, 3]` cost features of devices given their summed representations
@@ -954,6 +971,20 @@ mod tests {
         };
         assert!(close(&with_count(1.0), &with_count(2.0)));
         assert!(!close(&with_count(0.0), &with_count(1.0)));
+        // A flag's group of channels counts only where the flag is set:
+        // each member's group 1 (of 4 groups of `out`).
+        let o = ModelConfig::default().cost_table_out;
+        let without_group = |d: i64| {
+            let r = dev.get(d).copy();
+            for m in 0..2 {
+                let _ = r.narrow(0, m * 4 * o + o, o).fill_(0.0);
+            }
+            tch::no_grad(|| net.device_costs(&r.unsqueeze(0), &ctx))
+        };
+        // Device 0 (dims 16 and 32): no flag; device 1 (48 and 16): the
+        // first.
+        assert!(close(&without_group(0), &expected.narrow(0, 0, 1)));
+        assert!(!close(&without_group(1), &expected.narrow(0, 1, 1)));
     }
 
     fn ensemble(members: i64) -> (nn::VarStore, CostNet) {
@@ -1054,7 +1085,7 @@ mod tests {
             let reps = tch::no_grad(|| net.tables(&Tensor::from_slice2(&pool(7))));
             assert_eq!(
                 reps.size()[1],
-                3 * ModelConfig::default().cost_table_out + k
+                3 * ModelConfig::default().cost_table_out * (k + 1) + k
             );
             let dev = sum_by(&reps, &Tensor::from_slice(&[0i64, 0, 1, 1, 1, 2, 2]), 3);
             let heads = net.device_heads(&reps, 3);

@@ -31,8 +31,12 @@ pub struct DeviceHeads {
 /// One member's three heads.
 #[derive(Debug, Clone)]
 pub(super) struct MemberHeads {
-    /// Width of the member's part of a device representation.
+    /// Width of the representation the heads read (`out`).
     width: usize,
+    /// Groups of `width` channels in the member's part of a table's
+    /// representation, and of projections: `K + 1` with `K`
+    /// widest-table dims (see [`super::CostNet::part`]).
+    groups: usize,
     hidden: usize,
     /// Gated units per head (`model.cost_head_gates`).
     gates: usize,
@@ -105,6 +109,7 @@ impl MemberHeads {
             .collect();
         MemberHeads {
             width,
+            groups: wide + 1,
             hidden: m.fwd.head.l1.ws.size()[0] as usize,
             gates,
             w1,
@@ -119,15 +124,41 @@ impl MemberHeads {
         self.hidden + 2 * self.gates
     }
 
-    fn project_into(&self, repr: &[f32], out: &mut Vec<f32>) {
-        out.extend(self.w1.chunks_exact(self.width).map(|row| dot(row, repr)));
+    /// Width of the member's part of a representation.
+    fn repr_width(&self) -> usize {
+        self.groups * self.width
     }
 
-    /// (fwd, bwd, comm) from a device's summed projections and the
-    /// number of its widest-table flags set.
+    /// Length of the member's part of a projection: each group's.
+    fn projected_width(&self) -> usize {
+        self.groups * 3 * self.stride()
+    }
+
+    /// Projects each group of the member's part of a representation.
+    fn project_into(&self, repr: &[f32], out: &mut Vec<f32>) {
+        for group in repr.chunks_exact(self.width) {
+            out.extend(self.w1.chunks_exact(self.width).map(|row| dot(row, group)));
+        }
+    }
+
+    /// (fwd, bwd, comm) from a device's summed projections (the member's
+    /// part) and the number of its widest-table flags set: the first
+    /// group's projections plus those of the groups of the flags set.
     fn finish(&self, projected: &[f32], set: usize) -> [f32; 3] {
         let (h, g, stride) = (self.hidden, self.gates, self.stride());
-        let b1 = &self.b1[set * 3 * stride..(set + 1) * 3 * stride];
+        let n = 3 * stride;
+        let summed;
+        let projected = if set == 0 {
+            &projected[..n]
+        } else {
+            let mut sum = projected[..n].to_vec();
+            for group in projected[n..].chunks_exact(n).take(set) {
+                add_into(&mut sum, group);
+            }
+            summed = sum;
+            &summed[..]
+        };
+        let b1 = &self.b1[set * n..(set + 1) * n];
         let mut out = relu_dots(projected, b1, &self.w2, h, stride);
         for (k, o) in out.iter_mut().enumerate() {
             *o += self.b2[k];
@@ -151,14 +182,18 @@ impl DeviceHeads {
     /// Width of the device representation the heads read (all members',
     /// then the widest-table counts).
     pub fn width(&self) -> usize {
-        self.members.iter().map(|m| m.width).sum::<usize>() + self.wide
+        self.members.iter().map(|m| m.repr_width()).sum::<usize>() + self.wide
     }
 
     /// Length of a projection: the three heads' hidden units and gates'
     /// two rows each, per member, then the widest-table counts (which
     /// add up over a device's tables as the rest does).
     pub fn projected_width(&self) -> usize {
-        self.members.iter().map(|m| 3 * m.stride()).sum::<usize>() + self.wide
+        self.members
+            .iter()
+            .map(|m| m.projected_width())
+            .sum::<usize>()
+            + self.wide
     }
 
     /// The heads' first layer without its bias: `W1 · repr`, member by
@@ -167,8 +202,8 @@ impl DeviceHeads {
         let mut out = Vec::with_capacity(self.projected_width());
         let mut at = 0;
         for m in &self.members {
-            m.project_into(&repr[at..at + m.width], &mut out);
-            at += m.width;
+            m.project_into(&repr[at..at + m.repr_width()], &mut out);
+            at += m.repr_width();
         }
         out.extend_from_slice(&repr[at..at + self.wide]);
         out
@@ -189,11 +224,16 @@ impl DeviceHeads {
         let parts: Vec<Tensor> = self
             .members
             .iter()
-            .map(|m| {
+            .flat_map(|m| {
                 let w1 = Tensor::from_slice(&m.w1).view([3 * m.stride() as i64, m.width as i64]);
-                let part = reps.narrow(1, at, m.width as i64).matmul(&w1.tr());
-                at += m.width as i64;
-                part
+                // Each group of channels, projected in turn.
+                (0..m.groups)
+                    .map(|_| {
+                        let part = reps.narrow(1, at, m.width as i64).matmul(&w1.tr());
+                        at += m.width as i64;
+                        part
+                    })
+                    .collect::<Vec<_>>()
             })
             .chain((self.wide > 0).then(|| reps.narrow(1, counts_at, self.wide as i64)))
             .collect();
@@ -232,8 +272,8 @@ impl DeviceHeads {
         let set = counts.iter().filter(|&&c| c > 0.5).count();
         let mut at = 0;
         self.members.iter().map(move |m| {
-            at += 3 * m.stride();
-            m.finish(&projected[at - 3 * m.stride()..at], set)
+            at += m.projected_width();
+            m.finish(&projected[at - m.projected_width()..at], set)
         })
     }
 

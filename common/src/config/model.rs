@@ -48,13 +48,15 @@ pub struct ModelConfig {
     /// the device's own tables only (models trained before this setting).
     pub cost_context: bool,
     /// Dims (ascending) at which the cost heads also see the device's
-    /// widest table: for each, whether the device holds a table wider
-    /// than it. A fused lookup sizes its thread blocks by its widest
-    /// table. The narrower tables beside a wide one then leave lanes
-    /// idle. A sum of table representations grows with each table; a
-    /// flag does not. The flags come from counts, which add up over
-    /// tables, so a search still moves a table by additions. Empty: none
-    /// (models trained before this setting).
+    /// widest table. For each dim, a device has a flag (whether it holds
+    /// a wider table), and each table has a group of channels that the
+    /// heads read only where the flag is set. A fused lookup sizes its
+    /// thread blocks by its widest table, so a wide table changes what
+    /// every table beside it costs (their idle lanes); a sum of table
+    /// representations alone cannot tell. Flags come from counts, which
+    /// add up over tables, so a search still moves a table by additions;
+    /// each dim adds a projection as wide as the heads' to each table's.
+    /// Empty: none (models trained before this setting).
     pub cost_wide_dims: Vec<u32>,
     /// Episodes the policy places when it places for a user (`plan`,
     /// eval's `policy`): its greedy episode and `plan_samples − 1` samples

@@ -433,7 +433,7 @@ impl CostNet {
     /// `[N, members × (K + 1) × out + K]` table representations, `K` the
     /// widest-table dims (`model.cost_wide_dims`); they do not depend on
     /// the plan, so an episode computes them once. Each member's part
-    /// holds `K + 1` groups of `out` channels ([`CostNet::part`]). The `K`
+    /// holds `K + 1` groups of `out` channels (see `CostNet::part`). The `K`
     /// last columns count the table against the dims: 1 where it is wider
     /// than the dim, so that a device's sum counts its wider tables.
     pub fn tables(&self, features: &Tensor) -> Tensor {

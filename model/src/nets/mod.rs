@@ -498,12 +498,14 @@ impl CostNet {
     /// ([`CostNet::wide_flags`]): a wide table changes how every table
     /// beside it costs (their lanes), which a group that counts only
     /// beside a wide table can say and a flag added on cannot.
-    fn part(&self, repr: &Tensor, m: usize) -> Tensor {
+    /// `flags` are the devices' [`CostNet::wide_flags`], computed once
+    /// for all members.
+    fn part(&self, repr: &Tensor, flags: Option<&Tensor>, m: usize) -> Tensor {
         if self.members.len() == 1 && self.wide.is_empty() {
             return repr.shallow_clone();
         }
         let mine = repr.narrow(1, m as i64 * self.member_width, self.member_width);
-        let Some(flags) = self.wide_flags(repr) else {
+        let Some(flags) = flags else {
             return mine;
         };
         let o = self.out;
@@ -516,17 +518,27 @@ impl CostNet {
     /// (the members' mean) and the context of their task ([`CostNet::context`],
     /// `[1, …]`, or one row per device).
     pub fn device_costs(&self, device_repr: &Tensor, ctx: &Tensor) -> Tensor {
+        self.members_mean(device_repr, |m, member, part, wide| {
+            member.device_costs(part, wide, self.member_context(ctx, m).as_ref())
+        })
+    }
+
+    /// The members' mean of `f(m, member, part, flags)`, where `part` is
+    /// what member `m` reads of the device representations
+    /// ([`CostNet::part`]) and `flags` their widest-table flags.
+    fn members_mean(
+        &self,
+        device_repr: &Tensor,
+        f: impl Fn(usize, &Member, &Tensor, Option<&Tensor>) -> Tensor,
+    ) -> Tensor {
         let wide = self.wide_flags(device_repr);
         mean_of(
             self.members
                 .iter()
                 .enumerate()
                 .map(|(m, member)| {
-                    member.device_costs(
-                        &self.part(device_repr, m),
-                        wide.as_ref(),
-                        self.member_context(ctx, m).as_ref(),
-                    )
+                    let part = self.part(device_repr, wide.as_ref(), m);
+                    f(m, member, &part, wide.as_ref())
                 })
                 .collect(),
         )
@@ -543,15 +555,9 @@ impl CostNet {
         ctx: &Tensor,
     ) -> Tensor {
         match self.composition {
-            OverallCost::Head => mean_of(
-                self.members
-                    .iter()
-                    .enumerate()
-                    .map(|(m, member)| {
-                        member.overall_head(&self.part(device_repr, m), plan_of_device, plans)
-                    })
-                    .collect(),
-            ),
+            OverallCost::Head => self.members_mean(device_repr, |_, member, part, _| {
+                member.overall_head(part, plan_of_device, plans)
+            }),
             OverallCost::Composed => {
                 compose(&self.device_costs(device_repr, ctx), plan_of_device, plans)
             }
@@ -569,7 +575,6 @@ impl CostNet {
         let ctx = &ctx;
         DeviceHeads {
             devices: self.context.then_some(devices),
-            wide: self.wide.len(),
             members: self
                 .members
                 .iter()
@@ -623,7 +628,7 @@ impl CostNet {
             .iter()
             .enumerate()
             .map(|(m, member)| {
-                let part = self.part(&dev, m);
+                let part = self.part(&dev, wide.as_ref(), m);
                 let per_device = member.device_costs(
                     &part,
                     wide.as_ref(),
@@ -1006,65 +1011,36 @@ mod tests {
     fn an_ensemble_predicts_its_members_mean_and_its_plain_heads_agree() {
         // Hidden widths that fill the plain heads' lanes of eight, and
         // one that leaves five over.
-        let wide = || vec![32, 64, 100];
-        for (
+        let cfg = |overall_cost, cost_work, cost_head_gates, cost_head_hidden| ModelConfig {
             overall_cost,
             cost_work,
             cost_head_gates,
             cost_head_hidden,
-            cost_context,
-            cost_wide_dims,
-        ) in [
-            (
-                OverallCost::Composed,
-                CostWork::Inputs,
-                0,
-                64,
-                false,
-                vec![],
-            ),
-            (OverallCost::Head, CostWork::Gated, 0, 64, false, vec![]),
-            (
-                OverallCost::Composed,
-                CostWork::Inputs,
-                5,
-                64,
-                false,
-                vec![],
-            ),
-            (
-                OverallCost::Composed,
-                CostWork::Inputs,
-                3,
-                13,
-                false,
-                vec![],
-            ),
-            (OverallCost::Composed, CostWork::Inputs, 0, 64, true, vec![]),
-            (OverallCost::Composed, CostWork::Inputs, 3, 13, true, vec![]),
-            (
-                OverallCost::Composed,
-                CostWork::Inputs,
-                0,
-                64,
-                false,
-                wide(),
-            ),
-            (OverallCost::Head, CostWork::Gated, 3, 13, false, wide()),
+            ..ModelConfig::default()
+        };
+        let with_context = |c: ModelConfig| ModelConfig {
+            cost_context: true,
+            ..c
+        };
+        let with_wide = |c: ModelConfig| ModelConfig {
+            cost_wide_dims: vec![32, 64, 100],
+            ..c
+        };
+        let (composed, head) = (OverallCost::Composed, OverallCost::Head);
+        let (inputs, gated) = (CostWork::Inputs, CostWork::Gated);
+        for cfg in [
+            cfg(composed, inputs, 0, 64),
+            cfg(head, gated, 0, 64),
+            cfg(composed, inputs, 5, 64),
+            cfg(composed, inputs, 3, 13),
+            with_context(cfg(composed, inputs, 0, 64)),
+            with_context(cfg(composed, inputs, 3, 13)),
+            with_wide(cfg(composed, inputs, 0, 64)),
+            with_wide(cfg(head, gated, 3, 13)),
         ] {
-            let k = cost_wide_dims.len() as i64;
-            let (_vs, net) = ensemble_of(
-                3,
-                ModelConfig {
-                    overall_cost,
-                    cost_work,
-                    cost_head_gates,
-                    cost_head_hidden,
-                    cost_context,
-                    cost_wide_dims,
-                    ..ModelConfig::default()
-                },
-            );
+            let k = cfg.cost_wide_dims.len() as i64;
+            let overall_cost = cfg.overall_cost;
+            let (_vs, net) = ensemble_of(3, cfg);
             assert_eq!(net.members(), 3);
             let batch = PlanBatch::new(&[
                 placed(pool(7), vec![0, 0, 1, 1, 1, 2, 2], 3),

@@ -3,6 +3,8 @@
 //! score ([`PolicyScorer`]), and the hot loops they share, compiled for
 //! AVX2 too and chosen at run time.
 
+use std::cell::RefCell;
+
 use multiversion::multiversion;
 use tch::nn;
 use tch::{Kind, Tensor};
@@ -23,9 +25,6 @@ pub struct DeviceHeads {
     /// The device count of the task whose context the exchange heads hold
     /// (`None`: heads without context, good for any task of the tables).
     pub(super) devices: Option<usize>,
-    /// How many widest-table counts end a representation and a projection
-    /// (`model.cost_wide_dims`; 0: none).
-    pub(super) wide: usize,
 }
 
 /// One member's three heads.
@@ -145,19 +144,25 @@ impl MemberHeads {
     /// part) and the number of its widest-table flags set: the first
     /// group's projections plus those of the groups of the flags set.
     fn finish(&self, projected: &[f32], set: usize) -> [f32; 3] {
+        let n = 3 * self.stride();
+        if set == 0 {
+            return self.heads(&projected[..n], set);
+        }
+        SUMMED.with_borrow_mut(|sum| {
+            sum.clear();
+            sum.extend_from_slice(&projected[..n]);
+            for group in projected[n..].chunks_exact(n).take(set) {
+                add_into(sum, group);
+            }
+            self.heads(sum, set)
+        })
+    }
+
+    /// (fwd, bwd, comm) from one group's worth of projections (`3·stride`
+    /// values) with the bias set for `set` flags.
+    fn heads(&self, projected: &[f32], set: usize) -> [f32; 3] {
         let (h, g, stride) = (self.hidden, self.gates, self.stride());
         let n = 3 * stride;
-        let summed;
-        let projected = if set == 0 {
-            &projected[..n]
-        } else {
-            let mut sum = projected[..n].to_vec();
-            for group in projected[n..].chunks_exact(n).take(set) {
-                add_into(&mut sum, group);
-            }
-            summed = sum;
-            &summed[..]
-        };
         let b1 = &self.b1[set * n..(set + 1) * n];
         let mut out = relu_dots(projected, b1, &self.w2, h, stride);
         for (k, o) in out.iter_mut().enumerate() {
@@ -172,7 +177,21 @@ impl MemberHeads {
     }
 }
 
+thread_local! {
+    /// A device's first group of projections plus its set groups, reused
+    /// by every [`MemberHeads::finish`] on the thread (the search's hot
+    /// loop), so a device beside a wide table costs no allocation.
+    static SUMMED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
 impl DeviceHeads {
+    /// How many widest-table counts end a representation and a projection
+    /// (`model.cost_wide_dims`; 0: none): every member has one group of
+    /// channels more.
+    fn wide(&self) -> usize {
+        self.members.first().map_or(0, |m| m.groups - 1)
+    }
+
     /// The device count these heads hold the context of, if any: their
     /// costs are for plans on that many devices only.
     pub fn devices(&self) -> Option<usize> {
@@ -182,7 +201,7 @@ impl DeviceHeads {
     /// Width of the device representation the heads read (all members',
     /// then the widest-table counts).
     pub fn width(&self) -> usize {
-        self.members.iter().map(|m| m.repr_width()).sum::<usize>() + self.wide
+        self.members.iter().map(|m| m.repr_width()).sum::<usize>() + self.wide()
     }
 
     /// Length of a projection: the three heads' hidden units and gates'
@@ -193,7 +212,7 @@ impl DeviceHeads {
             .iter()
             .map(|m| m.projected_width())
             .sum::<usize>()
-            + self.wide
+            + self.wide()
     }
 
     /// The heads' first layer without its bias: `W1 · repr`, member by
@@ -205,7 +224,7 @@ impl DeviceHeads {
             m.project_into(&repr[at..at + m.repr_width()], &mut out);
             at += m.repr_width();
         }
-        out.extend_from_slice(&repr[at..at + self.wide]);
+        out.extend_from_slice(&repr[at..at + self.wide()]);
         out
     }
 
@@ -218,24 +237,27 @@ impl DeviceHeads {
         if rows == 0 || width == 0 {
             return Vec::new();
         }
-        let reps = Tensor::from_slice(&reps[..rows * width]).view([rows as i64, width as i64]);
-        let counts_at = (width - self.wide) as i64;
+        let (wide, r) = (self.wide() as i64, rows as i64);
+        let reps = Tensor::from_slice(&reps[..rows * width]).view([r, width as i64]);
+        let counts_at = width as i64 - wide;
         let mut at = 0;
         let parts: Vec<Tensor> = self
             .members
             .iter()
-            .flat_map(|m| {
-                let w1 = Tensor::from_slice(&m.w1).view([3 * m.stride() as i64, m.width as i64]);
-                // Each group of channels, projected in turn.
-                (0..m.groups)
-                    .map(|_| {
-                        let part = reps.narrow(1, at, m.width as i64).matmul(&w1.tr());
-                        at += m.width as i64;
-                        part
-                    })
-                    .collect::<Vec<_>>()
+            .map(|m| {
+                let (groups, w) = (m.groups as i64, m.width as i64);
+                let w1 = Tensor::from_slice(&m.w1).view([3 * m.stride() as i64, w]);
+                // Every group of channels as a row of its own: one product
+                // projects them all, each group's after the one before.
+                let part = reps
+                    .narrow(1, at, groups * w)
+                    .reshape([r * groups, w])
+                    .matmul(&w1.tr())
+                    .reshape([r, -1]);
+                at += groups * w;
+                part
             })
-            .chain((self.wide > 0).then(|| reps.narrow(1, counts_at, self.wide as i64)))
+            .chain((wide > 0).then(|| reps.narrow(1, counts_at, wide)))
             .collect();
         crate::tensor_vec(&Tensor::cat(&parts, 1))
     }
@@ -268,7 +290,7 @@ impl DeviceHeads {
     fn each<'a>(&'a self, projected: &'a [f32]) -> impl Iterator<Item = [f32; 3]> + 'a {
         // The widest-table flags set: counts of wider tables of at least
         // one (counts are sums of exact ones and zeros).
-        let counts = &projected[projected.len() - self.wide..];
+        let counts = &projected[projected.len() - self.wide()..];
         let set = counts.iter().filter(|&&c| c > 0.5).count();
         let mut at = 0;
         self.members.iter().map(move |m| {

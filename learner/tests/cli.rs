@@ -957,6 +957,17 @@ fn two_runs_place_together() {
     let (ok, _, err) = eval_a(own);
     assert!(ok && !err.contains("not saved"), "{err}");
     assert!(a.join("eval").join("dlrm-12x3.test-sim.json").exists());
+    // A report it can write only halfway: the earlier table goes too, so
+    // no table is left beside another evaluation's JSON.
+    let saved = a.join("eval").join("dlrm-12x3.test-sim.json");
+    let table = a.join("eval").join("dlrm-12x3.test-sim.txt");
+    assert!(table.exists());
+    std::fs::remove_file(&saved).unwrap();
+    std::fs::create_dir(&saved).unwrap();
+    let (ok, _, err) = eval_a(own);
+    assert!(ok && err.contains("are not saved into"), "{err}");
+    assert!(!table.exists());
+    std::fs::remove_dir(&saved).unwrap();
     // A run folder it cannot save into: the report still comes, and the
     // command still succeeds.
     std::fs::remove_dir_all(a.join("eval")).unwrap();

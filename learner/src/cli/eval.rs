@@ -181,6 +181,9 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 
 /// Writes `report` into `RUN/eval/` as `SUITE-BACKEND.txt` (the table) and
 /// `.json`, replacing an earlier evaluation of the same suite and oracle.
+/// The earlier table goes first: a write that fails halfway leaves the
+/// earlier `.json` alone or the new one alone, never one beside the
+/// other's table.
 fn save_report(
     run: &std::path::Path,
     suite: &std::path::Path,
@@ -195,11 +198,15 @@ fn save_report(
         .unwrap_or_else(|| "suite".into());
     let base = format!("{stem}-{}", backend.name());
     let json = serde_json::to_string_pretty(report)? + "\n";
+    let txt = dir.join(format!("{base}.txt"));
+    match std::fs::remove_file(&txt) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing the earlier {}", txt.display()));
+        }
+        _ => {}
+    }
     common::fs::write_atomic(&dir.join(format!("{base}.json")), json.as_bytes())?;
-    common::fs::write_atomic(
-        &dir.join(format!("{base}.txt")),
-        format!("{report}\n").as_bytes(),
-    )?;
+    common::fs::write_atomic(&txt, format!("{report}\n").as_bytes())?;
     tracing::info!(
         "saved to {}",
         dir.join(format!("{base}.{{txt,json}}")).display()

@@ -451,11 +451,23 @@ mod tests {
     #[test]
     fn reinforce_weighs_stale_actions_by_their_clipped_likelihood_ratio() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut cfg, model, mdp, mut u) = fresh_unroll(dir.path(), 16, 1);
-        set_known_costs(&mut u);
-        cfg.train.update = Update::Reinforce;
-        cfg.train.clip_pg_rho = 1.0;
-        cfg.train.entropy_cost = 0.0;
+        // A fresh network whose on-policy loss is far from zero: the
+        // weights are drawn anew each time, and about one draw in ten
+        // gives returns whose weighted sum nearly cancels.
+        let mut draw = 0;
+        let (cfg, model, mdp, mut u) = loop {
+            draw += 1;
+            let (mut cfg, model, mdp, mut u) = fresh_unroll(dir.path(), 16, draw);
+            set_known_costs(&mut u);
+            cfg.train.update = Update::Reinforce;
+            cfg.train.clip_pg_rho = 1.0;
+            cfg.train.entropy_cost = 0.0;
+            u.behaviour_logp = tch::no_grad(|| replay(&model.policy, &mdp, &u)).logp;
+            let pg = policy_loss(&model.policy, &mdp, &u, &cfg.train).1.pg_loss;
+            if pg.abs() > 1e-2 || draw == 8 {
+                break (cfg, model, mdp, u);
+            }
+        };
         let current = tch::no_grad(|| replay(&model.policy, &mdp, &u)).logp;
         let pg = |u: &Unroll| policy_loss(&model.policy, &mdp, u, &cfg.train).1.pg_loss;
         // The loss's gradient, flattened: the weights are constants in it.

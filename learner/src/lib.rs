@@ -20,6 +20,7 @@ pub mod cli;
 pub mod costlog;
 pub mod data;
 pub mod eval;
+pub mod pairs;
 pub mod pretrain;
 pub mod report;
 pub mod run;

@@ -11,7 +11,7 @@ use benchworker::Oracle;
 use common::config::Config;
 use common::{Plan, Task};
 use model::adam::Adam;
-use model::loss::{cost_loss, policy_loss, CostSample, PickId, PolicyStats};
+use model::loss::{paired_cost_loss, policy_loss, CostSample, PickId, PolicyStats};
 use model::mdp::{try_rollout, MdpTask, Mode, PlainEpisodes, Unroll};
 use model::Model;
 use rand::{Rng, SeedableRng};
@@ -170,6 +170,9 @@ pub struct Trainer<'a> {
     /// (`pretrain.found_share`), however few: pre-training's stage 1 puts
     /// the plans its search rounds found here.
     pub focus: Vec<CostSample>,
+    /// Each task's samples in the three pools, for the cost loss's pair
+    /// term (`train.cost_pair_weight`; indexed only when it is on).
+    same_task: crate::pairs::SameTask,
     pub counters: Counters,
     rng: ChaCha8Rng,
     tally: Tally,
@@ -228,6 +231,7 @@ impl<'a> Trainer<'a> {
             buffer,
             prior: Vec::new(),
             focus: Vec::new(),
+            same_task: Default::default(),
             counters,
             rng,
             tally: Tally::default(),
@@ -471,21 +475,40 @@ impl<'a> Trainer<'a> {
 
     /// One MSE step of the cost network on a batch drawn from the buffer
     /// and the prior measurements, and `pretrain.found_share` of it from
-    /// the focus.
+    /// the focus. With `train.cost_pair_weight`, half the batch is drawn
+    /// so and each of those plans brings another plan of its task.
     pub fn cost_step(&mut self) {
         let t = &self.cfg.train;
         let pools = [&self.prior[..], &self.buffer[..]];
-        let batch = draw_batch(
-            &mut self.rng,
-            t.cost_batch,
-            pools,
-            &self.focus,
-            self.cfg.pretrain.found_share.unwrap_or(0.0),
-        );
+        let share = self.cfg.pretrain.found_share.unwrap_or(0.0);
+        let paired = t.cost_pair_weight > 0.0;
+        let size = if paired {
+            t.cost_batch.div_ceil(2)
+        } else {
+            t.cost_batch
+        };
+        let mut batch = draw_batch(&mut self.rng, size, pools, &self.focus, share);
         if batch.is_empty() {
             return;
         }
-        let loss = cost_loss(&self.model.cost, &batch, t.cost_loss);
+        let mut pairs = Vec::new();
+        if paired {
+            let all = [&self.prior[..], &self.buffer[..], &self.focus[..]];
+            self.same_task.update(all);
+            for i in 0..batch.len() {
+                if let Some(p) = self.same_task.partner(batch[i], all, &mut self.rng) {
+                    pairs.push((i, batch.len()));
+                    batch.push(p);
+                }
+            }
+        }
+        let loss = paired_cost_loss(
+            &self.model.cost,
+            &batch,
+            t.cost_loss,
+            &pairs,
+            t.cost_pair_weight,
+        );
         if self.cost_opt.backward_step(&loss) {
             self.tally.cost_loss += loss.double_value(&[]);
             self.tally.cost_n += 1;

@@ -61,6 +61,21 @@ impl CostSample {
 /// sum of four losses); for an ensemble, the mean of its members' losses,
 /// each member's from its own prediction.
 pub fn cost_loss(cost: &CostNet, samples: &[&CostSample], kind: CostLoss) -> Tensor {
+    paired_cost_loss(cost, samples, kind, &[], 0.0)
+}
+
+/// [`cost_loss`] plus, for each member, `weight` times the mean over
+/// `pairs` (indices into `samples`, two plans of one task each) of the
+/// squared difference of the two plans' errors of the iteration cost.
+/// The pair term is zero where a member errs on both plans alike: it
+/// weighs what ranks two plans of one task, not their shared level.
+pub fn paired_cost_loss(
+    cost: &CostNet,
+    samples: &[&CostSample],
+    kind: CostLoss,
+    pairs: &[(usize, usize)],
+    weight: f64,
+) -> Tensor {
     let batch = PlanBatch::new(samples.iter().map(|s| &s.placed));
     let per_device: Vec<f32> = samples
         .iter()
@@ -77,18 +92,31 @@ pub fn cost_loss(cost: &CostNet, samples: &[&CostSample], kind: CostLoss) -> Ten
         .collect();
     let dev_target = Tensor::from_slice(&per_device).view([-1, COST_FEATURES]);
     let overall = Tensor::from_slice(&overall);
-    let err = |pred: Tensor, target: &Tensor| match kind {
-        CostLoss::Mse => (pred - target).square(),
-        CostLoss::Relative => ((pred - target) / target.clamp_min(0.1)).square(),
+    let diff = |pred: Tensor, target: &Tensor| match kind {
+        CostLoss::Mse => pred - target,
+        CostLoss::Relative => (pred - target) / target.clamp_min(0.1),
     };
+    let paired = (!pairs.is_empty() && weight > 0.0).then(|| {
+        let (a, b): (Vec<i64>, Vec<i64>) = pairs.iter().map(|&(a, b)| (a as i64, b as i64)).unzip();
+        (Tensor::from_slice(&a), Tensor::from_slice(&b))
+    });
     let losses: Vec<Tensor> = cost
         .forward_members(&batch)
         .into_iter()
         .map(|pred| {
-            let dev_loss = err(pred.per_device, &dev_target)
+            let dev_loss = diff(pred.per_device, &dev_target)
+                .square()
                 .mean_dim([0i64].as_slice(), false, Kind::Float)
                 .sum(Kind::Float);
-            dev_loss + err(pred.overall, &overall).mean(Kind::Float)
+            let err = diff(pred.overall, &overall);
+            let loss = dev_loss + err.square().mean(Kind::Float);
+            match &paired {
+                Some((a, b)) => {
+                    let gap = err.index_select(0, a) - err.index_select(0, b);
+                    loss + gap.square().mean(Kind::Float) * weight
+                }
+                None => loss,
+            }
         })
         .collect();
     // Each member on its own loss; their mean keeps the scale of one.
@@ -622,5 +650,60 @@ mod tests {
         assert!(grads(false)
             .iter()
             .any(|(_, g)| g.abs().sum(Kind::Float).double_value(&[]) > 0.0));
+    }
+
+    /// The pair term is `weight` times the mean, over the pairs, of the
+    /// squared difference of each member's two relative errors, averaged
+    /// over the members; a plan paired with itself adds nothing.
+    #[test]
+    fn the_pair_term_weighs_the_difference_of_two_plans_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config();
+        let suite = small_suite(&cfg, "train", dir.path());
+        cfg.model.cost_members = 2;
+        let mut sim = benchworker::sim::SimOracle::new(cfg.sim.clone(), cfg.memory);
+        let task = &suite.tasks[0];
+        let samples: Vec<CostSample> = (0..4)
+            .map(|k| {
+                let plan = Plan {
+                    devices: task.devices,
+                    assignment: (0..task.tables.len())
+                        .map(|i| (i * (k + 1) + k) % task.devices)
+                        .collect(),
+                };
+                let m = sim.measure(&task.tables, &plan).unwrap();
+                CostSample::new(task, &plan, m)
+            })
+            .collect();
+        let refs: Vec<&CostSample> = samples.iter().collect();
+        let model = Model::new(&cfg);
+        let loss = |pairs: &[(usize, usize)], w: f64| {
+            tch::no_grad(|| paired_cost_loss(&model.cost, &refs, CostLoss::Relative, pairs, w))
+                .double_value(&[])
+        };
+        let plain = loss(&[], 0.0);
+        assert_eq!(
+            plain,
+            tch::no_grad(|| cost_loss(&model.cost, &refs, CostLoss::Relative)).double_value(&[])
+        );
+        assert!((loss(&[(1, 1), (2, 2)], 3.0) - plain).abs() < 1e-9);
+        let pairs = [(0, 1), (2, 3), (3, 0)];
+        let batch = PlanBatch::new(refs.iter().map(|s| &s.placed));
+        let preds = tch::no_grad(|| model.cost.forward_members(&batch));
+        let mut want = 0.0;
+        for p in &preds {
+            let err = |i: usize| {
+                let m = samples[i].measurement.cost_ms.max(0.1);
+                (p.overall.double_value(&[i as i64]) - samples[i].measurement.cost_ms) / m
+            };
+            let gaps: f64 = pairs.iter().map(|&(a, b)| (err(a) - err(b)).powi(2)).sum();
+            want += 2.0 * gaps / pairs.len() as f64 / preds.len() as f64;
+        }
+        let got = loss(&pairs, 2.0) - plain;
+        assert!(want > 1e-6, "a fresh network errs unequally on four plans");
+        assert!(
+            (got - want).abs() < 1e-4 * want.max(1e-3),
+            "pair term {got}, expected {want}"
+        );
     }
 }

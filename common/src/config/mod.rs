@@ -792,6 +792,12 @@ mod tests {
             "[cluster]\npeer_timeout_s = 1.5\n",
             "cluster.peer_timeout_s",
         );
+        for v in ["nan", "inf", "-0.5"] {
+            refused(
+                &format!("[train]\ncost_pair_weight = {v}\n"),
+                "train.cost_pair_weight",
+            );
+        }
         for v in ["nan", "inf", "-0.5", "1e9"] {
             refused(
                 &format!("[model]\nplan_temperature = {v}\n"),

@@ -114,6 +114,17 @@ pub struct TrainConfig {
     pub cost_decay_to: DecayTo,
     /// The cost network's loss (see [`CostLoss`]).
     pub cost_loss: CostLoss,
+    /// Weight of the same-task pair term of the cost loss (0: none). Above
+    /// 0, half of each cost batch is drawn as usual and each of those plans
+    /// gets a partner: another measured plan of the same task. The term is
+    /// the mean over the pairs of the squared difference of the two plans'
+    /// errors of the iteration cost (in `cost_loss`'s units). It is zero
+    /// when the network errs on both alike: what `plan`'s guard needs is
+    /// the difference between two plans of one task, not their level.
+    /// Written into a run's config only when on, so runs from before it
+    /// existed lack nothing.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cost_pair_weight: f64,
     pub policy_steps: usize,
     /// Episodes per policy update, in lockstep on one task.
     pub episodes: usize,
@@ -191,6 +202,7 @@ impl Default for TrainConfig {
             cost_weight_decay: 0.1,
             cost_decay_to: DecayTo::Init,
             cost_loss: CostLoss::Mse,
+            cost_pair_weight: 0.0,
             policy_steps: 50,
             episodes: 32,
             policy_lr: 2e-3,
@@ -250,6 +262,7 @@ impl TrainConfig {
         }
         positive("train.cost_lr", self.cost_lr)?;
         non_negative("train.cost_weight_decay", self.cost_weight_decay)?;
+        non_negative("train.cost_pair_weight", self.cost_pair_weight)?;
         if self.cost_lr * self.cost_weight_decay >= 1.0 {
             return Err(InvalidSetting::new(
                 "train.cost_weight_decay",
@@ -390,4 +403,8 @@ impl PretrainConfig {
         }
         self.space.validate()
     }
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }

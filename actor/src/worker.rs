@@ -114,7 +114,7 @@ fn setup(welcome: &Welcome) -> anyhow::Result<Setup> {
 /// Why a task of the learner's cannot be rolled out here (each message
 /// follows the task's name).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-enum BadTask {
+pub enum BadTask {
     #[error("has no device")]
     NoDevice,
     #[error("has no table")]
@@ -141,18 +141,31 @@ enum BadTask {
     },
 }
 
+/// A learner's rollout task that an actor cannot roll out: which, and why.
+/// It reads "rollout task K (`name`) ...", with the settings that give a
+/// way out where there is one.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("rollout task {index} (`{name}`) {reason}{hint}")]
+pub struct UnrollableTask {
+    /// Its place among the rollout tasks.
+    pub index: usize,
+    pub name: String,
+    pub reason: BadTask,
+    hint: &'static str,
+}
+
 /// Whether an actor can roll out each of `tasks` (a learner's rollout
 /// tasks, in order) with unrolls of `episodes` episodes: `Err` names the
-/// first that it cannot and why, as "rollout task K (`name`) ...". The
-/// learner asks before it starts a cluster, the actor on each welcome.
-pub fn check_rollout_tasks(tasks: &[Task], episodes: usize) -> anyhow::Result<()> {
+/// first that it cannot and why. The learner asks before it starts a
+/// cluster, the actor on each welcome.
+pub fn check_rollout_tasks(tasks: &[Task], episodes: usize) -> Result<(), UnrollableTask> {
     for (k, task) in tasks.iter().enumerate() {
         check_task(task)
             .and_then(|()| check_unroll_size(k, task, episodes).map(drop))
-            .map_err(|e| {
+            .map_err(|reason| {
                 // Its training task fits on fewer devices: the copies'
                 // settings are a way out too.
-                let copy = match e {
+                let hint = match reason {
                     BadTask::UnrollTooBig { .. } if task.is_reshaped_copy() => {
                         "; it is a reshaped copy, on more devices than its training task: \
                          raise the low end of train.reshape_density toward 1, or set \
@@ -160,7 +173,12 @@ pub fn check_rollout_tasks(tasks: &[Task], episodes: usize) -> anyhow::Result<()
                     }
                     _ => "",
                 };
-                anyhow::anyhow!("rollout task {k} (`{}`) {e}{copy}", task.name)
+                UnrollableTask {
+                    index: k,
+                    name: task.name.clone(),
+                    reason,
+                    hint,
+                }
             })?;
     }
     Ok(())
@@ -462,12 +480,17 @@ mod tests {
         // first: the message says which settings made it.
         let mut copy = task(&Task::reshaped_copy_name("big", 0), 100, 16);
         let e = check_rollout_tasks(&[big.clone(), copy.clone()], 2400).unwrap_err();
-        let e = format!("{e:#}");
+        assert_eq!((e.index, e.name.as_str()), (1, copy.name.as_str()));
+        assert!(matches!(
+            e.reason,
+            BadTask::UnrollTooBig { devices: 16, .. }
+        ));
+        let e = e.to_string();
         assert!(e.starts_with("rollout task 1 (`big (reshaped 0)`)"), "{e}");
         assert!(e.contains("train.reshape_density"), "{e}");
         copy.devices = 8;
         assert!(check_rollout_tasks(&[big.clone(), copy], 2400).is_ok());
-        let e = format!("{:#}", check_rollout_tasks(&[big], 2570).unwrap_err());
+        let e = check_rollout_tasks(&[big], 2570).unwrap_err().to_string();
         assert!(!e.contains("reshape"), "{e}");
     }
 

@@ -190,7 +190,7 @@ pub(super) fn check_peers(tasks: &[Task], cfg: &Config) -> anyhow::Result<()> {
     let rollout = crate::data::rollout_tasks(tasks, cfg);
     actor::worker::check_rollout_tasks(&rollout, cfg.train.episodes).map_err(|e| {
         anyhow::anyhow!(
-            "actors cannot roll out this run's tasks: {e:#}. A run alone (--actors 0 \
+            "actors cannot roll out this run's tasks: {e}. A run alone (--actors 0 \
              --benchworkers 0, no --bind) sends no unrolls"
         )
     })?;

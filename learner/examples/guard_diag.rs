@@ -7,7 +7,12 @@
 //! each candidate gives its heaviest device's load, four ways. The
 //! `basins` line gives what `plan --verify` measures best once the other
 //! ends of the learned plan's searches join the candidates
-//! ([`model::guard::add_basins`]); the last line sums it over the suite.
+//! ([`model::guard::add_basins`]); the next line sums it over the suite.
+//! The last line judges the cost network where the guard relies on it:
+//! over every pair of the learned plan and a heuristic's plan, the error
+//! of the predicted cost ratio (the members' mean) against the measured
+//! one, and the pairs that every member predicted at least 2 % cheaper
+//! for the learned plan yet measured over 1 % dearer.
 //!
 //! cargo run --release --example guard_diag -- RUN_DIR SUITE
 
@@ -20,6 +25,7 @@ fn main() -> anyhow::Result<()> {
     let suite = common::Suite::load(std::path::Path::new(&args[1]), &cfg.memory)?;
     let mut oracle = benchworker::build(benchworker::Backend::Sim, &cfg)?;
     let (mut verified, mut with_basins) = (0.0, 0.0);
+    let mut ratios = Ratios::default();
     for task in &suite.tasks {
         let mut g = model::guard::plan(&model, shapes.as_ref(), task, &cfg.memory)?;
         let chosen = g.chosen;
@@ -57,6 +63,7 @@ fn main() -> anyhow::Result<()> {
         for d in &g.doubts {
             println!("    doubt: {d}");
         }
+        ratios.add(&g.candidates);
         let added = model::guard::add_basins(&mut g, &[&model], task, &cfg.memory);
         model::guard::verify(&mut g, &task.tables, oracle.as_mut())?;
         let basins = g.candidates[g.chosen].measured.unwrap_or(f64::NAN);
@@ -72,7 +79,64 @@ fn main() -> anyhow::Result<()> {
          ({:+.2} %)",
         (with_basins / verified - 1.0) * 100.0
     );
+    println!("{}", ratios.summary());
     Ok(())
+}
+
+/// The cost network's errors on the cost ratios of the learned plan to the
+/// heuristics' plans, over a suite.
+#[derive(Default)]
+struct Ratios {
+    /// `ln(predicted ratio) − ln(measured ratio)` of each pair.
+    errors: Vec<f64>,
+    /// Pairs every member rated 2 % cheaper for the learned plan that
+    /// measured over 1 % dearer.
+    sure_and_wrong: usize,
+}
+
+impl Ratios {
+    /// The pairs of a task's measured candidates (none without a learned
+    /// plan).
+    fn add(&mut self, candidates: &[model::guard::Candidate]) {
+        let Some((learned, others)) = candidates.split_first() else {
+            return;
+        };
+        if learned.method != model::guard::POLICY {
+            return;
+        }
+        let Some(ml) = learned.measured else {
+            return;
+        };
+        for h in others.iter().filter(|c| c.method != model::guard::BASIN) {
+            let Some(mh) = h.measured else {
+                continue;
+            };
+            self.errors
+                .push((learned.mean() / h.mean()).ln() - (ml / mh).ln());
+            let sure = learned
+                .predicted
+                .iter()
+                .zip(&h.predicted)
+                .all(|(l, h)| *l <= h * 0.98);
+            if sure && ml > mh * 1.01 {
+                self.sure_and_wrong += 1;
+            }
+        }
+    }
+
+    fn summary(&self) -> String {
+        let n = self.errors.len().max(1) as f64;
+        let mean = self.errors.iter().map(|e| e.abs()).sum::<f64>() / n;
+        let rms = (self.errors.iter().map(|e| e * e).sum::<f64>() / n).sqrt();
+        format!(
+            "ratios: {} pairs of the learned plan and a heuristic's, mean |error| {:.2} %, rms \
+             {:.2} %; {} rated 2 % cheaper by every member, measured over 1 % dearer",
+            self.errors.len(),
+            mean * 100.0,
+            rms * 100.0,
+            self.sure_and_wrong
+        )
+    }
 }
 
 /// Tables that differ between two plans once devices are matched by

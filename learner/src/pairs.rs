@@ -31,6 +31,8 @@ pub struct SameTask {
     groups: HashMap<u64, Vec<(usize, usize)>>,
     /// Samples indexed per pool.
     indexed: [usize; 3],
+    /// The task key of each pool's last indexed sample.
+    last: [Option<u64>; 3],
 }
 
 /// Draws of a partner before settling for a plan equal to the sample's.
@@ -38,9 +40,14 @@ const TRIES: usize = 4;
 
 impl SameTask {
     /// Indexes the samples the pools gained since the last call. A pool
-    /// shorter than it was has been replaced: the index starts over.
+    /// shorter than it was, or whose last indexed sample is of another
+    /// task, has been replaced: the index starts over.
     pub fn update(&mut self, pools: Pools) {
-        if pools.iter().zip(self.indexed).any(|(p, n)| p.len() < n) {
+        let replaced = |k: usize, pool: &[CostSample]| {
+            let n = self.indexed[k];
+            pool.len() < n || (n > 0 && Some(task_key(&pool[n - 1])) != self.last[k])
+        };
+        if pools.iter().enumerate().any(|(k, p)| replaced(k, p)) {
             *self = SameTask::default();
         }
         for (k, pool) in pools.iter().enumerate() {
@@ -48,11 +55,13 @@ impl SameTask {
                 self.groups.entry(task_key(s)).or_default().push((k, i));
             }
             self.indexed[k] = pool.len();
+            self.last[k] = pool.last().map(task_key);
         }
     }
 
     /// Another measured plan of `s`'s task, drawn at random among those
-    /// indexed; `None` if it has no other plan.
+    /// indexed; `None` if a few draws found none (always, for a task of
+    /// one plan).
     pub fn partner<'s>(
         &self,
         s: &CostSample,
@@ -135,12 +144,19 @@ mod tests {
         let p = index.partner(&prior[1], pools, &mut rng).unwrap();
         assert_eq!(p.placed.assignment, buffer[0].placed.assignment);
         assert_ne!(task_key(&prior[0]), task_key(&prior[1]));
-        // A replaced pool (shorter) is indexed afresh.
+        // A replaced pool is indexed afresh: shorter, or as long with
+        // another task's plans.
         let fresh = vec![sample(&b, vec![0, 0, 0, 1])];
         index.update([&fresh, &buffer, &focus]);
         let p = index
             .partner(&buffer[0], [&fresh, &buffer, &focus], &mut rng)
             .unwrap();
         assert_eq!(p.placed.assignment, fresh[0].placed.assignment);
+        let other = vec![sample(&a, vec![1, 1, 1, 0])];
+        let pools: Pools = [&other, &buffer, &focus];
+        index.update(pools);
+        let p = index.partner(&focus[0], pools, &mut rng).unwrap();
+        assert_eq!(p.placed.assignment, other[0].placed.assignment);
+        assert!(index.partner(&buffer[0], pools, &mut rng).is_none());
     }
 }

@@ -957,8 +957,8 @@ fn two_runs_place_together() {
     let (ok, _, err) = eval_a(own);
     assert!(ok && !err.contains("not saved"), "{err}");
     assert!(a.join("eval").join("dlrm-12x3.test-sim.json").exists());
-    // A report it can write only halfway: the earlier table goes too, so
-    // no table is left beside another evaluation's JSON.
+    // A report it can write only halfway (its JSON cannot be written):
+    // the earlier table goes first, so no table outlives its JSON.
     let saved = a.join("eval").join("dlrm-12x3.test-sim.json");
     let table = a.join("eval").join("dlrm-12x3.test-sim.txt");
     assert!(table.exists());

@@ -121,8 +121,9 @@ pub struct TrainConfig {
     /// errors of the iteration cost (in `cost_loss`'s units). It is zero
     /// when the network errs on both alike: what `plan`'s guard needs is
     /// the difference between two plans of one task, not their level.
-    /// Written into a run's config only when on, so runs from before it
-    /// existed lack nothing.
+    /// Written into a run's config only when on: a run with it off reads
+    /// as before, by an older embshard too (it refuses unknown settings),
+    /// and `plan` finds nothing missing in runs from before it.
     #[serde(skip_serializing_if = "is_zero")]
     pub cost_pair_weight: f64,
     pub policy_steps: usize,

@@ -410,7 +410,17 @@ mod tests {
         let (a, pa, ca) = nets(1);
         let (b, pb, cb) = nets(2);
         let t = task();
-        let greedy = |p: &PolicyNet, c: &CostNet| rollout(p, c, &t, 1, Mode::Greedy).plans;
+        // The greedy plan up to the devices' numbering, and its predicted
+        // cost: at the first step every device is empty and alike, so
+        // their logits tie, and which one wins may change with libtorch's
+        // threads (it did under load).
+        let greedy = |p: &PolicyNet, c: &CostNet| -> (Vec<usize>, f64) {
+            let u = rollout(p, c, &t, 1, Mode::Greedy);
+            let plan = crate::mdp::numbered_by_first_use(&u.plans[0]);
+            (plan, u.predicted_cost_ms.double_value(&[0]))
+        };
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-5 * x.abs().max(y.abs());
+        assert!(!close(greedy(&pa, &ca).1, greedy(&pb, &cb).1));
         let sent = export(&a);
         let orig = export(&b);
         assert_ne!(orig, sent);
@@ -424,7 +434,9 @@ mod tests {
         assert_eq!(export(&b), orig, "a refused import changes nothing");
         import(&b, &sent).unwrap();
         assert_eq!(export(&b), sent);
-        assert_eq!(greedy(&pa, &ca), greedy(&pb, &cb));
+        let ((plan_a, cost_a), (plan_b, cost_b)) = (greedy(&pa, &ca), greedy(&pb, &cb));
+        assert_eq!(plan_a, plan_b);
+        assert!(close(cost_a, cost_b), "{cost_a} against {cost_b}");
     }
 
     #[test]

@@ -578,10 +578,17 @@ fn an_interrupted_run_checkpoints_and_exits_with_the_signals_status() {
             .spawn()
             .unwrap();
         let before = learner::checkpoint::list(&run).len();
+        // A checkpoint and a progress line of this session: under load a
+        // checkpoint can come before the first progress line.
         wait_for(
-            "a checkpoint of this session",
+            "a checkpoint and a progress line of this session",
             std::time::Duration::from_secs(60),
-            || learner::checkpoint::list(&run).len() > before,
+            || {
+                learner::checkpoint::list(&run).len() > before
+                    && std::fs::read_to_string(&log).is_ok_and(|t| {
+                        t.contains("measured, plans") && t.contains("env steps/s, eta")
+                    })
+            },
         );
         let sent = Command::new("kill")
             .args([signal, &child.id().to_string()])

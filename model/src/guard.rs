@@ -505,8 +505,8 @@ fn fallback(c: &[Candidate], h: usize, doubtful: bool, margin: f64) -> usize {
 }
 
 /// Whether every member predicts `a` cheaper than `b` by `margin` (a
-/// share of `b`).
-fn cheaper_by(a: &Candidate, b: &Candidate, margin: f64) -> bool {
+/// share of `b`): the guard's test of a learned plan.
+pub fn cheaper_by(a: &Candidate, b: &Candidate, margin: f64) -> bool {
     a.predicted
         .iter()
         .zip(&b.predicted)

@@ -398,9 +398,18 @@ fn pretrain_then_fine_tune_then_plan_verified_on_sim() {
         pre_cfg.to_str().unwrap(),
         "--run-dir",
         pre.to_str().unwrap(),
+        "--threads",
+        "1",
     ]);
     assert!(ok, "{err}");
     assert!(stdout.contains("held-out relative error"), "{stdout}");
+    assert!(stdout.contains("on 1 libtorch thread;"), "{stdout}");
+    // Six tasks hold none out (every 20th is): said so, not a NaN.
+    assert!(err.contains("holds out no task"), "{err}");
+    assert!(
+        stdout.contains("none (no task held out)") && !stdout.contains("NaN"),
+        "{stdout}"
+    );
     assert!(pre.join("stage1/checkpoints").is_dir() && pre.join("data/pretrain.json").is_file());
     // A second start on the same folder is refused; a resume of a finished
     // run has nothing left to do.
@@ -716,6 +725,20 @@ fn a_measurement_budget_is_spread_over_the_rounds() {
     ]);
     assert!(!ok && err.contains("drop --measurements"), "{err}");
     assert!(!run.exists(), "a refused run leaves no folder");
+    // --threads is pretrain's: train refuses it, and none is not a count.
+    let (ok, _, err) = train(&["--threads", "2"]);
+    assert!(!ok && err.contains("drop --threads"), "{err}");
+    assert!(!run.exists(), "a refused run leaves no folder");
+    let (ok, _, err) = learner(&[
+        "pretrain",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--run-dir",
+        run.to_str().unwrap(),
+        "--threads",
+        "0",
+    ]);
+    assert!(!ok && err.contains("must be 1 or more"), "{err}");
     // The config measures 3 a round; the budget makes it 5.
     let (ok, out, err) = train(&["--measurements", "10"]);
     assert!(ok, "{err}");

@@ -111,6 +111,8 @@ pub enum Command {
     /// Example, a learner that processes join (scripts/launch.sh starts them):
     ///
     ///   learner train --config configs/default.toml --run-dir runs/big --bind tcp://10.0.0.5:5555 --actors 0 --benchworkers 0
+    // --threads is pretrain's (refused here): not shown.
+    #[command(mut_arg("threads", |a| a.hide(true)))]
     Train(TrainArgs),
     /// Pre-train a model across the whole table space, on `sim`.
     ///
@@ -376,6 +378,14 @@ pub struct TrainArgs {
     /// A new run only; not for pretrain (pretrain.seed).
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole)]
     pub seed: Option<usize>,
+    /// libtorch threads for pretrain's stage 1, its cost-network steps
+    /// (default: every core this process may use, which honours `taskset`
+    /// and Slurm's --cpus-per-task). Two pre-trainings on the same cores
+    /// each take them all and slow each other several times over: give
+    /// each its share. Not for train: its learner and its actor and
+    /// benchworker threads use one libtorch thread each.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = at_least_one)]
+    pub threads: Option<usize>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -453,6 +463,11 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Generate(args) => eval::generate(args, out),
         Command::Eval(args) => eval::eval(args, out),
         Command::Train(mut args) => {
+            anyhow::ensure!(
+                args.threads.is_none(),
+                "--threads sets pretrain's stage 1; train's learner and its actor and \
+                 benchworker threads use one libtorch thread each: drop --threads"
+            );
             args.resolve()?;
             train::train(args, out)
         }

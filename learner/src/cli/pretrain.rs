@@ -73,7 +73,10 @@ pub(super) fn pretrain(mut args: TrainArgs, out: &mut dyn Write) -> anyhow::Resu
     // Stage 2 under way: stage 1 is done (and a shipped model's stage 1
     // is left out of it).
     if crate::checkpoint::list(&dir).is_empty() {
-        stage_one(&cfg, &tasks, &stage1, &bulk, &held, out)?;
+        let threads = args.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        });
+        stage_one(&cfg, &tasks, &stage1, &bulk, &held, threads, out)?;
     }
     // Stage 2: Algorithm 1 on the same tasks from stage 1's networks.
     let resume_stage2 = dir.join(RunDir::CONFIG).exists();
@@ -86,13 +89,15 @@ pub(super) fn pretrain(mut args: TrainArgs, out: &mut dyn Write) -> anyhow::Resu
 
 /// Stage 1 of `pretrain`: the cost network fitted to the bulk, in
 /// `stage1` (a run folder of its own: resumable, and what stage 2 starts
-/// from). Nothing to do when its newest checkpoint has every step.
+/// from), on `threads` libtorch threads. Nothing to do when its newest
+/// checkpoint has every step.
 fn stage_one(
     cfg: &Config,
     tasks: &[common::Task],
     stage1: &Path,
     bulk: &[model::loss::CostSample],
     held: &[model::loss::CostSample],
+    threads: usize,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     use crate::checkpoint;
@@ -101,12 +106,7 @@ fn stage_one(
     common::fs::create_dir_durable(stage1)
         .with_context(|| format!("creating {}", stage1.display()))?;
     let _lock = RunLock::take(stage1)?;
-    tch::set_num_threads(
-        std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .try_into()
-            .unwrap_or(1),
-    );
+    tch::set_num_threads(threads.try_into().unwrap_or(i32::MAX));
     let mut trainer = match checkpoint::load_latest(cfg, stage1)? {
         Some(loaded) => {
             let (cost_state, _) = checkpoint::split_optimizer(loaded.optimizer);
@@ -127,6 +127,14 @@ fn stage_one(
         shapes.write(stage1)?;
     }
     trainer.prior = bulk.to_vec();
+    if held.is_empty() {
+        tracing::warn!(
+            "pretrain.tasks = {} holds out no task (every {}th is): stage 1 cannot report its \
+             error on tasks it never trained on",
+            tasks.len(),
+            crate::pretrain::HOLD_OUT
+        );
+    }
     let before = crate::pretrain::relative_error(&trainer.model, held);
     let rounds = cfg.pretrain.search_rounds;
     let share = steps / (rounds + 1);
@@ -141,13 +149,12 @@ fn stage_one(
         while rounds_done < due {
             rounds_done += 1;
             let (found, held_found) = crate::pretrain::searched(&trainer.model, cfg, tasks)?;
-            let (mean, p90) = crate::pretrain::relative_error(&trainer.model, &held_found);
+            let error = crate::pretrain::relative_error(&trainer.model, &held_found);
             tracing::info!(
                 "stage 1: search round {rounds_done}/{rounds}: {} plans found and measured; \
-                 error on those of held-out tasks {:.1} % (p90 {:.1} %)",
+                 error on those of held-out tasks {}",
                 found.len() + held_found.len(),
-                mean * 100.0,
-                p90 * 100.0
+                percent(error)
             );
             match cfg.pretrain.found_share {
                 Some(_) => trainer.focus.extend(found),
@@ -160,17 +167,9 @@ fn stage_one(
         let at = trainer.counters.cost_steps;
         if at % EVERY == 0 || at == steps {
             checkpoint::save(stage1, &trainer, 2)?;
-            let (mean, p90) = crate::pretrain::relative_error(&trainer.model, held);
-            bar.set_message(format!(
-                "held-out error {:.1} % (p90 {:.1} %)",
-                mean * 100.0,
-                p90 * 100.0
-            ));
-            tracing::info!(
-                "stage 1: {at}/{steps} cost steps; held-out relative error {:.1} % (p90 {:.1} %)",
-                mean * 100.0,
-                p90 * 100.0
-            );
+            let error = percent(crate::pretrain::relative_error(&trainer.model, held));
+            bar.set_message(format!("held-out error {error}"));
+            tracing::info!("stage 1: {at}/{steps} cost steps; held-out relative error {error}");
         }
         if stop.load(std::sync::atomic::Ordering::Relaxed) {
             checkpoint::save(stage1, &trainer, 2)?;
@@ -189,16 +188,25 @@ fn stage_one(
     let searched = crate::pretrain::relative_error(&trainer.model, &held_found);
     writeln!(
         out,
-        "stage 1: {done_here} cost steps in {:.1} s; held-out relative error of the iteration \
-         cost {:.1} % (p90 {:.1} %), {:.1} % before; on the plans its search finds for \
-         held-out tasks {:.1} % (p90 {:.1} %)",
+        "stage 1: {done_here} cost steps in {:.1} s on {threads} libtorch thread{}; held-out \
+         relative error of the iteration cost {}, {} before; on the plans its search \
+         finds for held-out tasks {}",
         start.elapsed().as_secs_f64(),
-        after.0 * 100.0,
-        after.1 * 100.0,
-        before.0 * 100.0,
-        searched.0 * 100.0,
-        searched.1 * 100.0
+        if threads == 1 { "" } else { "s" },
+        percent(after),
+        percent(before),
+        percent(searched)
     )?;
     tch::set_num_threads(1);
     Ok(())
+}
+
+/// A relative error (mean, p90) as a percentage, or why there is none:
+/// with fewer than `HOLD_OUT` tasks, no task is held out.
+fn percent((mean, p90): (f64, f64)) -> String {
+    if mean.is_nan() {
+        "none (no task held out)".into()
+    } else {
+        format!("{:.1} % (p90 {:.1} %)", mean * 100.0, p90 * 100.0)
+    }
 }

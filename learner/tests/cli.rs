@@ -714,31 +714,29 @@ fn a_measurement_budget_is_spread_over_the_rounds() {
     );
     let (ok, _, err) = train(&["--measurements", "2000000000000"]);
     assert!(!ok && err.contains("must lie in 1..=1000000"), "{err}");
-    let (ok, _, err) = learner(&[
-        "pretrain",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--run-dir",
-        run.to_str().unwrap(),
-        "--measurements",
-        "10",
-    ]);
+    let pretrain = |extra: &[&str]| {
+        let mut a = vec![
+            "pretrain",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--run-dir",
+            run.to_str().unwrap(),
+        ];
+        a.extend_from_slice(extra);
+        learner(&a)
+    };
+    let (ok, _, err) = pretrain(&["--measurements", "10"]);
     assert!(!ok && err.contains("drop --measurements"), "{err}");
     assert!(!run.exists(), "a refused run leaves no folder");
     // --threads is pretrain's: train refuses it, and none is not a count.
     let (ok, _, err) = train(&["--threads", "2"]);
     assert!(!ok && err.contains("drop --threads"), "{err}");
     assert!(!run.exists(), "a refused run leaves no folder");
-    let (ok, _, err) = learner(&[
-        "pretrain",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--run-dir",
-        run.to_str().unwrap(),
-        "--threads",
-        "0",
-    ]);
+    let (ok, _, err) = pretrain(&["--threads", "0"]);
     assert!(!ok && err.contains("must be 1 or more"), "{err}");
+    let (ok, _, err) = pretrain(&["--threads", "5000000000"]);
+    assert!(!ok && err.contains("more than libtorch takes"), "{err}");
+    assert!(!run.exists(), "a refused run leaves no folder");
     // The config measures 3 a round; the budget makes it 5.
     let (ok, out, err) = train(&["--measurements", "10"]);
     assert!(ok, "{err}");

@@ -123,8 +123,8 @@ pub enum Command {
     /// and skewed ones, and the plans a local search visits) and fits the
     /// cost network to them for pretrain.cost_steps steps, reporting its
     /// error on held-out tasks; stage 2 is `learner train` on the same
-    /// tasks from stage 1's networks (the same options: threads, --bind,
-    /// --resume). The result is a run folder that `plan`, `eval` and `train
+    /// tasks from stage 1's networks (the same options: --actors,
+    /// --benchworkers, --bind, --resume). The result is a run folder that `plan`, `eval` and `train
     /// --init` take; the shipped one is models/pretrained (README).
     ///
     /// Example:

@@ -31,6 +31,11 @@ pub(super) fn pretrain(mut args: TrainArgs, out: &mut dyn Write) -> anyhow::Resu
         "pretrain draws its tasks and plans with pretrain.seed (set it in the \
          configuration): drop --seed"
     );
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let threads = i32::try_from(threads)
+        .with_context(|| format!("--threads {threads}: more than libtorch takes"))?;
     let stage1 = dir.join(pretrain::STAGE1);
     let cfg = if args.resume && dir.join(RunDir::CONFIG).exists() {
         Config::load_run(&dir.join(RunDir::CONFIG))?
@@ -73,10 +78,9 @@ pub(super) fn pretrain(mut args: TrainArgs, out: &mut dyn Write) -> anyhow::Resu
     // Stage 2 under way: stage 1 is done (and a shipped model's stage 1
     // is left out of it).
     if crate::checkpoint::list(&dir).is_empty() {
-        let threads = args.threads.unwrap_or_else(|| {
-            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-        });
         stage_one(&cfg, &tasks, &stage1, &bulk, &held, threads, out)?;
+    } else if args.threads.is_some() {
+        tracing::warn!("stage 1 is done: --threads has nothing to set in stage 2");
     }
     // Stage 2: Algorithm 1 on the same tasks from stage 1's networks.
     let resume_stage2 = dir.join(RunDir::CONFIG).exists();
@@ -97,7 +101,7 @@ fn stage_one(
     stage1: &Path,
     bulk: &[model::loss::CostSample],
     held: &[model::loss::CostSample],
-    threads: usize,
+    threads: i32,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     use crate::checkpoint;
@@ -106,7 +110,7 @@ fn stage_one(
     common::fs::create_dir_durable(stage1)
         .with_context(|| format!("creating {}", stage1.display()))?;
     let _lock = RunLock::take(stage1)?;
-    tch::set_num_threads(threads.try_into().unwrap_or(i32::MAX));
+    tch::set_num_threads(threads);
     let mut trainer = match checkpoint::load_latest(cfg, stage1)? {
         Some(loaded) => {
             let (cost_state, _) = checkpoint::split_optimizer(loaded.optimizer);
@@ -135,7 +139,7 @@ fn stage_one(
             crate::pretrain::HOLD_OUT
         );
     }
-    let before = crate::pretrain::relative_error(&trainer.model, held);
+    let before = held_out_error(&trainer.model, held);
     let rounds = cfg.pretrain.search_rounds;
     let share = steps / (rounds + 1);
     let mut rounds_done = 0;
@@ -149,12 +153,12 @@ fn stage_one(
         while rounds_done < due {
             rounds_done += 1;
             let (found, held_found) = crate::pretrain::searched(&trainer.model, cfg, tasks)?;
-            let error = crate::pretrain::relative_error(&trainer.model, &held_found);
+            let error = held_out_error(&trainer.model, &held_found);
             tracing::info!(
                 "stage 1: search round {rounds_done}/{rounds}: {} plans found and measured; \
                  error on those of held-out tasks {}",
                 found.len() + held_found.len(),
-                percent(error)
+                error
             );
             match cfg.pretrain.found_share {
                 Some(_) => trainer.focus.extend(found),
@@ -167,7 +171,7 @@ fn stage_one(
         let at = trainer.counters.cost_steps;
         if at % EVERY == 0 || at == steps {
             checkpoint::save(stage1, &trainer, 2)?;
-            let error = percent(crate::pretrain::relative_error(&trainer.model, held));
+            let error = held_out_error(&trainer.model, held);
             bar.set_message(format!("held-out error {error}"));
             tracing::info!("stage 1: {at}/{steps} cost steps; held-out relative error {error}");
         }
@@ -183,30 +187,28 @@ fn stage_one(
         }
     }
     bar.finish_and_clear();
-    let after = crate::pretrain::relative_error(&trainer.model, held);
+    let after = held_out_error(&trainer.model, held);
     let (_, held_found) = crate::pretrain::searched(&trainer.model, cfg, tasks)?;
-    let searched = crate::pretrain::relative_error(&trainer.model, &held_found);
+    let searched = held_out_error(&trainer.model, &held_found);
     writeln!(
         out,
         "stage 1: {done_here} cost steps in {:.1} s on {threads} libtorch thread{}; held-out \
-         relative error of the iteration cost {}, {} before; on the plans its search \
-         finds for held-out tasks {}",
+         relative error of the iteration cost {after}, {before} before; on the plans its \
+         search finds for held-out tasks {searched}",
         start.elapsed().as_secs_f64(),
         if threads == 1 { "" } else { "s" },
-        percent(after),
-        percent(before),
-        percent(searched)
     )?;
     tch::set_num_threads(1);
     Ok(())
 }
 
-/// A relative error (mean, p90) as a percentage, or why there is none:
-/// with fewer than `HOLD_OUT` tasks, no task is held out.
-fn percent((mean, p90): (f64, f64)) -> String {
-    if mean.is_nan() {
-        "none (no task held out)".into()
-    } else {
-        format!("{:.1} % (p90 {:.1} %)", mean * 100.0, p90 * 100.0)
+/// The network's relative error on held-out `samples` (mean and p90) as
+/// percentages, or why there is none: with fewer than `HOLD_OUT` tasks, no
+/// task is held out.
+fn held_out_error(model: &model::Model, samples: &[model::loss::CostSample]) -> String {
+    if samples.is_empty() {
+        return "none (no task held out)".into();
     }
+    let (mean, p90) = crate::pretrain::relative_error(model, samples);
+    format!("{:.1} % (p90 {:.1} %)", mean * 100.0, p90 * 100.0)
 }

@@ -473,3 +473,61 @@ fn generate_splits_the_users_pool_and_draws_the_suites_from_it() {
         "{err}"
     );
 }
+
+/// `scripts/eval-summary.py` puts several suites together in a last row:
+/// percentages averaged over the suites, the worst task of all, counts
+/// summed (the cells docs/results.md gives for the held-out suites).
+#[test]
+fn eval_summary_puts_the_suites_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = |suite: &str, best: &str, costs: [(&str, [f64; 2]); 4]| {
+        let methods: serde_json::Map<String, serde_json::Value> = costs
+            .iter()
+            .map(|(m, c)| (m.to_string(), serde_json::json!({ "per_task_ms": c })))
+            .collect();
+        serde_json::json!({ "suite": suite, "best_heuristic": best, "methods": methods })
+            .to_string()
+    };
+    // Suite a: level with lookup overall, one task 10 % behind it; 11.1 %
+    // behind search. Suite b: 10 % ahead of torchrec, no task behind; level
+    // with search.
+    let a = report(
+        "a.json",
+        "lookup",
+        [
+            ("policy", [9.0, 11.0]),
+            ("lookup", [10.0, 10.0]),
+            ("torchrec", [10.0, 12.0]),
+            ("search", [9.0, 9.0]),
+        ],
+    );
+    let b = report(
+        "b.json",
+        "torchrec",
+        [
+            ("policy", [8.0, 10.0]),
+            ("lookup", [12.0, 10.05]),
+            ("torchrec", [10.0, 10.0]),
+            ("search", [8.0, 10.0]),
+        ],
+    );
+    let path = dir.path().join("eval.jsonl");
+    std::fs::write(&path, format!("{a}\n{b}\n")).unwrap();
+    let (ok, out, err) = run_script("eval-summary.py", &[path.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let row = |name: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("| {name}")))
+            .unwrap_or_else(|| panic!("no row {name}: {out}"))
+            .to_string()
+    };
+    assert!(
+        row("a.json").contains("| +0.00 % | +11.11 % | +11.11 % | +10.00 % | 1 |"),
+        "{out}"
+    );
+    assert_eq!(
+        row("all"),
+        "| all: 2 suites, 4 tasks | | -5.00 % | +5.56 % | +5.56 % | +10.00 % | 1 | +10.00 % | 1 | 0 |",
+        "{out}"
+    );
+}

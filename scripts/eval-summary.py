@@ -100,5 +100,6 @@ def cells(row, cols):
         out.append("-" if v is None else (f"{v:+.2f} %" if isinstance(v, float) else str(v)))
     return " | ".join(out)
 
+
 if __name__ == "__main__":
     main()

@@ -124,8 +124,9 @@ pub enum Command {
     /// cost network to them for pretrain.cost_steps steps, reporting its
     /// error on held-out tasks; stage 2 is `learner train` on the same
     /// tasks from stage 1's networks (the same options: --actors,
-    /// --benchworkers, --bind, --resume). The result is a run folder that `plan`, `eval` and `train
-    /// --init` take; the shipped one is models/pretrained (README).
+    /// --benchworkers, --bind, --resume). The result is a run folder that
+    /// `plan`, `eval` and `train --init` take; the shipped one is
+    /// models/pretrained (README).
     ///
     /// Example:
     ///
@@ -379,8 +380,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole)]
     pub seed: Option<usize>,
     /// libtorch threads for pretrain's stage 1, its cost-network steps
-    /// (default: every core this process may use, which honours `taskset`
-    /// and Slurm's --cpus-per-task). Two pre-trainings on the same cores
+    /// (default: every core this process may use; `taskset` and cgroup
+    /// limits count). Two pre-trainings on the same cores
     /// each take them all and slow each other several times over: give
     /// each its share. Not for train: its learner and its actor and
     /// benchworker threads use one libtorch thread each.

@@ -29,7 +29,10 @@
 //!    estimate of a network's epistemic uncertainty; Lakshminarayanan et
 //!    al., 2017). The margin is for the search's optimism: it picks the
 //!    plans the network underrates, so the learned plan's prediction runs
-//!    lower than a heuristic plan's (the winner's curse).
+//!    lower than a heuristic plan's (the winner's curse). Of the ends of
+//!    its searches that win so, and that the network predicts within
+//!    `model.plan_tie` (1 %) of the lowest, the least crowded is returned
+//!    (`least_crowded`): the network predicts crowded devices low.
 //! 4. With an oracle at hand (`plan --verify`), the final candidates are
 //!    measured and the measured best is returned. They include the other
 //!    ends of `plan`'s searches ([`add_basins`]): the network ranks them
@@ -244,10 +247,10 @@ pub fn plan(
     task: &Task,
     mem: &MemoryModel,
 ) -> anyhow::Result<Guarded> {
-    let (learned, infeasible, episodes) = model.plan_keeping(task, mem);
+    let kept = model.plan_keeping(task, mem);
     let mut candidates = Vec::new();
-    if !infeasible {
-        candidates.push((POLICY, learned));
+    if !kept.infeasible {
+        candidates.push((POLICY, kept.plan));
     }
     let found = HEURISTICS.iter().map(|&m| {
         (
@@ -266,8 +269,25 @@ pub fn plan(
          device; try more devices or memory",
         task.memory_gb
     );
-    let plans: Vec<&Plan> = candidates.iter().map(|(_, p)| p).collect();
-    let predicted = model.member_costs_for(&episodes, &task.tables, &plans);
+    // The other ends of the searches, priced with the candidates, for
+    // the choice between near-equal learned plans (`least_crowded`).
+    let others: Vec<Plan> = match candidates.first() {
+        Some((POLICY, _)) => kept.others.into_iter(),
+        _ => Vec::new().into_iter(),
+    }
+    .map(|assignment| Plan {
+        devices: task.devices,
+        assignment,
+    })
+    .filter(|o| candidates.iter().all(|(_, p)| p != o))
+    .collect();
+    let plans: Vec<&Plan> = candidates.iter().map(|(_, p)| p).chain(&others).collect();
+    let mut predicted = model.member_costs_for(&kept.episodes, &task.tables, &plans);
+    let others: Vec<Candidate> = others
+        .into_iter()
+        .zip(predicted.split_off(candidates.len()))
+        .map(|(plan, predicted)| Candidate::new(POLICY, plan, predicted))
+        .collect();
     let candidates: Vec<Candidate> = candidates
         .into_iter()
         .zip(predicted)
@@ -291,6 +311,17 @@ pub fn plan(
     };
     let margin = model.plan_cfg.plan_margin;
     guarded.chosen = choose(&guarded, margin);
+    if let (0, Some(h), true) = (
+        guarded.chosen,
+        guarded.best_heuristic(),
+        guarded.doubts.is_empty(),
+    ) {
+        let rival = &guarded.candidates[h];
+        let tie = model.plan_cfg.plan_tie;
+        if let Some(k) = least_crowded(&guarded.candidates[0], &others, rival, margin, tie) {
+            guarded.candidates[0] = others.into_iter().nth(k).expect("an index of others");
+        }
+    }
     if guarded.candidates[0].method == POLICY && guarded.chosen != 0 && guarded.doubts.is_empty() {
         let (learned, h) = (&guarded.candidates[0], &guarded.candidates[guarded.chosen]);
         if let Some(why) = disagreement(learned, h, margin) {
@@ -298,6 +329,63 @@ pub fn plan(
         }
     }
     Ok(guarded)
+}
+
+/// Which of `others` (the other ends of `plan`'s searches) to return in
+/// place of `learned`, the learned plan the guard chose over `rival`, the
+/// best heuristic plan: of the plans every member predicts cheaper than
+/// `rival` by `margin`, those whose mean prediction lies within `tie` (a
+/// share, `model.plan_tie`) of the lowest, the one with the fewest tables
+/// on its most crowded device (the lower mean prediction, then `learned`,
+/// on a tie). `None` keeps `learned`, as does a `tie` of 0.
+///
+/// Why: the network predicts crowded devices low (docs/results.md, "The
+/// exchange reads the task"; `space-trace-0009` of "Fresh draws and other
+/// shapes": 44 tables on a device, its forward predicted 26 % low). Plans
+/// it predicts within 1 % of each other are a tie within its error, and
+/// the less crowded one is the safer pick ("Near ties go to the less
+/// crowded plan").
+fn least_crowded(
+    learned: &Candidate,
+    others: &[Candidate],
+    rival: &Candidate,
+    margin: f64,
+    tie: f64,
+) -> Option<usize> {
+    if tie <= 0.0 {
+        return None;
+    }
+    let passing: Vec<(Option<usize>, &Candidate)> = std::iter::once((None, learned))
+        .chain(
+            others
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| cheaper_by(o, rival, margin))
+                .map(|(k, o)| (Some(k), o)),
+        )
+        .collect();
+    let lowest = passing
+        .iter()
+        .map(|(_, c)| c.mean())
+        .fold(f64::INFINITY, f64::min);
+    passing
+        .into_iter()
+        .filter(|(_, c)| c.mean() <= lowest + tie * lowest.abs())
+        .min_by(|(_, a), (_, b)| {
+            most_on_a_device(&a.plan)
+                .cmp(&most_on_a_device(&b.plan))
+                .then(a.mean().total_cmp(&b.mean()))
+        })
+        .and_then(|(k, _)| k)
+}
+
+/// The tables on `plan`'s most crowded device.
+fn most_on_a_device(plan: &Plan) -> usize {
+    let mut on = vec![0usize; plan.devices];
+    for &d in &plan.assignment {
+        on[d] += 1;
+    }
+    on.into_iter().max().unwrap_or(0)
 }
 
 /// A trained run that `plan` places with: its model, and the shapes it
@@ -660,6 +748,106 @@ mod tests {
             doubts: doubts.iter().map(|s| s.to_string()).collect(),
             notes: Vec::new(),
         }
+    }
+
+    fn laid(assignment: &[usize], predicted: &[f64]) -> Candidate {
+        let plan = Plan {
+            devices: 2,
+            assignment: assignment.to_vec(),
+        };
+        Candidate::new(POLICY, plan, predicted.to_vec())
+    }
+
+    #[test]
+    fn near_ties_go_to_the_less_crowded_plan() {
+        let rival = cand("lookup", &[10.0, 10.0]);
+        // Three tables on one device, predicted lowest.
+        let learned = laid(&[0, 0, 0, 1], &[9.0, 9.0]);
+        let (tie, margin) = (0.01, 0.02);
+        let balanced_near = laid(&[0, 0, 1, 1], &[9.05, 9.05]);
+        let balanced_far = laid(&[0, 1, 0, 1], &[9.2, 9.2]);
+        let others = [balanced_far.clone(), balanced_near.clone()];
+        assert_eq!(
+            least_crowded(&learned, &others, &rival, margin, tie),
+            Some(1),
+            "within 1 % and less crowded"
+        );
+        assert_eq!(least_crowded(&learned, &others, &rival, margin, 0.0), None);
+        assert_eq!(
+            least_crowded(&learned, &others[..1], &rival, margin, tie),
+            None,
+            "2.2 % dearer is no tie"
+        );
+        assert_eq!(
+            least_crowded(&learned, &others[..1], &rival, margin, 0.05),
+            Some(0)
+        );
+        // Within the tie on the mean, but one member predicts it under the
+        // margin against the rival: it does not compete.
+        let doubtful = laid(&[0, 0, 1, 1], &[9.81, 8.3]);
+        assert_eq!(
+            least_crowded(&learned, &[doubtful], &rival, margin, tie),
+            None
+        );
+        // As crowded: the lower prediction, and the learned plan on a
+        // full tie.
+        let as_crowded = laid(&[1, 1, 1, 0], &[8.95, 8.95]);
+        assert_eq!(
+            least_crowded(&learned, &[as_crowded], &rival, margin, tie),
+            Some(0)
+        );
+        let same = laid(&[1, 1, 1, 0], &[9.0, 9.0]);
+        assert_eq!(least_crowded(&learned, &[same], &rival, margin, tie), None);
+        assert_eq!(most_on_a_device(&learned.plan), 3);
+        assert_eq!(most_on_a_device(&balanced_near.plan), 2);
+    }
+
+    /// `plan` returns, of its searches' ends that pass the guard's test,
+    /// the least crowded within `model.plan_tie` of the lowest prediction;
+    /// with `plan_tie = 0`, `Model::plan`'s plan.
+    #[test]
+    fn the_guard_returns_the_least_crowded_end_of_the_near_ties() {
+        let mut swapped = 0;
+        for k in [0, 30, 60, 90] {
+            let (mut cfg, task) = small_task(k);
+            cfg.model.plan_margin = 0.0;
+            cfg.model.plan_tie = 0.1;
+            tch::manual_seed(k as i64);
+            let mut model = Model::new(&cfg);
+            let g = plan(&model, None, &task, &cfg.memory).unwrap();
+            let lowest = model.plan(&task, &cfg.memory).0;
+            model.plan_cfg.plan_tie = 0.0;
+            let g_off = plan(&model, None, &task, &cfg.memory).unwrap();
+            assert_eq!(g_off.candidates[0].plan, lowest, "no tie: the lowest");
+            model.plan_cfg.plan_tie = 0.1;
+            if g.chosen != 0 {
+                continue;
+            }
+            let learned = &g.candidates[0];
+            let ends = model.basins(&task, &cfg.memory);
+            assert!(ends.contains(&learned.plan.assignment));
+            let rival = &g.candidates[g.best_heuristic().unwrap()];
+            let plans: Vec<Plan> = ends
+                .into_iter()
+                .map(|assignment| Plan {
+                    devices: task.devices,
+                    assignment,
+                })
+                .collect();
+            let priced = model.member_costs(&task.tables, &plans.iter().collect::<Vec<_>>());
+            let ends: Vec<Candidate> = plans
+                .into_iter()
+                .zip(priced)
+                .map(|(p, c)| Candidate::new(POLICY, p, c))
+                .filter(|c| cheaper_by(c, rival, 0.0))
+                .collect();
+            let low = ends.iter().map(|c| c.mean()).fold(f64::INFINITY, f64::min);
+            for e in ends.iter().filter(|e| e.mean() < low * 1.1 - 1e-6) {
+                assert!(most_on_a_device(&e.plan) >= most_on_a_device(&learned.plan));
+            }
+            swapped += usize::from(learned.plan != lowest);
+        }
+        assert!(swapped > 0, "no task had a less crowded near tie");
     }
 
     #[test]

@@ -11,6 +11,20 @@ use crate::mdp::{MdpTask, PlainEpisodes};
 use crate::model::Model;
 use crate::tensor_vec;
 
+/// What [`Model::plan_keeping`] keeps of a task it placed.
+pub struct Kept {
+    /// [`Model::plan`]'s plan.
+    pub plan: Plan,
+    /// Whether it overran memory.
+    pub infeasible: bool,
+    /// The networks' plain copies for the task.
+    pub episodes: PlainEpisodes,
+    /// The other distinct ends of its searches, cheapest predicted first
+    /// (as [`Model::basins`] gives them, less the plan): empty where it
+    /// does not search from every start.
+    pub others: Vec<Vec<usize>>,
+}
+
 /// One of `plan`'s searches: its start, whether the start overran memory,
 /// and the plan the search kept with its predicted cost (none for a start
 /// that does not fit).
@@ -33,35 +47,38 @@ impl Model {
     /// plans and a piled plan instead. With one candidate and no moves or
     /// search, the greedy episode as it is.
     pub fn plan(&self, task: &Task, mem: &common::MemoryModel) -> (Plan, bool) {
-        let (plan, infeasible, _) = self.plan_keeping(task, mem);
-        (plan, infeasible)
+        let kept = self.plan_keeping(task, mem);
+        (kept.plan, kept.infeasible)
     }
 
     /// [`Model::plan`], with the networks' plain copies for the task it
     /// planned, for predicting more plans of it
-    /// ([`Model::member_costs_for`]) without computing them again.
-    pub fn plan_keeping(
-        &self,
-        task: &Task,
-        mem: &common::MemoryModel,
-    ) -> (Plan, bool, PlainEpisodes) {
+    /// ([`Model::member_costs_for`]) without computing them again, and the
+    /// other ends of its searches.
+    pub fn plan_keeping(&self, task: &Task, mem: &common::MemoryModel) -> Kept {
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), mem);
         // The greedy episode and the sampled ones: plain arrays, no libtorch
         // call per step, sample `i` seeded by `i` (reproducible, whatever
         // the threads).
         let episodes = PlainEpisodes::new(&self.policy, &self.cost, &mdp);
-        let (plan, infeasible) = self.plan_with(task, mem, &mdp, &episodes);
-        (plan, infeasible, episodes)
+        let (plan, infeasible, others) = self.plan_with(task, mem, &mdp, &episodes);
+        Kept {
+            plan,
+            infeasible,
+            episodes,
+            others,
+        }
     }
 
-    /// [`Model::plan`] once the task's episodes are ready.
+    /// [`Model::plan`] once the task's episodes are ready, with the other
+    /// ends of its searches where it searches from every start.
     fn plan_with(
         &self,
         task: &Task,
         mem: &common::MemoryModel,
         mdp: &MdpTask,
         episodes: &PlainEpisodes,
-    ) -> (Plan, bool) {
+    ) -> (Plan, bool, Vec<Vec<usize>>) {
         let c = &self.plan_cfg;
         let k = c.plan_samples.max(1);
         // Moves and search need per-device costs composed into the overall.
@@ -88,6 +105,7 @@ impl Model {
                     assignment,
                 },
                 infeasible,
+                Vec::new(),
             );
         }
         // The cost network's table representations once; each candidate's
@@ -144,6 +162,7 @@ impl Model {
                         assignment,
                     },
                     false,
+                    Vec::new(),
                 );
             }
         }
@@ -161,6 +180,7 @@ impl Model {
                 assignment,
             },
             infeasible,
+            Vec::new(),
         )
     }
 
@@ -248,8 +268,9 @@ impl Model {
         mem: &common::MemoryModel,
         episodes: &PlainEpisodes,
         starts: Vec<Vec<usize>>,
-    ) -> (Plan, bool) {
+    ) -> (Plan, bool, Vec<Vec<usize>>) {
         let mut done = self.searches_each(task, mem, episodes, starts);
+        let mut others = ends(&done);
         let best = (done.iter().enumerate())
             .filter_map(|(i, (_, _, found))| found.as_ref().map(|f| (i, f.1)))
             .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
@@ -263,12 +284,14 @@ impl Model {
                 (greedy, infeasible)
             }
         };
+        others.retain(|o| *o != assignment);
         (
             Plan {
                 devices: task.devices,
                 assignment,
             },
             infeasible,
+            others,
         )
     }
 
@@ -332,14 +355,7 @@ impl Model {
         if !self.searches_every_start(task.devices) {
             return Vec::new();
         }
-        let mut found: Vec<(Vec<usize>, f64)> = self
-            .searches_each(task, mem, episodes, self.search_starts(task, mem))
-            .into_iter()
-            .filter_map(|(_, _, found)| found.filter(|f| f.1.is_finite()))
-            .collect();
-        // Stable: the first of equal predictions stays first, as in `plan`.
-        found.sort_by(|a, b| a.1.total_cmp(&b.1));
-        distinct(found.into_iter().map(|(plan, _)| plan))
+        ends(&self.searches_each(task, mem, episodes, self.search_starts(task, mem)))
     }
 
     /// Where `plan`'s search on the cost network goes from each of
@@ -515,6 +531,18 @@ impl Model {
 }
 
 /// The plans of `plans` in order, each once.
+/// The distinct plans that `searches` kept with a finite prediction,
+/// cheapest predicted first (the first of equal predictions stays first,
+/// as in `plan`).
+fn ends(searches: &[Searched]) -> Vec<Vec<usize>> {
+    let mut found: Vec<&(Vec<usize>, f64)> = searches
+        .iter()
+        .filter_map(|(_, _, found)| found.as_ref().filter(|f| f.1.is_finite()))
+        .collect();
+    found.sort_by(|a, b| a.1.total_cmp(&b.1));
+    distinct(found.into_iter().map(|(plan, _)| plan.clone()))
+}
+
 fn distinct(plans: impl IntoIterator<Item = Vec<usize>>) -> Vec<Vec<usize>> {
     let mut out: Vec<Vec<usize>> = Vec::new();
     for p in plans {

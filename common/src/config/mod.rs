@@ -688,6 +688,13 @@ mod tests {
         let c =
             Config::from_toml("[model]\ncost_wide_dims = [32, 64]\n", Path::new("c.toml")).unwrap();
         assert_eq!(c.model.cost_wide_dims, [32, 64]);
+        // `plan`'s near-tie share: [0, 0.1].
+        for bad in ["-0.01", "0.2", "nan", "inf"] {
+            refused(&format!("[model]\nplan_tie = {bad}\n"), "model.plan_tie");
+        }
+        let c = Config::from_toml("[model]\nplan_tie = 0\n", Path::new("c.toml")).unwrap();
+        assert_eq!(c.model.plan_tie, 0.0);
+        assert_eq!(Config::default().model.plan_tie, 0.01);
         for bad in [
             "cost_weight_decay = -0.1",
             "cost_lr = 0.5\ncost_weight_decay = 2.0",

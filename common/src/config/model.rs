@@ -98,6 +98,13 @@ pub struct ModelConfig {
     /// predictions run low; the margin was chosen on validation draws of
     /// the table space (docs/results.md, "The guard's margin").
     pub plan_margin: f64,
+    /// Where the learned plan won, `plan` returns, of the ends of its
+    /// searches that win by `plan_margin` too and are predicted within
+    /// this share of the lowest (0.01: 1 %), the one with the fewest
+    /// tables on its most crowded device: the network predicts crowded
+    /// devices low (docs/results.md, "Near ties go to the less crowded
+    /// plan"). 0: the lowest prediction, whatever the crowding.
+    pub plan_tie: f64,
 }
 
 /// How the cost network's table MLP sees a table's work: its lookups
@@ -176,6 +183,7 @@ impl Default for ModelConfig {
             plan_search: 2000,
             plan_search_every_candidate: true,
             plan_margin: 0.02,
+            plan_tie: 0.01,
         }
     }
 }
@@ -246,6 +254,15 @@ impl ModelConfig {
                 format!(
                     "model.plan_margin = {} must lie in [0, 0.5] (a share: 0.02 is 2 %)",
                     self.plan_margin
+                ),
+            ));
+        }
+        if !(self.plan_tie.is_finite() && (0.0..=0.1).contains(&self.plan_tie)) {
+            return Err(InvalidSetting::new(
+                "model.plan_tie",
+                format!(
+                    "model.plan_tie = {} must lie in [0, 0.1] (a share: 0.01 is 1 %)",
+                    self.plan_tie
                 ),
             ));
         }

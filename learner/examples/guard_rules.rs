@@ -1,0 +1,163 @@
+//! How other rules for `plan`'s choice would have fared, replayed on the
+//! same candidates: the learned plan, the heuristics' plans and the other
+//! ends of the searches (basins), each predicted by every member and
+//! measured on `sim`. One row per rule, over all the suites given:
+//!
+//! - `shipped`: what `plan` returns (model::guard::plan). For `plan`
+//!   before its near ties went to the less crowded plan, give a copy of
+//!   the run whose config.toml has `plan_tie = 0` under `[model]`.
+//! - `heuristics only`: the heuristic plan the guard ranks best (its
+//!   highest member prediction), never a learned plan. The floor of any
+//!   rule that trusts the network to rank the heuristics' plans.
+//! - `basins agree (m, k)`: the learned plan only where `plan` would
+//!   return it and at least `k` of the other basins (all where fewer)
+//!   are also predicted cheaper than that heuristic plan by `m` by every
+//!   member; else that heuristic plan.
+//!
+//! Tasks out of distribution keep the guard's own choice in every rule.
+//! Each row: the mean over suites of the total cost against the suite's
+//! best heuristic (the heuristic of lowest total measured cost), the
+//! tasks over 1 % behind the suite's best heuristic and behind their own
+//! best heuristic, the worst task against the suite's best heuristic, and
+//! the learned plans returned.
+//!
+//! cargo run --release --example guard_rules -- RUN_DIR SUITE...
+
+use model::guard::{Candidate, BASIN, HEURISTICS};
+
+/// One task's candidates, measured, and the guard's choice.
+struct Replayed {
+    suite: usize,
+    candidates: Vec<Candidate>,
+    chosen: usize,
+    /// The best heuristic candidate as the guard ranks it (unmeasured).
+    ranked: Option<usize>,
+    out_of_distribution: bool,
+}
+
+type Rule = Box<dyn Fn(&Replayed) -> usize>;
+
+fn main() -> anyhow::Result<()> {
+    tch::set_num_threads(1);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    anyhow::ensure!(args.len() >= 2, "usage: guard_rules RUN_DIR SUITE...");
+    let run = std::path::Path::new(&args[0]);
+    let (cfg, model) = learner::checkpoint::load_run(run)?;
+    let shapes = model::shapes::TrainedShapes::read(run);
+    let mut oracle = benchworker::build(benchworker::Backend::Sim, &cfg)?;
+    let mut tasks = Vec::new();
+    for (suite, path) in args[1..].iter().enumerate() {
+        let loaded = common::Suite::load(std::path::Path::new(path), &cfg.memory)?;
+        for task in &loaded.tasks {
+            let mut g = model::guard::plan(&model, shapes.as_ref(), task, &cfg.memory)?;
+            let (chosen, ranked) = (g.chosen, g.best_heuristic());
+            let out_of_distribution = g.out_of_distribution();
+            model::guard::add_basins(&mut g, &[&model], task, &cfg.memory);
+            model::guard::verify(&mut g, &task.tables, oracle.as_mut())?;
+            tasks.push(Replayed {
+                suite,
+                candidates: g.candidates,
+                chosen,
+                ranked,
+                out_of_distribution,
+            });
+        }
+    }
+    let mut rules: Vec<(String, Rule)> = vec![
+        ("shipped".into(), Box::new(|t: &Replayed| t.chosen)),
+        (
+            "heuristics only".into(),
+            Box::new(|t: &Replayed| match t.out_of_distribution {
+                true => t.chosen,
+                false => t.ranked.unwrap_or(t.chosen),
+            }),
+        ),
+    ];
+    for m in [0.01, 0.02, 0.03] {
+        for k in [2, usize::MAX] {
+            let name = match k {
+                usize::MAX => format!("basins agree ({:.0} %, all)", m * 100.0),
+                k => format!("basins agree ({:.0} %, {k})", m * 100.0),
+            };
+            rules.push((name, Box::new(move |t: &Replayed| agree(t, m, k))));
+        }
+    }
+    println!(
+        "| rule | mean vs suite's best heuristic | tasks > 1 % behind it | > 1 % behind their own \
+         best | worst task | learned plans |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (name, rule) in &rules {
+        println!("| {name} | {} |", score(&tasks, args.len() - 1, rule));
+    }
+    Ok(())
+}
+
+/// [`Replayed::chosen`] where it is a heuristic's plan; else the learned
+/// plan only if `k` of the basins (all where fewer) are predicted cheaper
+/// than the heuristic plan it beat by `m` by every member.
+fn agree(t: &Replayed, m: f64, k: usize) -> usize {
+    let (Some(h), false) = (t.ranked, t.out_of_distribution) else {
+        return t.chosen;
+    };
+    if !t.candidates[t.chosen].learned() {
+        return t.chosen;
+    }
+    let basins: Vec<&Candidate> = t.candidates.iter().filter(|c| c.method == BASIN).collect();
+    let rival = &t.candidates[h];
+    let agreeing = basins
+        .iter()
+        .filter(|b| model::guard::cheaper_by(b, rival, m))
+        .count();
+    if agreeing >= k.min(basins.len()) {
+        t.chosen
+    } else {
+        h
+    }
+}
+
+/// A heuristic's measured cost on a task, where its plan fits.
+fn heuristic(t: &Replayed, name: &str) -> Option<f64> {
+    t.candidates
+        .iter()
+        .find(|c| c.method == name)
+        .and_then(|c| c.measured)
+}
+
+/// A rule's row cells (see the module's doc).
+fn score(tasks: &[Replayed], suites: usize, rule: &Rule) -> String {
+    let (mut means, mut behind_suite, mut behind_own) = (Vec::new(), 0, 0);
+    let (mut worst, mut learned) = (f64::NEG_INFINITY, 0);
+    for s in 0..suites {
+        let of: Vec<&Replayed> = tasks.iter().filter(|t| t.suite == s).collect();
+        let total = |name: &str| -> Option<f64> { of.iter().map(|t| heuristic(t, name)).sum() };
+        let Some((best, _)) = HEURISTICS
+            .iter()
+            .filter_map(|m| total(m.name()).map(|c| (m.name(), c)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+        else {
+            continue;
+        };
+        let (mut ours, mut theirs) = (0.0, 0.0);
+        for t in &of {
+            let c = &t.candidates[rule(t)];
+            learned += usize::from(c.learned());
+            let (Some(got), Some(yard)) = (c.measured, heuristic(t, best)) else {
+                continue;
+            };
+            ours += got;
+            theirs += yard;
+            let pct = (got / yard - 1.0) * 100.0;
+            worst = worst.max(pct);
+            behind_suite += usize::from(pct > 1.0);
+            let own = HEURISTICS
+                .iter()
+                .filter_map(|m| heuristic(t, m.name()))
+                .fold(f64::INFINITY, f64::min);
+            behind_own += usize::from(got > own * 1.01);
+        }
+        means.push((ours / theirs - 1.0) * 100.0);
+    }
+    let mean = means.iter().sum::<f64>() / means.len().max(1) as f64;
+    format!("{mean:+.2} % | {behind_suite} | {behind_own} | {worst:+.2} % | {learned}")
+}

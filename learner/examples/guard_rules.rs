@@ -12,7 +12,8 @@
 //! - `basins agree (m, k)`: the learned plan only where `plan` would
 //!   return it and at least `k` of the other basins (all where fewer)
 //!   are also predicted cheaper than that heuristic plan by `m` by every
-//!   member; else that heuristic plan.
+//!   member; else that heuristic plan. The other basins include the plan
+//!   predicted lowest where `plan` returned a less crowded near tie.
 //!
 //! Tasks out of distribution keep the guard's own choice in every rule.
 //! Each row: the mean over suites of the total cost against the suite's

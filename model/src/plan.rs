@@ -530,7 +530,6 @@ impl Model {
     }
 }
 
-/// The plans of `plans` in order, each once.
 /// The distinct plans that `searches` kept with a finite prediction,
 /// cheapest predicted first (the first of equal predictions stays first,
 /// as in `plan`).
@@ -543,6 +542,7 @@ fn ends(searches: &[Searched]) -> Vec<Vec<usize>> {
     distinct(found.into_iter().map(|(plan, _)| plan.clone()))
 }
 
+/// The plans of `plans` in order, each once.
 fn distinct(plans: impl IntoIterator<Item = Vec<usize>>) -> Vec<Vec<usize>> {
     let mut out: Vec<Vec<usize>> = Vec::new();
     for p in plans {

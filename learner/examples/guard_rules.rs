@@ -9,6 +9,9 @@
 //! - `heuristics only`: the heuristic plan the guard ranks best (its
 //!   highest member prediction), never a learned plan. The floor of any
 //!   rule that trusts the network to rank the heuristics' plans.
+//! - `… heuristics by vote (m)`: where the rule returns a heuristic's
+//!   plan, the plan most heuristics give instead, unless every member
+//!   predicts the best-ranked heuristic plan cheaper than it by `m`.
 //! - `basins agree (m, k)`: the learned plan only where `plan` would
 //!   return it and at least `k` of the other basins (all where fewer)
 //!   are also predicted cheaper than that heuristic plan by `m` by every
@@ -74,6 +77,16 @@ fn main() -> anyhow::Result<()> {
             }),
         ),
     ];
+    for m in [0.0, 0.02, 0.05] {
+        rules.push((
+            format!("shipped, heuristics by vote ({:.0} %)", m * 100.0),
+            Box::new(move |t: &Replayed| voted(t, t.chosen, m)),
+        ));
+        rules.push((
+            format!("heuristics only, by vote ({:.0} %)", m * 100.0),
+            Box::new(move |t: &Replayed| voted(t, t.ranked.unwrap_or(t.chosen), m)),
+        ));
+    }
     for m in [0.01, 0.02, 0.03] {
         for k in [2, usize::MAX] {
             let name = match k {
@@ -114,6 +127,40 @@ fn agree(t: &Replayed, m: f64, k: usize) -> usize {
         t.chosen
     } else {
         h
+    }
+}
+
+/// `pick` where it is a learned plan or the task is out of distribution;
+/// else the plan most heuristics give (the one with the best-ranked
+/// heuristic among them on a tie), unless every member predicts the
+/// best-ranked heuristic plan cheaper than it by `m`.
+fn voted(t: &Replayed, pick: usize, m: f64) -> usize {
+    let (Some(h), false) = (t.ranked, t.out_of_distribution) else {
+        return pick;
+    };
+    if t.candidates[pick].learned() {
+        return pick;
+    }
+    let heuristics: Vec<usize> = (0..t.candidates.len())
+        .filter(|&i| !t.candidates[i].learned())
+        .collect();
+    let votes = |i: usize| {
+        heuristics
+            .iter()
+            .filter(|&&j| t.candidates[j].plan == t.candidates[i].plan)
+            .count()
+    };
+    let same_as_h = |i: usize| t.candidates[i].plan == t.candidates[h].plan;
+    let Some(&major) = heuristics
+        .iter()
+        .max_by_key(|&&i| (votes(i), same_as_h(i), std::cmp::Reverse(i)))
+    else {
+        return pick;
+    };
+    if model::guard::cheaper_by(&t.candidates[h], &t.candidates[major], m) {
+        h
+    } else {
+        major
     }
 }
 

@@ -270,16 +270,15 @@ pub fn plan(
     );
     // The other ends of the searches, priced with the candidates, for
     // the choice between near-equal learned plans (`least_crowded`).
-    let others: Vec<Plan> = match candidates.first() {
-        Some((POLICY, _)) => kept.others.into_iter(),
-        _ => Vec::new().into_iter(),
-    }
-    .map(|assignment| Plan {
-        devices: task.devices,
-        assignment,
-    })
-    .filter(|o| candidates.iter().all(|(_, p)| p != o))
-    .collect();
+    let learned_first = matches!(candidates.first(), Some((POLICY, _)));
+    let others: Vec<Plan> = (kept.others.into_iter())
+        .filter(|_| learned_first)
+        .map(|assignment| Plan {
+            devices: task.devices,
+            assignment,
+        })
+        .filter(|o| candidates.iter().all(|(_, p)| p != o))
+        .collect();
     let plans: Vec<&Plan> = candidates.iter().map(|(_, p)| p).chain(&others).collect();
     let mut predicted = model.member_costs_for(&kept.episodes, &task.tables, &plans);
     let others: Vec<Candidate> = others
@@ -354,28 +353,22 @@ fn least_crowded(
     if tie <= 0.0 {
         return None;
     }
-    let passing: Vec<(Option<usize>, &Candidate)> = std::iter::once((None, learned))
+    // Each plan that passes: its index in `others` (none for `learned`),
+    // its tables on the most crowded device and its mean prediction.
+    let passing: Vec<(Option<usize>, usize, f64)> = std::iter::once((None, learned))
         .chain(
-            others
-                .iter()
-                .enumerate()
+            (others.iter().enumerate())
                 .filter(|(_, o)| cheaper_by(o, rival, margin))
                 .map(|(k, o)| (Some(k), o)),
         )
+        .map(|(k, c)| (k, most_on_a_device(&c.plan), c.mean()))
         .collect();
-    let lowest = passing
-        .iter()
-        .map(|(_, c)| c.mean())
-        .fold(f64::INFINITY, f64::min);
+    let lowest = passing.iter().map(|p| p.2).fold(f64::INFINITY, f64::min);
     passing
         .into_iter()
-        .filter(|(_, c)| c.mean() <= lowest + tie * lowest.abs())
-        .min_by(|(_, a), (_, b)| {
-            most_on_a_device(&a.plan)
-                .cmp(&most_on_a_device(&b.plan))
-                .then(a.mean().total_cmp(&b.mean()))
-        })
-        .and_then(|(k, _)| k)
+        .filter(|p| p.2 <= lowest + tie * lowest.abs())
+        .min_by(|a, b| a.1.cmp(&b.1).then(a.2.total_cmp(&b.2)))
+        .and_then(|p| p.0)
 }
 
 /// The tables on `plan`'s most crowded device.

@@ -228,7 +228,7 @@ fn composed_member_costs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{small_config, small_suite};
+    use crate::testing::{seeded_model, small_config, small_suite};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -244,6 +244,27 @@ mod tests {
             let e = Model::load(&cfg, dir.path()).err().unwrap();
             assert!(format!("{e:#}").contains("model.cost_members"), "{e:#}");
         }
+    }
+
+    /// The tests' seeded model ignores torch's shared generator: the same
+    /// seed gives the same weights however far that generator has moved.
+    #[test]
+    fn a_seeded_model_depends_on_its_seed_alone() {
+        let cfg = small_config();
+        let weights = |m: &Model| -> Vec<f32> {
+            let mut named: Vec<_> = m.cost_vs.variables().into_iter().collect();
+            named.extend(m.policy_vs.variables());
+            named.sort_by(|a, b| a.0.cmp(&b.0));
+            named
+                .iter()
+                .flat_map(|(_, t)| crate::tensor_vec::<f32>(t))
+                .collect()
+        };
+        let a = weights(&seeded_model(&cfg, 7));
+        let _ = Tensor::rand([1000], (Kind::Float, Device::Cpu));
+        assert_eq!(a, weights(&seeded_model(&cfg, 7)));
+        assert_ne!(a, weights(&seeded_model(&cfg, 8)));
+        assert_ne!(a, weights(&Model::new(&cfg)), "not torch's own draw");
     }
 
     #[test]

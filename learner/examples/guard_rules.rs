@@ -56,7 +56,7 @@ fn main() -> anyhow::Result<()> {
             let mut g = model::guard::plan(&model, shapes.as_ref(), task, &cfg.memory)?;
             let (chosen, ranked) = (g.chosen, g.best_heuristic());
             let out_of_distribution = g.out_of_distribution();
-            model::guard::add_basins(&mut g, &[&model], task, &cfg.memory);
+            model::guard::add_basins(&mut g, &[&model], task);
             model::guard::verify(&mut g, &task.tables, oracle.as_mut())?;
             tasks.push(Replayed {
                 suite,

@@ -115,6 +115,11 @@ pub struct Guarded {
     /// Warnings that did not change the choice (a shape far from
     /// training).
     pub notes: Vec<String>,
+    /// The distinct ends of the searches `plan` ran (its learned plan's
+    /// among them), each with the run that searched, lowest prediction
+    /// first within a run: what [`add_basins`] adds for [`verify`]. Empty
+    /// where `plan` did not search from every start.
+    pub basins: Vec<(usize, Plan)>,
 }
 
 impl Guarded {
@@ -271,6 +276,18 @@ pub fn plan(
     // The other ends of the searches, priced with the candidates, for
     // the choice between near-equal learned plans (`least_crowded`).
     let learned_first = matches!(candidates.first(), Some((POLICY, _)));
+    let to_plan = |assignment: &Vec<usize>| Plan {
+        devices: task.devices,
+        assignment: assignment.clone(),
+    };
+    let basins: Vec<(usize, Plan)> = match (learned_first, model.searches_every_start(task.devices))
+    {
+        (true, true) => std::iter::once(candidates[0].1.clone())
+            .chain(kept.others.iter().map(to_plan))
+            .map(|p| (0, p))
+            .collect(),
+        _ => Vec::new(),
+    };
     let others: Vec<Plan> = (kept.others.into_iter())
         .filter(|_| learned_first)
         .map(|assignment| Plan {
@@ -306,6 +323,7 @@ pub fn plan(
         chosen: 0,
         doubts,
         notes,
+        basins,
     };
     let margin = model.plan_cfg.plan_margin;
     guarded.chosen = choose(&guarded, margin);
@@ -455,6 +473,9 @@ pub fn judge_runs(guards: &[Guarded], models: &[&Model], task: &Task) -> Guarded
         chosen,
         doubts: lines_once(whose.iter().map(|g| &g.doubts)),
         notes: lines_once(guards.iter().map(|g| &g.notes)),
+        basins: (guards.iter().enumerate())
+            .flat_map(|(run, g)| g.basins.iter().map(move |(_, p)| (run, p.clone())))
+            .collect(),
     }
 }
 
@@ -622,28 +643,23 @@ fn disagreement(learned: &Candidate, h: &Candidate, margin: f64) -> Option<Strin
     })
 }
 
-/// Adds the other distinct ends of `plan`'s searches on the cost network
-/// ([`Model::basins`]) as candidates named [`BASIN`], for [`verify`] to
-/// measure; a plan already among the candidates is not added again.
-/// `models`: the run's model, or every run's for [`plan_jointly`] (each
-/// run's basins, priced by all). Returns how many were added. The choice
-/// without measurement does not change. The network ranks these plans
-/// below the learned one, or within `model.plan_tie` of it and more
-/// crowded (the plan it predicts lowest, where the learned plan is a less
-/// crowded near tie). Measured, one of them is sometimes faster
-/// (docs/results.md, "`--verify` measures the other basins").
-pub fn add_basins(g: &mut Guarded, models: &[&Model], task: &Task, mem: &MemoryModel) -> usize {
+/// Adds the other distinct ends of `plan`'s searches ([`Guarded::basins`],
+/// kept as it planned: nothing is searched again) as candidates named
+/// [`BASIN`], for [`verify`] to measure; a plan already among the
+/// candidates is not added again. `models`: the run's model, or every
+/// run's for [`plan_jointly`] (each run's basins, priced by all). Returns
+/// how many were added. The choice without measurement does not change.
+/// The network ranks these plans below the learned one, or within
+/// `model.plan_tie` of it and more crowded (the plan it predicts lowest,
+/// where the learned plan is a less crowded near tie). Measured, one of
+/// them is sometimes faster (docs/results.md, "`--verify` measures the
+/// other basins").
+pub fn add_basins(g: &mut Guarded, models: &[&Model], task: &Task) -> usize {
     let mut basins: Vec<(usize, Plan)> = Vec::new();
-    for (run, model) in models.iter().enumerate() {
-        for assignment in model.basins(task, mem) {
-            let plan = Plan {
-                devices: task.devices,
-                assignment,
-            };
-            let known = g.candidates.iter().any(|c| c.plan == plan);
-            if !known && basins.iter().all(|(_, b)| *b != plan) {
-                basins.push((run, plan));
-            }
+    for (run, plan) in &g.basins {
+        let known = g.candidates.iter().any(|c| c.plan == *plan);
+        if !known && basins.iter().all(|(_, b)| b != plan) {
+            basins.push((*run, plan.clone()));
         }
     }
     if basins.is_empty() {
@@ -747,6 +763,7 @@ mod tests {
             chosen: 0,
             doubts: doubts.iter().map(|s| s.to_string()).collect(),
             notes: Vec::new(),
+            basins: Vec::new(),
         }
     }
 
@@ -1166,12 +1183,16 @@ mod tests {
             let model = seeded_model(&cfg, k as u64);
             let mut g = plan(&model, None, &task, &cfg.memory).unwrap();
             let (before, chosen, heuristic) = (g.candidates.len(), g.chosen, g.best_heuristic());
-            let added = add_basins(&mut g, &[&model], &task, &cfg.memory);
+            let added = add_basins(&mut g, &[&model], &task);
             assert_eq!(g.candidates.len(), before + added);
-            assert_eq!(add_basins(&mut g, &[&model], &task, &cfg.memory), 0, "once");
+            assert_eq!(add_basins(&mut g, &[&model], &task), 0, "once");
             assert_eq!(choose(&g, cfg.model.plan_margin), chosen);
             assert_eq!(g.best_heuristic(), heuristic, "a basin is no heuristic");
             let basins = model.basins(&task, &cfg.memory);
+            // `plan` kept its searches' ends: the same as searching again.
+            let kept: Vec<&Vec<usize>> = g.basins.iter().map(|(_, p)| &p.assignment).collect();
+            assert_eq!(kept, basins.iter().collect::<Vec<_>>());
+            assert!(g.basins.iter().all(|(run, _)| *run == 0));
             for (i, c) in g.candidates.iter().enumerate().skip(before) {
                 assert_eq!(c.method, BASIN);
                 assert!(c.learned() && c.predicted[0].is_finite());
@@ -1250,11 +1271,22 @@ mod tests {
         // Every run's basins join, priced by both.
         let before = g.candidates.len();
         let mut g = g;
-        let added = add_basins(&mut g, &[&a, &b], &task, &cfg.memory);
+        let added = add_basins(&mut g, &[&a, &b], &task);
         assert_eq!(g.candidates.len(), before + added);
         assert!(g.candidates[before..]
             .iter()
             .all(|c| c.method == BASIN && c.predicted.len() == 2));
+        // Each basin is named by the run whose searches ended there.
+        let ends = [a.basins(&task, &cfg.memory), b.basins(&task, &cfg.memory)];
+        let labelled: Vec<(usize, &Vec<usize>)> = (ends.iter().enumerate())
+            .flat_map(|(run, e)| e.iter().map(move |p| (run, p)))
+            .collect();
+        let kept: Vec<(usize, &Vec<usize>)> =
+            g.basins.iter().map(|(r, p)| (*r, &p.assignment)).collect();
+        assert_eq!(kept, labelled);
+        for c in &g.candidates[before..] {
+            assert!(ends[c.run].contains(&c.plan.assignment));
+        }
         assert!(plan_jointly(&[], &task, &cfg.memory).is_err());
     }
 

@@ -186,7 +186,7 @@ impl Model {
 
     /// Whether `plan` searches from every start, without moves, on a task
     /// of `devices` ([`Model::search_each`]).
-    fn searches_every_start(&self, devices: usize) -> bool {
+    pub(crate) fn searches_every_start(&self, devices: usize) -> bool {
         let c = &self.plan_cfg;
         c.overall_cost == common::config::OverallCost::Composed
             && c.plan_search > 1

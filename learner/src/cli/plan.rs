@@ -99,8 +99,7 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut noise = None;
     if let (Some(o), Some(b)) = (oracle.as_mut(), args.verify) {
         if args.method == Method::Policy {
-            let added =
-                model::guard::add_basins(&mut guarded, &runs.models(), &task, &run_cfg.memory);
+            let added = model::guard::add_basins(&mut guarded, &runs.models(), &task);
             tracing::info!(
                 "--verify {}: measuring {}, {} of them `basin`: other ends of `plan`'s \
                  searches on the cost network",
@@ -622,6 +621,7 @@ mod tests {
             chosen: 1,
             doubts: Vec::new(),
             notes: Vec::new(),
+            basins: Vec::new(),
         };
         let text = comparison(&guarded);
         assert!(text.contains("the learned plan is `size`'s plan"), "{text}");
@@ -653,6 +653,7 @@ mod tests {
             chosen: 0,
             doubts: Vec::new(),
             notes: Vec::new(),
+            basins: Vec::new(),
         };
         let per_device = predicted_devices(&[[1.0, 2.0, 0.5], [1.5, 2.0, 0.5]]);
         let runs = [PathBuf::from("run")];

@@ -418,10 +418,10 @@ pub struct Trained<'a> {
 /// judges between them, which averages out one run's mistakes
 /// (docs/results.md, "Two runs plan together").
 ///
-/// The near-tie rule (`model.plan_tie`, the first run's) holds between
-/// the runs too: of the runs' choices within that share of the lowest
-/// mean, the one with the fewest tables on its most crowded device wins,
-/// then the lower mean, then the earlier run.
+/// The near-tie rule (`model.plan_tie`) chooses within each run. The
+/// runs' choices are then judged by their lowest mean prediction alone, so
+/// a run's less crowded near tie may lose to another run's more crowded
+/// choice (not measured with several runs).
 ///
 /// Every candidate of every run is kept once (`merge`), priced by every
 /// run's members, so `--compare` and [`verify`] see them all. Where any
@@ -461,8 +461,7 @@ pub fn judge_runs(guards: &[Guarded], models: &[&Model], task: &Task) -> Guarded
     }
     // The runs may be placed with other margins: the first run's rules.
     let margin = models.first().map_or(0.0, |m| m.plan_cfg.plan_margin);
-    let tie = models.first().map_or(0.0, |m| m.plan_cfg.plan_tie);
-    let (by, chosen) = judge(guards, &candidates, &picks, margin, tie);
+    let (by, chosen) = judge(guards, &candidates, &picks, margin);
     // A heuristic no run chose alone: each run's reasons for setting its
     // learned plan aside, not one run's alone.
     let whose: Vec<&Guarded> = match by {
@@ -523,8 +522,7 @@ fn merge(guards: &[Guarded]) -> (Vec<Candidate>, Vec<usize>) {
 
 /// Which run's choice to return (`None` for a heuristic no competing
 /// run chose alone), and where it lies among `candidates`:
-/// the one all members price lowest (the earlier run on a tie), or a
-/// less crowded one within `tie` of it (a share; 0 for none). Where any
+/// the one all members price lowest (the earlier run on a tie). Where any
 /// run finds the task out of its distribution, only such runs' choices
 /// (heuristics' plans) compete: a run with no doubt, trained elsewhere or
 /// with no record of its shapes, must not bring a learned plan past them.
@@ -540,7 +538,6 @@ fn judge(
     candidates: &[Candidate],
     picks: &[usize],
     margin: f64,
-    tie: f64,
 ) -> (Option<usize>, usize) {
     let far: Vec<usize> = (0..guards.len())
         .filter(|&r| guards[r].out_of_distribution())
@@ -556,21 +553,12 @@ fn judge(
         let by = eligible.iter().copied().find(|&r| picks[r] == chosen);
         return (by, chosen);
     }
-    let mean = |r: usize| candidates[picks[r]].mean();
-    let lowest = eligible
-        .iter()
-        .map(|&r| mean(r))
-        .fold(f64::INFINITY, f64::min);
-    let crowding = |r: usize| match tie > 0.0 {
-        true => most_on_a_device(&candidates[picks[r]].plan),
-        false => 0,
-    };
     let by = eligible
         .into_iter()
-        .filter(|&r| mean(r) <= lowest + tie.max(0.0) * lowest.abs())
         .min_by(|&a, &b| {
-            (crowding(a).cmp(&crowding(b)))
-                .then(mean(a).total_cmp(&mean(b)))
+            candidates[picks[a]]
+                .mean()
+                .total_cmp(&candidates[picks[b]].mean())
                 .then(a.cmp(&b))
         })
         .expect("one choice per run");
@@ -1369,9 +1357,9 @@ mod tests {
         ];
         let plain = || guarded(Vec::new(), &[]);
         let g = [plain(), plain(), plain()];
-        assert_eq!(judge(&g, &candidates, &[0, 2, 1], 0.02, 0.0), (Some(1), 2));
+        assert_eq!(judge(&g, &candidates, &[0, 2, 1], 0.02), (Some(1), 2));
         assert_eq!(
-            judge(&g, &candidates, &[3, 2, 1], 0.02, 0.0),
+            judge(&g, &candidates, &[3, 2, 1], 0.02),
             (Some(0), 3),
             "a tie: the earlier run"
         );
@@ -1382,37 +1370,10 @@ mod tests {
         );
         let g = [plain(), plain(), far];
         assert_eq!(
-            judge(&g, &candidates, &[0, 2, 1], 0.02, 0.0),
+            judge(&g, &candidates, &[0, 2, 1], 0.02),
             (Some(2), 1),
             "torchrec's, though dearer"
         );
-    }
-
-    /// Runs' choices within `model.plan_tie` of the lowest mean go to the
-    /// least crowded, as one run's near ties do; past the tie, or with a
-    /// tie of 0, the lowest mean.
-    #[test]
-    fn runs_near_ties_go_to_the_less_crowded_choice() {
-        let candidates = vec![
-            laid(&[0, 0, 0, 1], &[9.0, 9.0]),
-            cand("lookup", &[10.0, 10.0]),
-            laid(&[0, 1, 0, 1], &[9.05, 9.05]),
-            laid(&[0, 1, 1, 0], &[9.2, 9.2]),
-            laid(&[1, 1, 1, 0], &[8.98, 9.0]),
-        ];
-        let plain = || guarded(Vec::new(), &[]);
-        let g = [plain(), plain()];
-        assert_eq!(judge(&g, &candidates, &[0, 2], 0.02, 0.01), (Some(1), 2));
-        assert_eq!(judge(&g, &candidates, &[2, 0], 0.02, 0.01), (Some(0), 2));
-        assert_eq!(judge(&g, &candidates, &[0, 2], 0.02, 0.0), (Some(0), 0));
-        assert_eq!(
-            judge(&g, &candidates, &[0, 3], 0.02, 0.01),
-            (Some(0), 0),
-            "2.2 % dearer"
-        );
-        // As crowded: the lower mean, then the earlier run.
-        assert_eq!(judge(&g, &candidates, &[0, 4], 0.02, 0.01), (Some(1), 4));
-        assert_eq!(judge(&g, &candidates, &[0, 0], 0.02, 0.01), (Some(0), 0));
     }
 
     /// Where every run fell back to a heuristic, the heuristic is the one
@@ -1431,24 +1392,21 @@ mod tests {
         let plain = || guarded(Vec::new(), &[]);
         let g = [plain(), plain()];
         // Mean: size_lookup 8.0 < lookup 8.2; worst member: lookup 8.4.
-        assert_eq!(judge(&g, &candidates, &[2, 3], 0.02, 0.0), (None, 1));
+        assert_eq!(judge(&g, &candidates, &[2, 3], 0.02), (None, 1));
         assert_eq!(best_heuristic(&candidates), Some(1));
         // The run that chose it, where one did.
-        assert_eq!(judge(&g, &candidates, &[3, 1], 0.02, 0.0), (Some(1), 1));
+        assert_eq!(judge(&g, &candidates, &[3, 1], 0.02), (Some(1), 1));
         // A learned choice still competes by the mean.
-        assert_eq!(judge(&g, &candidates, &[2, 4], 0.02, 0.0), (Some(0), 2));
+        assert_eq!(judge(&g, &candidates, &[2, 4], 0.02), (Some(0), 2));
         // Out of distribution: lookup does not beat torchrec by 2 % for
         // every member (8.4 against 8.5), so torchrec's, which no run chose.
         let far = || guarded(Vec::new(), &["out of distribution: the rows of `t`"]);
         assert_eq!(
-            judge(&[plain(), far()], &candidates, &[0, 1], 0.02, 0.0),
+            judge(&[plain(), far()], &candidates, &[0, 1], 0.02),
             (None, 3)
         );
         // With no margin, lookup beats it.
-        assert_eq!(
-            judge(&[far(), far()], &candidates, &[3, 3], 0.0, 0.0),
-            (None, 1)
-        );
+        assert_eq!(judge(&[far(), far()], &candidates, &[3, 3], 0.0), (None, 1));
     }
 
     #[test]

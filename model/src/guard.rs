@@ -421,7 +421,8 @@ pub struct Trained<'a> {
 /// The near-tie rule (`model.plan_tie`) chooses within each run. The
 /// runs' choices are then judged by their lowest mean prediction alone, so
 /// a run's less crowded near tie may lose to another run's more crowded
-/// choice (not measured with several runs).
+/// choice. The rule between runs as well lost mean on pairs of the main
+/// job (docs/results.md, "Near ties between runs: not kept").
 ///
 /// Every candidate of every run is kept once (`merge`), priced by every
 /// run's members, so `--compare` and [`verify`] see them all. Where any

@@ -586,17 +586,13 @@ mod tests {
         let mut runs = Runs {
             cfg: cfg.clone(),
             dirs: vec!["a".into(), "b".into()],
-            models: (1..=2)
-                .map(|seed| {
-                    tch::manual_seed(seed);
-                    Model::new(&cfg)
-                })
-                .collect(),
+            models: (1..=2).map(|seed| Model::seeded(&cfg, seed)).collect(),
             shapes: vec![None, None],
         };
         let in_turn = model::guard::plan_jointly(&runs.trained(), &task, &cfg.memory).unwrap();
         let threaded = runs.plan(&task, &cfg.memory).unwrap();
         assert_eq!(threaded.plan(), in_turn.plan());
+        assert_eq!(threaded.basins, in_turn.basins);
         assert_eq!(threaded.candidates.len(), in_turn.candidates.len());
         for (t, i) in threaded.candidates.iter().zip(&in_turn.candidates) {
             assert_eq!((t.method, t.run, &t.plan), (i.method, i.run, &i.plan));

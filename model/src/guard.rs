@@ -748,7 +748,6 @@ pub fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::seeded_model;
 
     fn cand(method: &'static str, predicted: &[f64]) -> Candidate {
         let plan = Plan {
@@ -830,7 +829,7 @@ mod tests {
             let (mut cfg, task) = small_task(k);
             cfg.model.plan_margin = 0.0;
             cfg.model.plan_tie = 0.1;
-            let mut model = seeded_model(&cfg, k as u64);
+            let mut model = Model::seeded(&cfg, k as u64);
             let g = plan(&model, None, &task, &cfg.memory).unwrap();
             let lowest = model.plan(&task, &cfg.memory).0;
             model.plan_cfg.plan_tie = 0.0;
@@ -1037,7 +1036,7 @@ mod tests {
     #[test]
     fn a_task_out_of_distribution_gets_a_heuristics_plan_and_the_reason() {
         let (cfg, task) = small_task(0);
-        let model = seeded_model(&cfg, 0);
+        let model = Model::seeded(&cfg, 0);
         let shapes = TrainedShapes::of(std::slice::from_ref(&task)).unwrap();
         let inside = plan(&model, Some(&shapes), &task, &cfg.memory).unwrap();
         assert!(inside.doubts.iter().all(|d| !d.contains("distribution")));
@@ -1064,7 +1063,7 @@ mod tests {
     #[test]
     fn verify_returns_the_measured_best_candidate() {
         let (cfg, task) = small_task(30);
-        let model = seeded_model(&cfg, 0);
+        let model = Model::seeded(&cfg, 0);
         let mut g = plan(&model, None, &task, &cfg.memory).unwrap();
         let mut oracle = benchworker::build(benchworker::Backend::Sim, &cfg).unwrap();
         let spread = verify(&mut g, &task.tables, oracle.as_mut()).unwrap();
@@ -1132,7 +1131,7 @@ mod tests {
     #[test]
     fn verify_skips_failed_candidates_and_returns_the_largest_spread() {
         let (cfg, task) = small_task(30);
-        let model = seeded_model(&cfg, 0);
+        let model = Model::seeded(&cfg, 0);
         let mut g = plan(&model, None, &task, &cfg.memory).unwrap();
         let n = g.candidates.len();
         assert!(n >= 3, "{n} candidates");
@@ -1181,7 +1180,7 @@ mod tests {
         let mut added_somewhere = 0;
         for k in [0, 30, 60] {
             let (cfg, task) = small_task(k);
-            let model = seeded_model(&cfg, k as u64);
+            let model = Model::seeded(&cfg, k as u64);
             let mut g = plan(&model, None, &task, &cfg.memory).unwrap();
             let (before, chosen, heuristic) = (g.candidates.len(), g.chosen, g.best_heuristic());
             let added = add_basins(&mut g, &[&model], &task);
@@ -1220,8 +1219,8 @@ mod tests {
     #[test]
     fn runs_planning_together_return_the_choice_all_members_price_lowest() {
         let (cfg, task) = small_task(0);
-        let a = seeded_model(&cfg, 1);
-        let b = seeded_model(&cfg, 2);
+        let a = Model::seeded(&cfg, 1);
+        let b = Model::seeded(&cfg, 2);
         let (ta, tb) = (
             Trained {
                 model: &a,

@@ -360,12 +360,13 @@ mod tests {
     use common::oracle::Oracle;
     use std::path::Path;
 
-    /// A fresh model's unroll of `episodes` sampled episodes (seeded) of the
-    /// small configuration's first training task.
+    /// A fresh model's unroll of `episodes` sampled episodes of the small
+    /// configuration's first training task, the model and the episodes
+    /// both drawn from `seed`.
     fn fresh_unroll(dir: &Path, episodes: usize, seed: u64) -> (Config, Model, MdpTask, Unroll) {
         let cfg = small_config();
         let suite = small_suite(&cfg, "train", dir);
-        let model = Model::new(&cfg);
+        let model = Model::seeded(&cfg, seed);
         let task = &suite.tasks[0];
         let mdp = MdpTask::new(&task.tables, task.devices, task.cap_bytes(), &cfg.memory);
         let u = rollout(

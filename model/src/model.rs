@@ -44,6 +44,46 @@ impl Model {
         }
     }
 
+    /// A fresh model whose weights depend on `seed` alone: for tests, and
+    /// for anyone who needs the same fresh model on any thread.
+    ///
+    /// `tch::manual_seed` seeds the one generator every thread draws
+    /// from, so a [`Model::new`] after it changes when tests run in
+    /// parallel. This one draws every value from its own generator,
+    /// uniform within ±1/√fan_in. That is torch's bound for a linear
+    /// layer's bias; its weights start wider (±√(6/fan_in)). Values that
+    /// start constant (the gates' biases start at 1) keep their value.
+    pub fn seeded(cfg: &Config, seed: u64) -> Model {
+        use rand::{Rng, SeedableRng};
+        let model = Model::new(cfg);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        for vs in [&model.policy_vs, &model.cost_vs] {
+            let vars = vs.variables();
+            let mut names: Vec<&String> = vars.keys().collect();
+            names.sort();
+            tch::no_grad(|| {
+                for name in names {
+                    let mut v = vars[name].shallow_clone();
+                    if starts_constant(&v) {
+                        continue;
+                    }
+                    let weight = match name.strip_suffix(".bias") {
+                        Some(stem) => &vars[&format!("{stem}.weight")],
+                        None => &v,
+                    };
+                    let size = weight.size();
+                    let fan_in = size.get(1).copied().unwrap_or(size[0]).max(1);
+                    let bound = 1.0 / (fan_in as f64).sqrt();
+                    let values: Vec<f32> = (0..v.numel())
+                        .map(|_| rng.gen_range(-bound..bound) as f32)
+                        .collect();
+                    v.copy_(&Tensor::from_slice(&values).view(v.size().as_slice()));
+                }
+            });
+        }
+        model
+    }
+
     /// Writes both networks into `dir` (`policy.ot`, `cost.ot`). Not atomic
     /// by itself: the learner's `checkpoint::save` writes into a temp folder,
     /// fsyncs and renames it.
@@ -225,10 +265,21 @@ fn composed_member_costs(
         .collect()
 }
 
+/// Whether `v` holds a value it was set to rather than drawn: every
+/// element equal, or a single one that is exactly 0 or 1 (a draw lands
+/// there with probability 0).
+fn starts_constant(v: &Tensor) -> bool {
+    match v.numel() {
+        0 => true,
+        1 => [0.0, 1.0].contains(&v.double_value(&[])),
+        _ => (v.max() - v.min()).double_value(&[]) == 0.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{seeded_model, small_config, small_suite};
+    use crate::testing::{small_config, small_suite};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -260,10 +311,10 @@ mod tests {
                 .flat_map(|(_, t)| crate::tensor_vec::<f32>(t))
                 .collect()
         };
-        let a = weights(&seeded_model(&cfg, 7));
+        let a = weights(&Model::seeded(&cfg, 7));
         let _ = Tensor::rand([1000], (Kind::Float, Device::Cpu));
-        assert_eq!(a, weights(&seeded_model(&cfg, 7)));
-        assert_ne!(a, weights(&seeded_model(&cfg, 8)));
+        assert_eq!(a, weights(&Model::seeded(&cfg, 7)));
+        assert_ne!(a, weights(&Model::seeded(&cfg, 8)));
         assert_ne!(a, weights(&Model::new(&cfg)), "not torch's own draw");
     }
 

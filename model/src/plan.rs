@@ -596,14 +596,14 @@ fn in_threads<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{seeded_model, small_config, small_suite};
+    use crate::testing::{small_config, small_suite};
 
     #[test]
     fn plan_selection_moves_and_search_never_predict_worse_than_greedy() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = small_config();
         let suite = small_suite(&cfg, "test", dir.path());
-        let mut model = seeded_model(&cfg, 3);
+        let mut model = Model::seeded(&cfg, 3);
         let (mut searched_lower, mut every_lower) = (0, 0);
         for task in &suite.tasks {
             // Memory for 1.5 times an even share (or the largest table): the
@@ -714,7 +714,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cfg = small_config();
         let suite = small_suite(&cfg, "test", dir.path());
-        let mut model = seeded_model(&cfg, 0);
+        let mut model = Model::seeded(&cfg, 0);
         let mut task = suite.tasks[0].clone();
         let total: u64 = task.tables.iter().map(|t| cfg.memory.table_bytes(t)).sum();
         let devices_used = |a: &[usize]| {

@@ -117,8 +117,10 @@ pub struct Guarded {
     pub notes: Vec<String>,
     /// The distinct ends of the searches `plan` ran (its learned plan's
     /// among them), each with the run that searched, lowest prediction
-    /// first within a run: what [`add_basins`] adds for [`verify`]. Empty
-    /// where `plan` did not search from every start.
+    /// first within a run: what [`add_basins`] adds for [`verify`]. They
+    /// are distinct within a run; two runs may list the same plan. Empty
+    /// where `plan` did not search from every start, or where no learned
+    /// plan fits.
     pub basins: Vec<(usize, Plan)>,
 }
 

@@ -12,6 +12,10 @@
 //! - `… heuristics by vote (m)`: where the rule returns a heuristic's
 //!   plan, the plan most heuristics give instead, unless every member
 //!   predicts the best-ranked heuristic plan cheaper than it by `m`.
+//! - `shipped, prior h (m)`: where `plan` returns a heuristic's plan,
+//!   heuristic `h`'s plan instead, unless every member predicts the
+//!   returned one cheaper than `h`'s by `m`: a fixed order in place of
+//!   the network's ranking.
 //! - `basins agree (m, k)`: the learned plan only where `plan` would
 //!   return it and at least `k` of the other basins (all where fewer)
 //!   are also predicted cheaper than that heuristic plan by `m` by every
@@ -87,6 +91,14 @@ fn main() -> anyhow::Result<()> {
             Box::new(move |t: &Replayed| voted(t, t.ranked.unwrap_or(t.chosen), m)),
         ));
     }
+    for name in ["lookup", "size_lookup", "torchrec"] {
+        for m in [0.0, 0.02, 0.05] {
+            rules.push((
+                format!("shipped, prior {name} ({:.0} %)", m * 100.0),
+                Box::new(move |t: &Replayed| prior(t, t.chosen, name, m)),
+            ));
+        }
+    }
     for m in [0.01, 0.02, 0.03] {
         for k in [2, usize::MAX] {
             let name = match k {
@@ -161,6 +173,19 @@ fn voted(t: &Replayed, pick: usize, m: f64) -> usize {
         h
     } else {
         major
+    }
+}
+
+/// `pick` where it is a learned plan or the task is out of distribution;
+/// else heuristic `name`'s plan, unless every member predicts `pick`
+/// cheaper than it by `m`.
+fn prior(t: &Replayed, pick: usize, name: &str, m: f64) -> usize {
+    if t.out_of_distribution || t.candidates[pick].learned() {
+        return pick;
+    }
+    match t.candidates.iter().position(|c| c.method == name) {
+        Some(p) if !model::guard::cheaper_by(&t.candidates[pick], &t.candidates[p], m) => p,
+        _ => pick,
     }
 }
 

@@ -23,6 +23,9 @@
 //!   predicted lowest where `plan` returned a less crowded near tie.
 //!
 //! Tasks out of distribution keep the guard's own choice in every rule.
+//! A last line counts the learned plans `plan` returns that lose over
+//! 1 % to their own best heuristic, and how many of them, and of the
+//! others, `plan` warned about as narrow wins.
 //! Each row: the mean over suites of the total cost against the suite's
 //! best heuristic (the heuristic of lowest total measured cost), the
 //! tasks over 1 % behind the suite's best heuristic and behind their own
@@ -41,6 +44,8 @@ struct Replayed {
     /// The best heuristic candidate as the guard ranks it (unmeasured).
     ranked: Option<usize>,
     out_of_distribution: bool,
+    /// `plan` warned that its learned plan is a narrow win.
+    narrow: bool,
 }
 
 type Rule = Box<dyn Fn(&Replayed) -> usize>;
@@ -60,6 +65,7 @@ fn main() -> anyhow::Result<()> {
             let mut g = model::guard::plan(&model, shapes.as_ref(), task, &cfg.memory)?;
             let (chosen, ranked) = (g.chosen, g.best_heuristic());
             let out_of_distribution = g.out_of_distribution();
+            let narrow = g.narrow_win().is_some();
             model::guard::add_basins(&mut g, &[&model], task);
             model::guard::verify(&mut g, &task.tables, oracle.as_mut())?;
             tasks.push(Replayed {
@@ -68,6 +74,7 @@ fn main() -> anyhow::Result<()> {
                 chosen,
                 ranked,
                 out_of_distribution,
+                narrow,
             });
         }
     }
@@ -116,7 +123,33 @@ fn main() -> anyhow::Result<()> {
     for (name, rule) in &rules {
         println!("| {name} | {} |", score(&tasks, args.len() - 1, rule));
     }
+    warned(&tasks);
     Ok(())
+}
+
+/// How often `plan`'s narrow-win warning (which suggests `--verify`)
+/// came with the learned plans that lost over 1 % to their own best
+/// heuristic, and with those that did not.
+fn warned(tasks: &[Replayed]) {
+    let (mut lost, mut lost_warned, mut held, mut held_warned) = (0, 0, 0, 0);
+    for t in tasks {
+        let c = &t.candidates[t.chosen];
+        let own = HEURISTICS
+            .iter()
+            .filter_map(|m| heuristic(t, m.name()))
+            .fold(f64::INFINITY, f64::min);
+        let (true, Some(got)) = (c.learned(), c.measured) else {
+            continue;
+        };
+        match got > own * 1.01 {
+            true => (lost, lost_warned) = (lost + 1, lost_warned + usize::from(t.narrow)),
+            false => (held, held_warned) = (held + 1, held_warned + usize::from(t.narrow)),
+        }
+    }
+    println!(
+        "\nlearned plans over 1 % behind their own best heuristic: {lost}, {lost_warned} of them \
+         warned as narrow wins; the other learned plans: {held}, {held_warned} warned"
+    );
 }
 
 /// [`Replayed::chosen`] where it is a heuristic's plan; else the learned

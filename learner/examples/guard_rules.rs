@@ -102,7 +102,7 @@ fn main() -> anyhow::Result<()> {
         for m in [0.0, 0.02, 0.05] {
             rules.push((
                 format!("shipped, prior {name} ({:.0} %)", m * 100.0),
-                Box::new(move |t: &Replayed| prior(t, t.chosen, name, m)),
+                Box::new(move |t: &Replayed| prior(t, name, m)),
             ));
         }
     }
@@ -134,10 +134,7 @@ fn warned(tasks: &[Replayed]) {
     let (mut lost, mut lost_warned, mut held, mut held_warned) = (0, 0, 0, 0);
     for t in tasks {
         let c = &t.candidates[t.chosen];
-        let own = HEURISTICS
-            .iter()
-            .filter_map(|m| heuristic(t, m.name()))
-            .fold(f64::INFINITY, f64::min);
+        let own = own_best(t);
         let (true, Some(got)) = (c.learned(), c.measured) else {
             continue;
         };
@@ -209,10 +206,11 @@ fn voted(t: &Replayed, pick: usize, m: f64) -> usize {
     }
 }
 
-/// `pick` where it is a learned plan or the task is out of distribution;
-/// else heuristic `name`'s plan, unless every member predicts `pick`
-/// cheaper than it by `m`.
-fn prior(t: &Replayed, pick: usize, name: &str, m: f64) -> usize {
+/// [`Replayed::chosen`] where it is a learned plan or the task is out of
+/// distribution; else heuristic `name`'s plan, unless every member
+/// predicts the chosen plan cheaper than it by `m`.
+fn prior(t: &Replayed, name: &str, m: f64) -> usize {
+    let pick = t.chosen;
     if t.out_of_distribution || t.candidates[pick].learned() {
         return pick;
     }
@@ -220,6 +218,14 @@ fn prior(t: &Replayed, pick: usize, name: &str, m: f64) -> usize {
         Some(p) if !model::guard::cheaper_by(&t.candidates[pick], &t.candidates[p], m) => p,
         _ => pick,
     }
+}
+
+/// The lowest measured cost of the heuristics' plans on a task.
+fn own_best(t: &Replayed) -> f64 {
+    HEURISTICS
+        .iter()
+        .filter_map(|m| heuristic(t, m.name()))
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// A heuristic's measured cost on a task, where its plan fits.
@@ -256,10 +262,7 @@ fn score(tasks: &[Replayed], suites: usize, rule: &Rule) -> String {
             let pct = (got / yard - 1.0) * 100.0;
             worst = worst.max(pct);
             behind_suite += usize::from(pct > 1.0);
-            let own = HEURISTICS
-                .iter()
-                .filter_map(|m| heuristic(t, m.name()))
-                .fold(f64::INFINITY, f64::min);
+            let own = own_best(t);
             behind_own += usize::from(got > own * 1.01);
         }
         means.push((ours / theirs - 1.0) * 100.0);

@@ -22,6 +22,12 @@
 //!   member; else that heuristic plan. The other basins include the plan
 //!   predicted lowest where `plan` returned a less crowded near tie.
 //!
+//! - `crowd cap (c)`: where `plan` returns a learned plan, the learned
+//!   plan (or basin) of lowest mean prediction among those every member
+//!   predicts cheaper than the best-ranked heuristic plan by the margin
+//!   and whose most crowded device holds at most `c` times the tables of
+//!   the heuristics' most crowded; else that heuristic plan.
+//!
 //! Tasks out of distribution keep the guard's own choice in every rule.
 //! A last line counts the learned plans `plan` returns that lose over
 //! 1 % to their own best heuristic, and how many of them, and of the
@@ -58,6 +64,7 @@ fn main() -> anyhow::Result<()> {
     let (cfg, model) = learner::checkpoint::load_run(run)?;
     let shapes = model::shapes::TrainedShapes::read(run);
     let mut oracle = benchworker::build(benchworker::Backend::Sim, &cfg)?;
+    let cfg_margin = model.plan_cfg.plan_margin;
     let mut tasks = Vec::new();
     for (suite, path) in args[1..].iter().enumerate() {
         let loaded = common::Suite::load(std::path::Path::new(path), &cfg.memory)?;
@@ -115,6 +122,12 @@ fn main() -> anyhow::Result<()> {
             rules.push((name, Box::new(move |t: &Replayed| agree(t, m, k))));
         }
     }
+    for c in [1.0, 1.25, 1.5, 2.0] {
+        rules.push((
+            format!("crowd cap ({c})"),
+            Box::new(move |t: &Replayed| capped(t, c, cfg_margin)),
+        ));
+    }
     println!(
         "| rule | mean vs suite's best heuristic | tasks > 1 % behind it | > 1 % behind their own \
          best | worst task | learned plans |"
@@ -170,6 +183,40 @@ fn agree(t: &Replayed, m: f64, k: usize) -> usize {
     } else {
         h
     }
+}
+
+/// [`Replayed::chosen`] where it is a heuristic's plan; else the learned
+/// plan of lowest mean prediction of those predicted cheaper than the
+/// best-ranked heuristic plan by `m` by every member, with at most `c`
+/// times the tables on a device of the heuristics' most crowded plan;
+/// else that heuristic plan.
+fn capped(t: &Replayed, c: f64, m: f64) -> usize {
+    let (Some(h), false) = (t.ranked, t.out_of_distribution) else {
+        return t.chosen;
+    };
+    if !t.candidates[t.chosen].learned() {
+        return t.chosen;
+    }
+    let most = |p: &common::Plan| {
+        let mut on = vec![0usize; p.devices];
+        for &d in &p.assignment {
+            on[d] += 1;
+        }
+        on.into_iter().max().unwrap_or(0)
+    };
+    let cap = (t.candidates.iter())
+        .filter(|k| !k.learned())
+        .map(|k| most(&k.plan))
+        .max()
+        .unwrap_or(usize::MAX) as f64
+        * c;
+    let rival = &t.candidates[h];
+    (0..t.candidates.len())
+        .filter(|&i| t.candidates[i].learned())
+        .filter(|&i| model::guard::cheaper_by(&t.candidates[i], rival, m))
+        .filter(|&i| most(&t.candidates[i].plan) as f64 <= cap)
+        .min_by(|&a, &b| t.candidates[a].mean().total_cmp(&t.candidates[b].mean()))
+        .unwrap_or(h)
 }
 
 /// `pick` where it is a learned plan or the task is out of distribution;

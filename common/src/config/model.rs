@@ -126,6 +126,12 @@ pub enum CostWork {
     /// lookups, the rest left alone, so that a device's summed
     /// representation holds work-weighted sums (Σ width × g(table)).
     Gated,
+    /// The two work figures and a third: the lookup width with each row
+    /// rounded up to whole 32-byte sectors of fp16 weights (`dim` to the
+    /// next multiple of 16). A GPU reads memory in sectors, so a row of
+    /// dim 20 costs what one of dim 32 does; the scaled dim alone hides
+    /// that step.
+    Sectors,
 }
 
 /// The cost network's loss over per-device forward, backward and

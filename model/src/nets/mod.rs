@@ -257,14 +257,33 @@ struct Member {
 /// the mean pooling) and that times `dim / 128`, both linear, not logarithmic.
 pub const WORK_FEATURES: i64 = 2;
 
-/// `[N, 21]` scaled features → `[N, 23]` with the two work features appended.
-pub fn with_work_features(features: &Tensor) -> Tensor {
+/// The extra inputs of a [`CostWork`]: none, the two work features, or
+/// those and the sector-rounded width.
+pub fn work_features(work: CostWork) -> i64 {
+    match work {
+        CostWork::None => 0,
+        CostWork::Inputs | CostWork::Gated => WORK_FEATURES,
+        CostWork::Sectors => WORK_FEATURES + 1,
+    }
+}
+
+/// `[N, 21]` scaled features → `[N, 23]` with the two work features
+/// appended; `[N, 24]` with the sector-rounded width too (`sectors`).
+pub fn with_work_features(features: &Tensor, sectors: bool) -> Tensor {
     let dim = features.narrow(1, 0, 1);
     // Inverts `log10(1 + pooling) / 3` (common::features::scaled).
     let pooling = (features.narrow(1, 2, 1) * (3.0 * std::f64::consts::LN_10)).exp() - 1.0;
     let lookups = pooling / 16.0;
-    let width = &lookups * dim;
-    Tensor::cat(&[features.shallow_clone(), lookups, width], 1)
+    let width = &lookups * &dim;
+    if !sectors {
+        return Tensor::cat(&[features.shallow_clone(), lookups, width], 1);
+    }
+    // `dim / 128` → `ceil(dim / 16) × 16 / 128`: a row of fp16 weights in
+    // whole 32-byte sectors. The small slack keeps an exact multiple of
+    // 16 from rounding up through float error.
+    let rounded = ((dim * 8.0 - 1e-4).ceil()) / 8.0;
+    let sectored = &lookups * rounded;
+    Tensor::cat(&[features.shallow_clone(), lookups, width, sectored], 1)
 }
 
 impl Member {
@@ -325,12 +344,7 @@ impl CostNet {
             cfg.cost_table_out,
             cfg.cost_head_hidden,
         );
-        let input = NUM_FEATURES as i64
-            + if cfg.cost_work == CostWork::None {
-                0
-            } else {
-                WORK_FEATURES
-            };
+        let input = NUM_FEATURES as i64 + work_features(cfg.cost_work);
         // The heads read the device's representation and its widest-table
         // flags.
         let k = cfg.cost_wide_dims.len() as i64;
@@ -439,7 +453,8 @@ impl CostNet {
     pub fn tables(&self, features: &Tensor) -> Tensor {
         let x = match self.work {
             CostWork::None => features.shallow_clone(),
-            CostWork::Inputs | CostWork::Gated => with_work_features(features),
+            CostWork::Inputs | CostWork::Gated => with_work_features(features, false),
+            CostWork::Sectors => with_work_features(features, true),
         };
         let mut reps: Vec<Tensor> = self
             .members
@@ -1136,12 +1151,46 @@ mod tests {
     fn work_features_recover_lookups_linearly() {
         let t = common::Table::cold("t", 10_000, 64, 31.0);
         let f = Tensor::from_slice(&scaled(&t)).view([1, NUM_FEATURES as i64]);
-        let w = with_work_features(&f);
+        let w = with_work_features(&f, false);
         assert_eq!(w.size(), vec![1, NUM_FEATURES as i64 + WORK_FEATURES]);
         let lookups = w.double_value(&[0, NUM_FEATURES as i64]);
         let width = w.double_value(&[0, NUM_FEATURES as i64 + 1]);
         assert!((lookups - 31.0 / 16.0).abs() < 1e-3, "{lookups}");
         assert!((width - 31.0 / 16.0 * 0.5).abs() < 1e-3, "{width}");
+    }
+
+    /// The sector-rounded width rounds each dim up to a multiple of 16
+    /// (32 bytes of fp16) and leaves a multiple of 16 as it is.
+    #[test]
+    fn the_sector_width_rounds_rows_up_to_whole_sectors() {
+        for (dim, rounded) in [
+            (4, 16),
+            (12, 16),
+            (16, 16),
+            (20, 32),
+            (36, 48),
+            (100, 112),
+            (1024, 1024),
+        ] {
+            let t = common::Table::cold("t", 10_000, dim, 15.0);
+            let f = Tensor::from_slice(&scaled(&t)).view([1, NUM_FEATURES as i64]);
+            let w = with_work_features(&f, true);
+            assert_eq!(
+                w.size(),
+                vec![1, NUM_FEATURES as i64 + work_features(CostWork::Sectors)]
+            );
+            let plain = w.double_value(&[0, NUM_FEATURES as i64 + 1]);
+            let sectored = w.double_value(&[0, NUM_FEATURES as i64 + 2]);
+            let lookups = 15.0 / 16.0;
+            assert!(
+                (plain - lookups * dim as f64 / 128.0).abs() < 1e-3,
+                "dim {dim}: {plain}"
+            );
+            assert!(
+                (sectored - lookups * rounded as f64 / 128.0).abs() < 1e-3,
+                "dim {dim}: {sectored}, want {rounded}"
+            );
+        }
     }
 
     /// Plans that share tables: the batch holds each distinct table once,
@@ -1199,6 +1248,7 @@ mod tests {
             (OverallCost::Composed, CostWork::Inputs, false),
             (OverallCost::Head, CostWork::Gated, false),
             (OverallCost::Composed, CostWork::Inputs, true),
+            (OverallCost::Composed, CostWork::Sectors, false),
         ] {
             tch::manual_seed(0);
             let vs = nn::VarStore::new(Device::Cpu);

@@ -86,8 +86,14 @@ pub fn header() -> Vec<String> {
     h
 }
 
+/// Other names of a pool CSV's columns, and the name they stand for:
+/// TorchRec's `EmbeddingBagConfig` calls rows `num_embeddings` and dim
+/// `embedding_dim`, so a table list written from it reads as it is.
+const ALIASES: [(&str, &str); 2] = [("num_embeddings", "rows"), ("embedding_dim", "dim")];
+
 /// Where each column of a pool CSV lies, found by name (in any case and
-/// any order); columns of other names are ignored.
+/// any order, or by an alias in [`ALIASES`]); columns of other names are
+/// ignored.
 struct Columns {
     name: usize,
     rows: usize,
@@ -102,7 +108,15 @@ struct Columns {
 impl Columns {
     /// Finds the columns in a header, or says what is wrong with it.
     fn find(given: &[String]) -> std::result::Result<Columns, String> {
-        let got: Vec<String> = given.iter().map(|g| g.to_lowercase()).collect();
+        let got: Vec<String> = (given.iter())
+            .map(|g| {
+                let g = g.to_lowercase();
+                match ALIASES.iter().find(|(alias, _)| *alias == g) {
+                    Some((_, name)) => name.to_string(),
+                    None => g,
+                }
+            })
+            .collect();
         let known = header();
         for (i, g) in got.iter().enumerate() {
             if let Some(j) = got[..i].iter().position(|o| o == g && known.contains(g)) {
@@ -113,7 +127,12 @@ impl Columns {
             }
         }
         let at = |n: &str| got.iter().position(|g| g == n);
-        let need = |n: &str| at(n).ok_or_else(|| format!("no `{n}` column"));
+        let need = |n: &str| {
+            at(n).ok_or_else(|| match ALIASES.iter().find(|(_, name)| *name == n) {
+                Some((alias, _)) => format!("no `{n}` (or `{alias}`) column"),
+                None => format!("no `{n}` column"),
+            })
+        };
         let (name, rows, dim) = (need("name")?, need("rows")?, need("dim")?);
         let bins: Vec<Option<usize>> = (0..NUM_BINS).map(|k| at(&format!("bin_{k}"))).collect();
         let bins = match bins.iter().position(Option::is_none) {
@@ -325,6 +344,9 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
     if let Some(why) = defaults_taken(cols.pooling.is_some(), cols.bins.is_some()) {
         tracing::warn!("{}: {why}", path.display());
     }
+    if let Some(why) = not_multiples_of_4(&tables) {
+        tracing::warn!("{}: {why}", path.display());
+    }
     if !cols.ignored.is_empty() {
         tracing::warn!(
             "{}: ignoring the columns {} (a pool CSV reads name, rows, dim, pooling_factor \
@@ -334,6 +356,30 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
         );
     }
     Ok(tables)
+}
+
+/// The tables whose dim is not a multiple of 4, for a warning: FBGEMM's
+/// CUDA kernel refuses them (`benchworker`'s `cuda` backend), so a plan
+/// of them cannot be measured there as it is. `None` when there are none.
+fn not_multiples_of_4(tables: &[Table]) -> Option<String> {
+    const SHOWN: usize = 3;
+    let odd: Vec<String> = (tables.iter())
+        .filter(|t| t.dim % 4 != 0)
+        .map(|t| format!("`{}` (dim {})", t.name, t.dim))
+        .collect();
+    if odd.is_empty() {
+        return None;
+    }
+    let more = match odd.len() > SHOWN {
+        true => format!(" and {} more", odd.len() - SHOWN),
+        false => String::new(),
+    };
+    Some(format!(
+        "{}{more} {} a dim that is not a multiple of 4; FBGEMM's CUDA kernel refuses such \
+         tables (pad the dim, or measure with kernel = \"torch\")",
+        odd[..odd.len().min(SHOWN)].join(", "),
+        if odd.len() == 1 { "has" } else { "have" }
+    ))
 }
 
 /// Why a CSV field is not the number it must be.
@@ -575,7 +621,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("p.csv:1") && e.contains("header"), "{e}");
-        assert!(e.contains("no `dim` column, in `name,rows`"), "{e}");
+        assert!(
+            e.contains("no `dim` (or `embedding_dim`) column, in `name,rows`"),
+            "{e}"
+        );
         assert!(e.contains("the columns `name,rows,dim`"), "{e}");
         let e = read_from(" {\"pool\": \"pool.csv\"}".as_bytes(), Path::new("s.json"))
             .unwrap_err()
@@ -652,6 +701,39 @@ mod tests {
         assert!(!defaults_taken(true, false)
             .unwrap()
             .contains("pooling_factor"));
+    }
+
+    /// Dims that FBGEMM's CUDA kernel refuses are named, three at most.
+    #[test]
+    fn dims_not_multiples_of_4_are_named() {
+        let t = |name: &str, dim| Table::cold(name, 1000, dim, 2.0);
+        assert_eq!(not_multiples_of_4(&[t("a", 16), t("b", 1024)]), None);
+        let one = not_multiples_of_4(&[t("a", 16), t("b", 18)]).unwrap();
+        assert!(one.starts_with("`b` (dim 18) has"), "{one}");
+        let many: Vec<Table> = (0..5).map(|i| t(&format!("t{i}"), 6 + i)).collect();
+        let why = not_multiples_of_4(&many).unwrap();
+        // Dims 6, 7, 9 and 10 are not multiples of 4; 8 is.
+        assert!(
+            why.contains("`t0` (dim 6), `t1` (dim 7), `t3` (dim 9) and 1 more have"),
+            "{why}"
+        );
+    }
+
+    /// TorchRec's names for rows and dim read as ours; one column under
+    /// both names is one too many.
+    #[test]
+    fn torchrec_column_names_read_as_rows_and_dim() {
+        let cols =
+            Columns::find(&["name", "Num_Embeddings", "embedding_dim"].map(String::from)).unwrap();
+        assert_eq!((cols.name, cols.rows, cols.dim), (0, 1, 2));
+        assert!(cols.ignored.is_empty(), "{:?}", cols.ignored);
+        let twice = Columns::find(&["name", "rows", "num_embeddings", "dim"].map(String::from));
+        let err = twice.err().expect("rows given twice");
+        assert!(err.contains("appears twice"), "{err}");
+        let none = Columns::find(&["name", "dim"].map(String::from))
+            .err()
+            .expect("no rows");
+        assert!(none.contains("`num_embeddings`"), "{none}");
     }
 
     /// Columns are found by name, in any case and order; others (an

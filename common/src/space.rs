@@ -105,6 +105,11 @@ pub enum Style {
     /// Wide tables (256–1024) mixed with narrow ones. Fusion is sized for
     /// the widest table, so such mixes are the non-separable cases.
     Wide,
+    /// Tables as a CSV without reuse bins gives them: any dim, pooling
+    /// 1–100, and the bins `plan` fills in for them
+    /// ([`crate::generate::default_bins`] of their rows and pooling). Not
+    /// in [`Style::ALL`]: name it in `styles` to draw it.
+    Defaults,
 }
 
 impl Style {
@@ -588,6 +593,20 @@ fn table_of(cfg: &SpaceConfig, look: &TaskLook, rng: &mut impl Rng, name: String
             }
             (clamp_dim(log_uniform(rng, dlo, dhi)), pooling_of(rng), bins)
         }
+        Style::Defaults => {
+            let lo = DLRM_POOLING.0.max(cfg.pooling_min);
+            let hi = DLRM_POOLING.1.min(cfg.pooling_max);
+            let pooling = match lo <= hi {
+                true => log_uniform(rng, lo, hi),
+                false => pooling_of(rng),
+            };
+            // The bins follow the rows, drawn below.
+            (
+                clamp_dim(log_uniform(rng, dlo, dhi)),
+                pooling,
+                geometric(0.5),
+            )
+        }
         Style::Wide => (
             if rng.gen_bool(0.4) {
                 clamp_dim(log_uniform(rng, 256f64.clamp(dlo, dhi), dhi))
@@ -620,6 +639,9 @@ fn table_of(cfg: &SpaceConfig, look: &TaskLook, rng: &mut impl Rng, name: String
         pooling_factor: pooling,
         bins: normalised(bins),
     };
+    if look.style == Style::Defaults {
+        t.bins = normalised(crate::generate::default_bins(t.rows, t.pooling_factor));
+    }
     make_consistent(&mut t, cfg.batch, rows_cap);
     t
 }
@@ -786,6 +808,35 @@ mod tests {
         for t in many(&cfg, 3000, 1) {
             check_table(&cfg, &t);
         }
+    }
+
+    /// A `Defaults` table has the bins `plan` fills in for a CSV without
+    /// them. The style is drawn only where named.
+    #[test]
+    fn default_bins_tables_take_the_bins_a_csv_without_them_gets() {
+        let cfg = SpaceConfig {
+            styles: vec![Style::Defaults],
+            ..SpaceConfig::default()
+        };
+        let tables = many(&cfg, 500, 4);
+        // Rounded bins may touch a row more than the table has, and
+        // consistency then adds it: within a hair of the default bins.
+        let near = |t: &Table| {
+            let d = crate::generate::default_bins(t.rows, t.pooling_factor);
+            t.bins.iter().zip(d).all(|(a, b)| (a - b).abs() < 1e-3)
+        };
+        let same = tables.iter().filter(|t| near(t)).count();
+        assert!(same > 480, "{same} of 500 with the default bins");
+        for t in &tables {
+            check_table(&cfg, t);
+            assert!(
+                (1.0..=100.0).contains(&t.pooling_factor),
+                "{}",
+                t.pooling_factor
+            );
+        }
+        assert!(tables.iter().any(|t| !t.dim.is_power_of_two()));
+        assert!(!Style::ALL.contains(&Style::Defaults));
     }
 
     #[test]

@@ -82,7 +82,7 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut guarded = runs.plan(&task, &run_cfg.memory)?;
     let elapsed = start.elapsed();
     if args.method == Method::Policy {
-        warn_of_doubts(&guarded);
+        warn_of_doubts(&guarded, &task.tables);
     }
     // `search` measures as it goes: on --verify's oracle, else `sim`.
     let backend = match (args.verify, args.method) {
@@ -137,7 +137,7 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let per_device = predicted_devices(&per_device);
     tracing::info!(
         "placed {} on {} with `{}` in {:.2} ms after a {:.2} ms warm-up \
-         (estimated iteration {cost:.3} ms)",
+         (estimated iteration {cost:.3} ms, from the members' mean per device)",
         common::count(task.tables.len(), "table"),
         common::count(args.devices, "device"),
         guarded.method(),
@@ -219,9 +219,18 @@ fn user_task(args: &PlanArgs, mem: &common::MemoryModel) -> anyhow::Result<commo
     Ok(task)
 }
 
+/// Whether the guard doubted reuse bins that are all the defaults a CSV
+/// without bin columns takes (`common::generate::default_bins`): then the
+/// user never gave the bins that lie outside.
+fn doubts_default_bins(doubts: &[String], tables: &[common::Table]) -> bool {
+    doubts.iter().any(|d| d.contains("bin_"))
+        && (tables.iter())
+            .all(|t| t.bins == common::generate::default_bins(t.rows, t.pooling_factor))
+}
+
 /// Says why the guard doubted the learned plan, and what lies outside
 /// the trained shapes.
-fn warn_of_doubts(guarded: &Guarded) {
+fn warn_of_doubts(guarded: &Guarded, tables: &[common::Table]) {
     for note in &guarded.notes {
         tracing::warn!(
             "{note}: its plans can lose to the heuristics this far out; `--verify sim` \
@@ -235,6 +244,13 @@ fn warn_of_doubts(guarded: &Guarded) {
              measures every candidate)",
             guarded.doubts.join("; "),
             guarded.method()
+        );
+    }
+    if doubts_default_bins(&guarded.doubts, tables) {
+        tracing::warn!(
+            "the reuse bins named are the defaults for a table of those rows and pooling, not \
+             yours (the CSV has no bin columns); scripts/pool-from-trace.py derives them from a \
+             lookup trace"
         );
     }
 }
@@ -611,6 +627,22 @@ mod tests {
     }
 
     /// `--compare` says when the learned plan is the heuristic's chosen.
+    /// A doubt of bins the user never gave is told apart from one of
+    /// bins the CSV gave.
+    #[test]
+    fn doubted_default_bins_are_told_apart() {
+        let mut t = common::Table::cold("m14", 109, 128, 98.42);
+        t.bins = common::generate::default_bins(t.rows, t.pooling_factor);
+        let doubt = vec!["out of distribution: bin_16 of `m14` (0.984)".to_string()];
+        assert!(doubts_default_bins(&doubt, std::slice::from_ref(&t)));
+        assert!(!doubts_default_bins(
+            &["rows of `m14`".to_string()],
+            &[t.clone()]
+        ));
+        let given = common::Table::cold("m14", 109, 128, 98.42);
+        assert!(!doubts_default_bins(&doubt, &[given]));
+    }
+
     #[test]
     fn the_comparison_says_when_the_learned_plan_is_the_heuristics() {
         let mut guarded = Guarded {

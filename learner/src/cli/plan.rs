@@ -137,7 +137,7 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let per_device = predicted_devices(&per_device);
     tracing::info!(
         "placed {} on {} with `{}` in {:.2} ms after a {:.2} ms warm-up \
-         (estimated iteration {cost:.3} ms, from the members' mean per device)",
+         (estimated iteration {cost:.3} ms, composed from the members' mean device costs)",
         common::count(task.tables.len(), "table"),
         common::count(args.devices, "device"),
         guarded.method(),

@@ -519,6 +519,18 @@ const DLRM_DIMS: [u32; 4] = [16, 32, 64, 128];
 /// The DLRM-like pool's range of pooling factors (log-uniform here).
 const DLRM_POOLING: (f64, f64) = (1.0, 100.0);
 
+/// A pooling factor in the DLRM-like range within `cfg`'s (log-uniform);
+/// the whole DLRM-like range where the two do not meet.
+fn dlrm_pooling(cfg: &SpaceConfig, rng: &mut impl Rng) -> f64 {
+    let lo = DLRM_POOLING.0.max(cfg.pooling_min);
+    let hi = DLRM_POOLING.1.min(cfg.pooling_max);
+    if lo <= hi {
+        log_uniform(rng, lo, hi)
+    } else {
+        log_uniform(rng, DLRM_POOLING.0, DLRM_POOLING.1)
+    }
+}
+
 /// One table of `look`'s style.
 fn table_of(cfg: &SpaceConfig, look: &TaskLook, rng: &mut impl Rng, name: String) -> Table {
     let (dlo, dhi) = (cfg.dim_min as f64, cfg.dim_max as f64);
@@ -547,13 +559,7 @@ fn table_of(cfg: &SpaceConfig, look: &TaskLook, rng: &mut impl Rng, name: String
                 inside
             };
             let dim = clamp_dim(dims[rng.gen_range(0..dims.len())] as f64);
-            let lo = DLRM_POOLING.0.max(cfg.pooling_min);
-            let hi = DLRM_POOLING.1.min(cfg.pooling_max);
-            let pooling = if lo <= hi {
-                log_uniform(rng, lo, hi)
-            } else {
-                log_uniform(rng, DLRM_POOLING.0, DLRM_POOLING.1)
-            };
+            let pooling = dlrm_pooling(cfg, rng);
             (dim, pooling, geometric(rng.gen_range(0.46..0.56)))
         }
         Style::TraceLike => {
@@ -594,12 +600,7 @@ fn table_of(cfg: &SpaceConfig, look: &TaskLook, rng: &mut impl Rng, name: String
             (clamp_dim(log_uniform(rng, dlo, dhi)), pooling_of(rng), bins)
         }
         Style::Defaults => {
-            let lo = DLRM_POOLING.0.max(cfg.pooling_min);
-            let hi = DLRM_POOLING.1.min(cfg.pooling_max);
-            let pooling = match lo <= hi {
-                true => log_uniform(rng, lo, hi),
-                false => pooling_of(rng),
-            };
+            let pooling = dlrm_pooling(cfg, rng);
             // The bins follow the rows, drawn below.
             (
                 clamp_dim(log_uniform(rng, dlo, dhi)),

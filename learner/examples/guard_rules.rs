@@ -197,13 +197,7 @@ fn capped(t: &Replayed, c: f64, m: f64) -> usize {
     if !t.candidates[t.chosen].learned() {
         return t.chosen;
     }
-    let most = |p: &common::Plan| {
-        let mut on = vec![0usize; p.devices];
-        for &d in &p.assignment {
-            on[d] += 1;
-        }
-        on.into_iter().max().unwrap_or(0)
-    };
+    let most = model::guard::most_on_a_device;
     let cap = (t.candidates.iter())
         .filter(|k| !k.learned())
         .map(|k| most(&k.plan))

@@ -392,7 +392,7 @@ fn least_crowded(
 }
 
 /// The tables on `plan`'s most crowded device.
-fn most_on_a_device(plan: &Plan) -> usize {
+pub fn most_on_a_device(plan: &Plan) -> usize {
     let mut on = vec![0usize; plan.devices];
     for &d in &plan.assignment {
         on[d] += 1;
@@ -688,8 +688,8 @@ pub fn add_basins(g: &mut Guarded, models: &[&Model], task: &Task) -> usize {
 
 /// Measures every candidate on `oracle` and chooses the measured best (the
 /// learned plan on a tie). A plan that several candidates give is measured
-/// once, and they all take that measurement. A candidate the oracle fails on is left out
-/// (with a warning); it fails only when none was measured. Returns the
+/// once, and they all take that measurement. A candidate the oracle fails
+/// on is left out (with a warning); it fails only when none was measured. Returns the
 /// largest repeat-to-repeat spread of a measurement (interquartile range
 /// over the median) for oracles that time real work: gains under it are
 /// ties.

@@ -626,7 +626,6 @@ mod tests {
         Candidate::new(method, plan, predicted.to_vec())
     }
 
-    /// `--compare` says when the learned plan is the heuristic's chosen.
     /// A doubt of bins the user never gave is told apart from one of
     /// bins the CSV gave.
     #[test]
@@ -643,6 +642,7 @@ mod tests {
         assert!(!doubts_default_bins(&doubt, &[given]));
     }
 
+    /// `--compare` says when the learned plan is the heuristic's chosen.
     #[test]
     fn the_comparison_says_when_the_learned_plan_is_the_heuristics() {
         let mut guarded = Guarded {

@@ -132,6 +132,18 @@ pub enum CostWork {
     /// dim 20 costs what one of dim 32 does; the scaled dim alone hides
     /// that step.
     Sectors,
+    /// The three of `sectors` and six more, each a known driver of a fused
+    /// lookup kernel's time, computed from the table's own features (see
+    /// `model::nets::with_kernel_features`): the sector width weighted by
+    /// TorchRec's block penalty in a full-warp block and in a half-warp
+    /// block (the widest table beside it picks which), whether the table
+    /// is wider than half a warp, the sector width of lookups that repeat a
+    /// row (what a cache can serve), the bytes of the rows read more than
+    /// once in a batch (what competes for the cache), and the share of
+    /// lookups on very hot rows (their gradients reduce serially). A sum
+    /// of learned functions of 21 logarithmic features fits these only
+    /// roughly, and the search moves tables by their marginal costs.
+    Kernel,
 }
 
 /// The cost network's loss over per-device forward, backward and

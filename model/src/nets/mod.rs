@@ -264,7 +264,86 @@ pub fn work_features(work: CostWork) -> i64 {
         CostWork::None => 0,
         CostWork::Inputs | CostWork::Gated => WORK_FEATURES,
         CostWork::Sectors => WORK_FEATURES + 1,
+        CostWork::Kernel => WORK_FEATURES + 1 + KERNEL_FEATURES,
     }
+}
+
+/// The kernel's cost drivers [`with_kernel_features`] adds after the
+/// sector-rounded width.
+pub const KERNEL_FEATURES: i64 = 6;
+
+/// The batch the footprint feature assumes: the trace's (a fixed scale,
+/// since every backend measures at one batch).
+const FOOTPRINT_BATCH: f64 = common::generate::published::BATCH as f64;
+/// Cache bytes the footprint feature is counted in (64 MiB, about a
+/// data-centre GPU's L2).
+const FOOTPRINT_UNIT: f64 = (64u64 << 20) as f64;
+/// Accesses per batch above which a row is very hot.
+const HOT_ACCESSES: f64 = 1024.0;
+
+/// TorchRec's block penalty (`[N, 1]`) of dims (`[N, 1]`, unscaled) in
+/// blocks of `width` lanes: 1 for a full block, 1.15 from half, 1.75 below.
+fn lane_penalty(dim: &Tensor, width: f64) -> Tensor {
+    use common::published::{HALF_BLOCK_PENALTY, QUARTER_BLOCK_PENALTY};
+    let share = dim / ((dim / width).ceil() * width);
+    let full = share.ge(1.0 - 1e-6).to_kind(dim.kind());
+    let half = share.ge(0.5 - 1e-6).to_kind(dim.kind());
+    // 1.75 below half; 1.15 from half; 1 for a full block.
+    (&half * (HALF_BLOCK_PENALTY - QUARTER_BLOCK_PENALTY) + QUARTER_BLOCK_PENALTY)
+        + full * (1.0 - HALF_BLOCK_PENALTY)
+}
+
+/// `[N, 24]` of [`with_work_features`] (`sectors`) → `[N, 30]` with the
+/// kernel's cost drivers appended (see [`CostWork::Kernel`]):
+///
+/// - the sector width in a full-warp block (128 lanes) and in a half-warp
+///   block (64), each times TorchRec's block penalty there;
+/// - 1 where the table is wider than 64 (a device's sum counts them, so
+///   the heads can tell which block width its call gets);
+/// - the sector width times the share of lookups that repeat a row;
+/// - the bytes of rows read more than once in a batch of 65,536, in
+///   units of 64 MiB: what the call's tables ask of one cache;
+/// - the share of lookups on rows read over 1,024 times a batch.
+pub fn with_kernel_features(features: &Tensor) -> Tensor {
+    let x = with_work_features(features, true);
+    let f = NUM_FEATURES as i64;
+    let dim = features.narrow(1, 0, 1) * 128.0;
+    let sectored = x.narrow(1, f + 2, 1);
+    let rows = (features.narrow(1, 1, 1) * (8.0 * std::f64::consts::LN_10)).exp();
+    let pooling = (features.narrow(1, 2, 1) * (3.0 * std::f64::consts::LN_10)).exp() - 1.0;
+    let bins = features.narrow(1, 4, common::table::NUM_BINS as i64);
+    let counts: Vec<f32> = (0..common::table::NUM_BINS)
+        .map(|k| common::Table::bin_count(k) as f32)
+        .collect();
+    let counts = Tensor::from_slice(&counts)
+        .to_kind(features.kind())
+        .to_device(features.device())
+        .view([1, -1]);
+    let total = bins.sum_dim_intlist([1i64].as_slice(), true, None::<Kind>);
+    let weighted = (&bins * &counts).sum_dim_intlist([1i64].as_slice(), true, None::<Kind>);
+    // Table::mean_reuse: accesses per unique row, at least 1 (1 without bins).
+    let reuse = (&weighted / total.clamp_min(1e-12)).clamp_min(1.0);
+    let repeats = 1.0 - reuse.reciprocal();
+    let hot_counts = counts.gt(HOT_ACCESSES).to_kind(features.kind());
+    let hot = (&bins * &counts * hot_counts).sum_dim_intlist([1i64].as_slice(), true, None::<Kind>)
+        / weighted.clamp_min(1e-12);
+    let unique = (pooling * FOOTPRINT_BATCH / &reuse).minimum(&rows);
+    // `dim` rounded up to 16 (whole 32-byte sectors of fp16 weights).
+    let row_bytes = ((&dim / 16.0 - 1e-4).ceil()) * 32.0;
+    let once = features.narrow(1, 4, 1);
+    let footprint = unique * (-once + 1.0).clamp_min(0.0) * row_bytes / FOOTPRINT_UNIT;
+    Tensor::cat(
+        &[
+            x.shallow_clone(),
+            &sectored * lane_penalty(&dim, 128.0),
+            &sectored * lane_penalty(&dim, 64.0),
+            dim.gt(64.0 + 1e-3).to_kind(features.kind()),
+            &sectored * repeats,
+            footprint,
+            hot,
+        ],
+        1,
+    )
 }
 
 /// `[N, 21]` scaled features → `[N, 23]` with the two work features
@@ -455,6 +534,7 @@ impl CostNet {
             CostWork::None => features.shallow_clone(),
             CostWork::Inputs | CostWork::Gated => with_work_features(features, false),
             CostWork::Sectors => with_work_features(features, true),
+            CostWork::Kernel => with_kernel_features(features),
         };
         let mut reps: Vec<Tensor> = self
             .members
@@ -1193,6 +1273,58 @@ mod tests {
         }
     }
 
+    /// The kernel features agree with the table's own figures: TorchRec's
+    /// block penalties by dim and block width, the share of lookups that
+    /// repeat a row, the repeated rows' bytes and the hot lookups' share.
+    #[test]
+    fn the_kernel_features_follow_the_tables_own_figures() {
+        let f = NUM_FEATURES as i64;
+        // (dim, penalty in 128 lanes, penalty in 64 lanes)
+        for (dim, full, half) in [
+            (12, 1.75, 1.75),
+            (32, 1.75, 1.15),
+            (64, 1.15, 1.0),
+            (100, 1.15, 1.15),
+            (128, 1.0, 1.0),
+            (200, 1.15, 1.15),
+            (1024, 1.0, 1.0),
+        ] {
+            for (rows, pooling, hot_bin) in [(500, 40.0, 11), (3_000_000, 7.5, 3), (10_000, 0.5, 0)]
+            {
+                let mut t = common::Table::cold("t", rows, dim, pooling);
+                t.bins = [0.0; common::table::NUM_BINS];
+                t.bins[0] = 0.4;
+                t.bins[2] = 0.35;
+                t.bins[hot_bin] += 0.25;
+                let x = Tensor::from_slice(&scaled(&t)).view([1, f]);
+                let k = with_kernel_features(&x);
+                assert_eq!(k.size(), vec![1, f + work_features(CostWork::Kernel)]);
+                let at = |i: i64| k.double_value(&[0, f + i]);
+                let sectored = at(2);
+                let near = |got: f64, want: f64, what: &str| {
+                    assert!(
+                        (got - want).abs() <= 2e-3 * want.abs().max(1e-3),
+                        "dim {dim}, rows {rows}, pooling {pooling}: {what} {got}, want {want}"
+                    )
+                };
+                near(at(3), sectored * full, "full-warp width");
+                near(at(4), sectored * half, "half-warp width");
+                assert_eq!(at(5), if dim > 64 { 1.0 } else { 0.0 });
+                near(
+                    at(6),
+                    sectored * (1.0 - 1.0 / t.mean_reuse()),
+                    "repeated width",
+                );
+                let row_bytes = (dim as f64 / 16.0).ceil() * 32.0;
+                let footprint =
+                    common::generate::unique_rows(&t, 65536) * (1.0 - t.bins[0]) * row_bytes
+                        / (64u64 << 20) as f64;
+                near(at(7), footprint, "footprint");
+                near(at(8), t.lookup_share_above(1024.0), "hot share");
+            }
+        }
+    }
+
     /// Plans that share tables: the batch holds each distinct table once,
     /// and predicts (and trains) as with every table of every plan
     /// computed apart.
@@ -1249,6 +1381,7 @@ mod tests {
             (OverallCost::Head, CostWork::Gated, false),
             (OverallCost::Composed, CostWork::Inputs, true),
             (OverallCost::Composed, CostWork::Sectors, false),
+            (OverallCost::Composed, CostWork::Kernel, false),
         ] {
             tch::manual_seed(0);
             let vs = nn::VarStore::new(Device::Cpu);

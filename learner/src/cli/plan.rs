@@ -520,6 +520,13 @@ fn comparison(guarded: &Guarded) -> String {
             }
         );
     }
+    // Methods without a candidate found no plan that fits memory: say so,
+    // or the user reads a heuristic left out as one never tried.
+    let names = std::iter::once(model::guard::POLICY)
+        .chain(model::guard::HEURISTICS.iter().map(|m| m.name()));
+    for name in names.filter(|&n| guarded.candidates.iter().all(|c| c.method != n)) {
+        let _ = writeln!(s, "  {name:<12}  no plan that fits memory");
+    }
     if several {
         let _ = writeln!(s, "  (N): proposed by the N-th --run");
     }
@@ -663,6 +670,30 @@ mod tests {
         guarded.candidates[0].plan.assignment = vec![0, 0];
         let text = comparison(&guarded);
         assert!(!text.contains("the learned plan is"), "{text}");
+    }
+
+    /// `--compare` names the methods that found no plan that fits memory,
+    /// and only those.
+    #[test]
+    fn the_comparison_names_methods_without_a_plan_that_fits() {
+        let guarded = Guarded {
+            candidates: vec![candidate("size", &[9.0]), candidate("lookup", &[8.0])],
+            chosen: 1,
+            doubts: Vec::new(),
+            notes: Vec::new(),
+            basins: Vec::new(),
+        };
+        let text = comparison(&guarded);
+        let missing: Vec<&str> = text
+            .lines()
+            .filter(|l| l.ends_with("no plan that fits memory"))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert_eq!(
+            missing,
+            ["policy", "size_lookup", "torchrec", "dim"],
+            "{text}"
+        );
     }
 
     /// The placement JSON names a narrow win with the guard's figures, and

@@ -9,6 +9,11 @@
 //!
 //! cargo run --release --example device_dump -- RUN_DIR SUITE... > OUT.jsonl
 
+/// Bytes of one fp16 row in whole 32-byte sectors.
+fn row_bytes(t: &common::Table) -> f64 {
+    (t.dim as f64 * 2.0 / 32.0).ceil() * 32.0
+}
+
 fn main() -> anyhow::Result<()> {
     tch::set_num_threads(1);
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -31,17 +36,13 @@ fn main() -> anyhow::Result<()> {
                     let on: Vec<&common::Table> = group.iter().map(|&t| &task.tables[t]).collect();
                     let widest = on.iter().map(|t| t.dim).max().unwrap_or(0);
                     let lookups: f64 = on.iter().map(|t| t.pooling_factor).sum();
-                    let bytes: f64 = on
-                        .iter()
-                        .map(|t| t.pooling_factor * ((t.dim as f64 * 2.0) / 32.0).ceil() * 32.0)
-                        .sum();
+                    let bytes: f64 = on.iter().map(|t| t.pooling_factor * row_bytes(t)).sum();
                     let repeated: f64 = on
                         .iter()
                         .map(|t| {
                             common::generate::unique_rows(t, cfg.sim.batch)
                                 * (1.0 - t.bins[0]).max(0.0)
-                                * ((t.dim as f64 * 2.0) / 32.0).ceil()
-                                * 32.0
+                                * row_bytes(t)
                         })
                         .sum();
                     let reuse: f64 = on

@@ -307,10 +307,12 @@ fn lane_penalty(dim: &Tensor, width: f64) -> Tensor {
 pub fn with_kernel_features(features: &Tensor) -> Tensor {
     let x = with_work_features(features, true);
     let f = NUM_FEATURES as i64;
-    let dim = features.narrow(1, 0, 1) * 128.0;
+    let scaled_dim = features.narrow(1, 0, 1);
+    let dim = &scaled_dim * 128.0;
     let sectored = x.narrow(1, f + 2, 1);
+    // Inverts `log10(rows) / 8`.
     let rows = (features.narrow(1, 1, 1) * (8.0 * std::f64::consts::LN_10)).exp();
-    let pooling = (features.narrow(1, 2, 1) * (3.0 * std::f64::consts::LN_10)).exp() - 1.0;
+    let pooling = pooling_of(features);
     let bins = features.narrow(1, 4, common::table::NUM_BINS as i64);
     let counts: Vec<f32> = (0..common::table::NUM_BINS)
         .map(|k| common::Table::bin_count(k) as f32)
@@ -328,8 +330,8 @@ pub fn with_kernel_features(features: &Tensor) -> Tensor {
     let hot = (&bins * &counts * hot_counts).sum_dim_intlist([1i64].as_slice(), true, None::<Kind>)
         / weighted.clamp_min(1e-12);
     let unique = (pooling * FOOTPRINT_BATCH / &reuse).minimum(&rows);
-    // `dim` rounded up to 16 (whole 32-byte sectors of fp16 weights).
-    let row_bytes = ((&dim / 16.0 - 1e-4).ceil()) * 32.0;
+    // Whole 32-byte sectors of fp16 weights: 2 bytes per rounded dim.
+    let row_bytes = sector_dim(&scaled_dim) * 256.0;
     let once = features.narrow(1, 4, 1);
     let footprint = unique * (-once + 1.0).clamp_min(0.0) * row_bytes / FOOTPRINT_UNIT;
     Tensor::cat(
@@ -350,19 +352,26 @@ pub fn with_kernel_features(features: &Tensor) -> Tensor {
 /// appended; `[N, 24]` with the sector-rounded width too (`sectors`).
 pub fn with_work_features(features: &Tensor, sectors: bool) -> Tensor {
     let dim = features.narrow(1, 0, 1);
-    // Inverts `log10(1 + pooling) / 3` (common::features::scaled).
-    let pooling = (features.narrow(1, 2, 1) * (3.0 * std::f64::consts::LN_10)).exp() - 1.0;
-    let lookups = pooling / 16.0;
+    let lookups = pooling_of(features) / 16.0;
     let width = &lookups * &dim;
     if !sectors {
         return Tensor::cat(&[features.shallow_clone(), lookups, width], 1);
     }
-    // `dim / 128` → `ceil(dim / 16) × 16 / 128`: a row of fp16 weights in
-    // whole 32-byte sectors. The small slack keeps an exact multiple of
-    // 16 from rounding up through float error.
-    let rounded = ((dim * 8.0 - 1e-4).ceil()) / 8.0;
-    let sectored = &lookups * rounded;
+    let sectored = &lookups * sector_dim(&dim);
     Tensor::cat(&[features.shallow_clone(), lookups, width, sectored], 1)
+}
+
+/// `[N, 1]` pooling factors of `[N, 21]` scaled features: inverts
+/// `log10(1 + pooling) / 3` (common::features::scaled).
+fn pooling_of(features: &Tensor) -> Tensor {
+    (features.narrow(1, 2, 1) * (3.0 * std::f64::consts::LN_10)).exp() - 1.0
+}
+
+/// Scaled dims `dim / 128` → `ceil(dim / 16) × 16 / 128`: a row of fp16
+/// weights in whole 32-byte sectors. The small slack keeps an exact
+/// multiple of 16 from rounding up through float error.
+fn sector_dim(scaled_dim: &Tensor) -> Tensor {
+    ((scaled_dim * 8.0 - 1e-4).ceil()) / 8.0
 }
 
 impl Member {

@@ -6,6 +6,9 @@
 //! The load: tables, widest dim, lookups per sample, lookup bytes per
 //! sample (`pooling × dim × 2`, rows rounded to 32-byte sectors) and the
 //! bytes of rows read more than once in a batch (what competes for L2).
+//! Then the lookup-weighted means of its tables' `log10` rows, `log10`
+//! pooling, share of lookups on rows read over 1024 times, and whether a
+//! batch touches every row (`saturated_share`).
 //!
 //! cargo run --release --example device_dump -- RUN_DIR SUITE... > OUT.jsonl
 
@@ -50,6 +53,17 @@ fn main() -> anyhow::Result<()> {
                         .map(|t| t.pooling_factor * (1.0 - 1.0 / t.mean_reuse()))
                         .sum::<f64>()
                         / lookups.max(1e-9);
+                    // Lookup-weighted means of the tables' own figures.
+                    let weighted = |f: &dyn Fn(&common::Table) -> f64| {
+                        on.iter().map(|t| t.pooling_factor * f(t)).sum::<f64>() / lookups.max(1e-9)
+                    };
+                    let log10_rows = weighted(&|t| (t.rows as f64).log10());
+                    let log10_pooling = weighted(&|t| t.pooling_factor.log10());
+                    let hot = weighted(&|t| t.lookup_share_above(1024.0));
+                    let saturated = weighted(&|t| {
+                        let n = batch * t.pooling_factor;
+                        f64::from(n / t.mean_reuse() >= t.rows as f64 * 0.999)
+                    });
                     println!(
                         "{}",
                         serde_json::json!({
@@ -64,6 +78,10 @@ fn main() -> anyhow::Result<()> {
                             "bytes_per_sample": bytes,
                             "repeated_mib": repeated / (1u64 << 20) as f64,
                             "repeat_share": reuse,
+                            "log10_rows": log10_rows,
+                            "log10_pooling": log10_pooling,
+                            "hot_share": hot,
+                            "saturated_share": saturated,
                             "batch": batch,
                             "pred_fwd": p[0],
                             "pred_bwd": p[1],

@@ -122,6 +122,12 @@ fn main() -> anyhow::Result<()> {
             rules.push((name, Box::new(move |t: &Replayed| agree(t, m, k))));
         }
     }
+    for m in [0.04, 0.06, 0.08, 0.10] {
+        rules.push((
+            format!("margin ({:.0} %)", m * 100.0),
+            Box::new(move |t: &Replayed| margined(t, m)),
+        ));
+    }
     for c in [1.0, 1.25, 1.5, 2.0] {
         rules.push((
             format!("crowd cap ({c})"),
@@ -179,6 +185,21 @@ fn agree(t: &Replayed, m: f64, k: usize) -> usize {
         .filter(|b| model::guard::cheaper_by(b, rival, m))
         .count();
     if agreeing >= k.min(basins.len()) {
+        t.chosen
+    } else {
+        h
+    }
+}
+
+/// [`Replayed::chosen`] where it is a heuristic's plan or every member
+/// predicts it cheaper than the best-ranked heuristic plan by `m`; else
+/// that heuristic plan.
+fn margined(t: &Replayed, m: f64) -> usize {
+    let (Some(h), false) = (t.ranked, t.out_of_distribution) else {
+        return t.chosen;
+    };
+    let c = &t.candidates[t.chosen];
+    if !c.learned() || model::guard::cheaper_by(c, &t.candidates[h], m) {
         t.chosen
     } else {
         h

@@ -12,38 +12,47 @@
 //! even share of the task's tables (`common::suite::share_memory_gb`),
 //! 1.2 or 2. One suite per set, shape and share, each with its own pool.
 //!
-//! cargo run --release --example user_suites -- OUT_DIR [TASKS_PER_SUITE] [SEED]
+//! `--other` draws another family, to check that what holds on the first
+//! is not tuned to it: rows log-uniform in 10⁴–10^7.5, pooling in 0.5–50,
+//! dims from `x8` (every multiple of 8 from 8 to 512) or `pow` (8 to 512),
+//! 40 tables on 2 devices, 200 on 16 and 480 on 32, at 1.1 or 3 times an
+//! even share.
+//!
+//! cargo run --release --example user_suites -- OUT_DIR [TASKS_PER_SUITE] [SEED] [--other]
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::fmt::Write as _;
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let other = args.iter().any(|a| a == "--other");
+    args.retain(|a| a != "--other");
     let out = std::path::PathBuf::from(args.first().map_or("data/user", String::as_str));
     let n: usize = args.get(1).map_or(Ok(20), |s| s.parse())?;
     let seed: u64 = args.get(2).map_or(Ok(11_000_003), |s| s.parse())?;
     let mem = common::MemoryModel::default();
-    let mult4: Vec<u32> = (12..=256).step_by(4).collect();
-    let odd: Vec<u32> = mult4
-        .iter()
-        .copied()
-        .filter(|d| !d.is_power_of_two())
-        .collect();
-    let sets: [(&str, Vec<u32>); 3] = [
-        ("pow", vec![16, 32, 64, 128]),
-        ("odd", odd),
-        ("mult4", mult4),
-    ];
-    let shapes = [(120, 8), (120, 4), (250, 16)];
+    let family = if other {
+        Family::other()
+    } else {
+        Family::first()
+    };
     std::fs::create_dir_all(&out)?;
     let mut k = 0u64;
-    for (set, dims) in &sets {
-        for &(tables, devices) in &shapes {
-            for share in [1.2, 2.0] {
+    for (set, dims) in &family.sets {
+        for &(tables, devices) in &family.shapes {
+            for share in family.shares {
                 k += 1;
-                let name = format!("user-{set}-{tables}x{devices}-share{share}");
+                let name = format!("{}-{set}-{tables}x{devices}-share{share}", family.prefix);
                 let mut rng = ChaCha8Rng::seed_from_u64(seed + k);
-                let (csv, suite) = draw(&name, dims, tables, devices, share, n, &mut rng, &mem)?;
+                let (csv, suite) = draw(
+                    &family,
+                    &name,
+                    dims,
+                    (tables, devices, share),
+                    n,
+                    &mut rng,
+                    &mem,
+                )?;
                 let pool_name = format!("{name}.csv");
                 std::fs::write(out.join(&pool_name), csv)?;
                 let suite = common::suite::SuiteFile {
@@ -58,14 +67,63 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One suite's pool CSV and tasks.
-#[allow(clippy::too_many_arguments)]
+/// What a family of suites draws.
+struct Family {
+    prefix: &'static str,
+    /// Named sets of dims.
+    sets: Vec<(&'static str, Vec<u32>)>,
+    /// Tables and devices of a task.
+    shapes: Vec<(usize, usize)>,
+    shares: [f64; 2],
+    /// `log10` of the rows, lowest and highest.
+    log10_rows: (f64, f64),
+    /// `log10` of the pooling, lowest and highest.
+    log10_pooling: (f64, f64),
+}
+
+impl Family {
+    fn first() -> Family {
+        let mult4: Vec<u32> = (12..=256).step_by(4).collect();
+        let odd: Vec<u32> = mult4
+            .iter()
+            .copied()
+            .filter(|d| !d.is_power_of_two())
+            .collect();
+        Family {
+            prefix: "user",
+            sets: vec![
+                ("pow", vec![16, 32, 64, 128]),
+                ("odd", odd),
+                ("mult4", mult4),
+            ],
+            shapes: vec![(120, 8), (120, 4), (250, 16)],
+            shares: [1.2, 2.0],
+            log10_rows: (3.0, 7.0),
+            log10_pooling: (0.0, 2.0),
+        }
+    }
+
+    fn other() -> Family {
+        Family {
+            prefix: "other",
+            sets: vec![
+                ("x8", (8..=512).step_by(8).collect()),
+                ("pow", vec![8, 16, 32, 64, 128, 256, 512]),
+            ],
+            shapes: vec![(40, 2), (200, 16), (480, 32)],
+            shares: [1.1, 3.0],
+            log10_rows: (4.0, 7.5),
+            log10_pooling: (-0.3, 1.7),
+        }
+    }
+}
+
+/// One suite's pool CSV and tasks: `shape` is tables, devices and share.
 fn draw(
+    family: &Family,
     name: &str,
     dims: &[u32],
-    tables: usize,
-    devices: usize,
-    share: f64,
+    (tables, devices, share): (usize, usize, f64),
     n: usize,
     rng: &mut ChaCha8Rng,
     mem: &common::MemoryModel,
@@ -77,7 +135,7 @@ fn draw(
         let task = format!("{name}-{t:04}");
         let mut drawn = Vec::new();
         for i in 0..tables {
-            let rows = 10f64.powf(rng.gen_range(3.0..7.0)) as u64;
+            let rows = 10f64.powf(rng.gen_range(family.log10_rows.0..family.log10_rows.1)) as u64;
             // Log-uniform over the set: the member nearest a log-uniform draw.
             let target = rng.gen_range(lo..=hi).exp();
             let dim = *dims
@@ -88,7 +146,8 @@ fn draw(
                         .total_cmp(&(**b as f64 - target).abs())
                 })
                 .expect("a dim set is not empty");
-            let pooling = (10f64.powf(rng.gen_range(0.0..2.0)) * 100.0).round() / 100.0;
+            let (lo_p, hi_p) = family.log10_pooling;
+            let pooling = (10f64.powf(rng.gen_range(lo_p..hi_p)) * 100.0).round() / 100.0;
             let table = format!("{task}/t{i}");
             writeln!(csv, "{table},{rows},{dim},{pooling}")?;
             // Memory depends on rows and dim alone; loading the CSV adds the bins.

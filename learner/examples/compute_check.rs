@@ -72,10 +72,7 @@ fn main() -> anyhow::Result<()> {
             mem: &cfg.memory,
             cfg: &cfg.eval,
             batch,
-            runs: &[model::guard::Trained {
-                model: &model,
-                shapes: None,
-            }],
+            runs: &[model::guard::Trained::alone(&model, None)],
         },
         || eprint!("."),
     )?;

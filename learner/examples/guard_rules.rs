@@ -3,9 +3,12 @@
 //! ends of the searches (basins), each predicted by every member and
 //! measured on `sim`. One row per rule, over all the suites given:
 //!
-//! - `shipped`: what `plan` returns (model::guard::plan). For `plan`
+//! - `shipped`: what the run's guard returns (model::guard::plan). For `plan`
 //!   before its near ties went to the less crowded plan, give a copy of
 //!   the run whose config.toml has `plan_tie = 0` under `[model]`.
+//! - `with its second opinion`: what `learner plan` returns where the run
+//!   ships a second opinion (RUN_DIR/second-opinion): `shipped`, after
+//!   that network's veto (model::guard::second_opinion).
 //! - `heuristics only`: the heuristic plan the guard ranks best (its
 //!   highest member prediction), never a learned plan. The floor of any
 //!   rule that trusts the network to rank the heuristics' plans.
@@ -47,6 +50,8 @@ struct Replayed {
     suite: usize,
     candidates: Vec<Candidate>,
     chosen: usize,
+    /// The choice after the run's second opinion (`chosen` without one).
+    heard: usize,
     /// The best heuristic candidate as the guard ranks it (unmeasured).
     ranked: Option<usize>,
     out_of_distribution: bool,
@@ -63,6 +68,11 @@ fn main() -> anyhow::Result<()> {
     let run = std::path::Path::new(&args[0]);
     let (cfg, model) = learner::checkpoint::load_run(run)?;
     let shapes = model::shapes::TrainedShapes::read(run);
+    let second_dir = run.join(learner::checkpoint::Runs::SECOND_OPINION);
+    let second = match second_dir.is_dir() {
+        true => Some(learner::checkpoint::load_run(&second_dir)?.1),
+        false => None,
+    };
     let mut oracle = benchworker::build(benchworker::Backend::Sim, &cfg)?;
     let cfg_margin = model.plan_cfg.plan_margin;
     let mut tasks = Vec::new();
@@ -73,12 +83,17 @@ fn main() -> anyhow::Result<()> {
             let (chosen, ranked) = (g.chosen, g.best_heuristic());
             let out_of_distribution = g.out_of_distribution();
             let narrow = g.narrow_win().is_some();
+            let mut heard = g.clone();
+            if let Some(second) = &second {
+                model::guard::second_opinion(&mut heard, second, &task.tables, cfg_margin);
+            }
             model::guard::add_basins(&mut g, &[&model], task);
             model::guard::verify(&mut g, &task.tables, oracle.as_mut())?;
             tasks.push(Replayed {
                 suite,
                 candidates: g.candidates,
                 chosen,
+                heard: heard.chosen,
                 ranked,
                 out_of_distribution,
                 narrow,
@@ -87,6 +102,10 @@ fn main() -> anyhow::Result<()> {
     }
     let mut rules: Vec<(String, Rule)> = vec![
         ("shipped".into(), Box::new(|t: &Replayed| t.chosen)),
+        (
+            "with its second opinion".into(),
+            Box::new(|t: &Replayed| t.heard),
+        ),
         (
             "heuristics only".into(),
             Box::new(|t: &Replayed| match t.out_of_distribution {

@@ -1,7 +1,8 @@
 //! Times `Model::plan` (after loading and one warm-up call) for a pool CSV
 //! under several `model.plan_*` settings: min and median over 15 calls.
 //! With a suite instead, times the run's own `plan` settings on each of its
-//! tasks, alone and guarded (what `learner plan` runs): the median (the upper one, for an even count) over tasks of each
+//! tasks, alone and guarded (what `learner plan` runs, with the second
+//! opinion the run ships): the median (the upper one, for an even count) over tasks of each
 //! task's median of 5 calls, the range, and how many tasks took over 10 ms.
 //! `--with RUN_B ...` adds the time of the runs placing together, one
 //! after another (`model::guard::plan_jointly`) and a thread each (what
@@ -16,13 +17,12 @@ fn main() -> anyhow::Result<()> {
     let (cfg, mut model) = learner::checkpoint::load_run(run)?;
     if args[1] == "--suite" {
         let suite = common::Suite::load(std::path::Path::new(&args[2]), &cfg.memory)?;
-        let shapes = model::shapes::TrainedShapes::read(run);
         let mut dirs = vec![run.to_path_buf()];
         if args.get(3).map(String::as_str) == Some("--with") {
             dirs.extend(args[4..].iter().map(std::path::PathBuf::from));
         }
-        let together = learner::checkpoint::Runs::load(&dirs)?;
-        let threaded = std::cell::RefCell::new(learner::checkpoint::Runs::load(&dirs)?);
+        let together = learner::checkpoint::Runs::load(&dirs, true)?;
+        let threaded = std::cell::RefCell::new(learner::checkpoint::Runs::load(&dirs, true)?);
         let trained = together.trained();
         for (guarded, joint) in [(false, false), (true, false), (true, true), (false, true)] {
             if joint && dirs.len() == 1 {
@@ -40,7 +40,7 @@ fn main() -> anyhow::Result<()> {
                             let g = model::guard::plan_jointly(&trained, task, &cfg.memory);
                             drop(g.expect("a plan that fits"));
                         } else if guarded {
-                            let g = model::guard::plan(&model, shapes.as_ref(), task, &cfg.memory);
+                            let g = trained[0].plan(task, &cfg.memory);
                             drop(g.expect("a plan that fits"));
                         } else {
                             drop(model.plan(task, &cfg.memory));

@@ -302,18 +302,28 @@ pub struct Runs {
     pub dirs: Vec<PathBuf>,
     pub models: Vec<Model>,
     pub shapes: Vec<Option<model::shapes::TrainedShapes>>,
+    /// Each run's second opinion ([`Runs::SECOND_OPINION`]), where it
+    /// ships one and it was not declined.
+    pub seconds: Vec<Option<Model>>,
 }
 
 impl Runs {
-    /// Loads each run's newest intact model ([`load_run`]). Runs placed
-    /// together must price the same thing: the same `[memory]`, oracle
-    /// and batch. A run given twice is refused.
-    pub fn load(dirs: &[PathBuf]) -> anyhow::Result<Runs> {
+    /// The folder, inside a run's, of the run whose cost network vetoes
+    /// the run's learned plans ([`model::guard::second_opinion`]). The
+    /// shipped model has one; runs that `train` writes do not.
+    pub const SECOND_OPINION: &'static str = "second-opinion";
+
+    /// Loads each run's newest intact model ([`load_run`]), and with
+    /// `second_opinions` the second opinion it ships. Runs placed together
+    /// must price the same thing: the same `[memory]`, oracle and batch,
+    /// as must a run and its second opinion. A run given twice is refused.
+    pub fn load(dirs: &[PathBuf], second_opinions: bool) -> anyhow::Result<Runs> {
         let (first, _) = dirs
             .split_first()
             .ok_or_else(|| anyhow::anyhow!("no run to place with"))?;
         let mut seen = Vec::new();
         let (mut cfg, mut models, mut shapes) = (None, Vec::new(), Vec::new());
+        let mut seconds = Vec::new();
         for dir in dirs {
             let same = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone());
             if let Some(j) = seen.iter().position(|s| *s == same) {
@@ -326,6 +336,11 @@ impl Runs {
             }
             seen.push(same);
             let (this, model) = load_run(dir)?;
+            let second = dir.join(Self::SECOND_OPINION);
+            seconds.push(match second_opinions && second.is_dir() {
+                true => Some(Self::load_second(&this, dir, &second)?),
+                false => None,
+            });
             match &cfg {
                 None => cfg = Some(this),
                 Some(first_cfg) => {
@@ -343,7 +358,28 @@ impl Runs {
             dirs: dirs.to_vec(),
             models,
             shapes,
+            seconds,
         })
+    }
+
+    /// The second opinion in folder `second` of run `dir` (configuration
+    /// `cfg`): it must price what the run prices.
+    fn load_second(cfg: &Config, dir: &Path, second: &Path) -> anyhow::Result<Model> {
+        let (its, model) = load_run(second)
+            .with_context(|| format!("the second opinion {} does not load", second.display()))?;
+        Self::check_alike(cfg, dir, &its, second).with_context(|| {
+            format!(
+                "{} cannot be {}'s second opinion (--no-second-opinion places without it)",
+                second.display(),
+                dir.display()
+            )
+        })?;
+        tracing::info!(
+            "the learned plans of {} are vetoed unless {}'s cost network agrees              (--no-second-opinion: without)",
+            dir.display(),
+            second.display()
+        );
+        Ok(model)
     }
 
     /// Refuses a run that learned its costs of another thing than the
@@ -423,12 +459,11 @@ impl Runs {
 
     /// Each run with what it was trained on, for the guard.
     pub fn trained(&self) -> Vec<model::guard::Trained<'_>> {
-        self.models
-            .iter()
-            .zip(&self.shapes)
-            .map(|(model, shapes)| model::guard::Trained {
+        (self.models.iter().zip(&self.shapes).zip(&self.seconds))
+            .map(|((model, shapes), second)| model::guard::Trained {
                 model,
                 shapes: shapes.as_ref(),
+                second: second.as_ref(),
             })
             .collect()
     }
@@ -456,18 +491,21 @@ impl Runs {
         mem: &common::MemoryModel,
     ) -> anyhow::Result<model::guard::Guarded> {
         if self.models.len() == 1 {
-            return model::guard::plan(&self.models[0], self.shapes[0].as_ref(), task, mem);
+            return self.trained()[0].plan(task, mem);
         }
         let guards = std::thread::scope(|s| {
-            let handles: Vec<_> = self
-                .models
-                .iter_mut()
-                .zip(&self.shapes)
-                .map(|(model, shapes)| {
+            let handles: Vec<_> = (self.models.iter_mut().zip(&self.shapes))
+                .zip(self.seconds.iter_mut())
+                .map(|((model, shapes), second)| {
                     s.spawn(move || {
                         // One episode's tensors are tiny: no thread pool.
                         tch::set_num_threads(1);
-                        model::guard::plan(model, shapes.as_ref(), task, mem)
+                        let run = model::guard::Trained {
+                            model,
+                            shapes: shapes.as_ref(),
+                            second: second.as_ref(),
+                        };
+                        run.plan(task, mem)
                     })
                 })
                 .collect();
@@ -588,11 +626,13 @@ mod tests {
             dirs: vec!["a".into(), "b".into()],
             models: (1..=2).map(|seed| Model::seeded(&cfg, seed)).collect(),
             shapes: vec![None, None],
+            seconds: vec![Some(Model::seeded(&cfg, 3)), None],
         };
         let in_turn = model::guard::plan_jointly(&runs.trained(), &task, &cfg.memory).unwrap();
         let threaded = runs.plan(&task, &cfg.memory).unwrap();
         assert_eq!(threaded.plan(), in_turn.plan());
         assert_eq!(threaded.basins, in_turn.basins);
+        assert_eq!(threaded.doubts, in_turn.doubts);
         assert_eq!(threaded.candidates.len(), in_turn.candidates.len());
         for (t, i) in threaded.candidates.iter().zip(&in_turn.candidates) {
             assert_eq!((t.method, t.run, &t.plan), (i.method, i.run, &i.plan));

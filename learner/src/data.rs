@@ -461,7 +461,13 @@ mod tests {
         names.sort();
         assert_eq!(
             names,
-            ["default.toml", "mixed.toml", "pretrain.toml", "small.toml"]
+            [
+                "default.toml",
+                "mixed.toml",
+                "pretrain-second-opinion.toml",
+                "pretrain.toml",
+                "small.toml"
+            ]
         );
     }
 }

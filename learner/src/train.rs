@@ -1246,10 +1246,7 @@ pub(crate) mod tests {
                 mem: &cfg.memory,
                 cfg: &cfg.eval,
                 batch: cfg.sim.batch,
-                runs: &[model::guard::Trained {
-                    model: &model,
-                    shapes: None,
-                }],
+                runs: &[model::guard::Trained::alone(&model, None)],
             },
             || {},
         )

@@ -33,7 +33,13 @@
 //!    its searches that win so, and that the network predicts within
 //!    `model.plan_tie` (1 %) of the lowest, the least crowded is returned
 //!    (`least_crowded`): the network predicts crowded devices low.
-//! 4. With an oracle at hand (`plan --verify`), the final candidates are
+//! 4. **A second opinion**: a run may ship a second cost network, trained
+//!    apart with another architecture (the shipped model does). Its
+//!    members must also all predict the learned plan cheaper than the best
+//!    heuristic plan by the margin, or that heuristic plan is returned
+//!    ([`second_opinion`]). Two architectures err on different plans; two
+//!    draws of one recipe err alike.
+//! 5. With an oracle at hand (`plan --verify`), the final candidates are
 //!    measured and the measured best is returned. They include the other
 //!    ends of `plan`'s searches ([`add_basins`]): the network ranks them
 //!    near its pick, and it errs between such plans by a few percent.
@@ -210,9 +216,13 @@ impl std::fmt::Display for NarrowWin {
 /// Each member's predicted gain of `a` over `b`, in percent of `b`'s
 /// prediction.
 fn member_gains(a: &Candidate, b: &Candidate) -> Vec<f64> {
-    a.predicted
-        .iter()
-        .zip(&b.predicted)
+    gains(&a.predicted, &b.predicted)
+}
+
+/// [`member_gains`] of predictions `a` over `b`.
+fn gains(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter()
+        .zip(b)
         .map(|(p, q)| (q - p) / q.abs().max(1e-9) * 100.0)
         .collect()
 }
@@ -400,12 +410,99 @@ pub fn most_on_a_device(plan: &Plan) -> usize {
     on.into_iter().max().unwrap_or(0)
 }
 
-/// A trained run that `plan` places with: its model, and the shapes it
-/// was trained on when known.
+/// A trained run that `plan` places with: its model, the shapes it was
+/// trained on when known, and the model whose veto it ships with, if any
+/// ([`second_opinion`]).
 #[derive(Clone, Copy)]
 pub struct Trained<'a> {
     pub model: &'a Model,
     pub shapes: Option<&'a TrainedShapes>,
+    pub second: Option<&'a Model>,
+}
+
+impl<'a> Trained<'a> {
+    /// A run with no second opinion.
+    pub fn alone(model: &'a Model, shapes: Option<&'a TrainedShapes>) -> Trained<'a> {
+        Trained {
+            model,
+            shapes,
+            second: None,
+        }
+    }
+
+    /// [`plan`] with this run, then the veto of its second opinion.
+    pub fn plan(&self, task: &Task, mem: &MemoryModel) -> anyhow::Result<Guarded> {
+        let mut g = plan(self.model, self.shapes, task, mem)?;
+        if let Some(second) = self.second {
+            second_opinion(
+                &mut g,
+                second,
+                &task.tables,
+                self.model.plan_cfg.plan_margin,
+            );
+        }
+        Ok(g)
+    }
+}
+
+/// How a second opinion's doubt starts.
+pub const SECOND_OPINION: &str = "second opinion";
+
+/// Vetoes `g`'s learned plan unless every member of `second`, a cost
+/// network trained apart with another architecture, also predicts it
+/// cheaper than the best heuristic plan by `margin` (a share,
+/// `model.plan_margin`). A veto returns that heuristic plan, with a
+/// doubt that gives `second`'s predictions. Nothing changes where `g`
+/// chose a heuristic's plan, had doubts already, or was measured.
+///
+/// Why: the shipped model's losses off its training draws come from
+/// plans its members all overrate alike. A network of another
+/// architecture (no gated units in its cost heads) errs on other plans
+/// (docs/results.md, "A second opinion from the model before"). Draws of
+/// one recipe err alike, and vetoed nothing useful ("A second opinion
+/// from another pre-training draw").
+pub fn second_opinion(g: &mut Guarded, second: &Model, tables: &[common::Table], margin: f64) {
+    let Some((chosen, h)) = vetoable(g) else {
+        return;
+    };
+    let (plan, rival) = (&g.candidates[chosen].plan, &g.candidates[h].plan);
+    let priced = second.member_costs(tables, &[plan, rival]);
+    if let Some(why) = veto(&g.candidates[h], &priced[0], &priced[1], margin) {
+        g.doubts.push(why);
+        g.chosen = h;
+    }
+}
+
+/// The learned plan chosen and the best heuristic candidate, which a
+/// second opinion compares; `None` where it has nothing to veto: a
+/// heuristic's plan chosen, a measured choice, doubts already, or no
+/// heuristic plan that fits.
+fn vetoable(g: &Guarded) -> Option<(usize, usize)> {
+    let chosen = &g.candidates[g.chosen];
+    if !chosen.learned() || chosen.measured.is_some() || !g.doubts.is_empty() {
+        return None;
+    }
+    Some((g.chosen, g.best_heuristic()?))
+}
+
+/// The doubt of a second opinion whose members price the learned plan
+/// at `a` and heuristic plan `rival` at `b`, or `None` where
+/// every one predicts it cheaper by `margin`.
+fn veto(rival: &Candidate, a: &[f64], b: &[f64], margin: f64) -> Option<String> {
+    if all_cheaper(a, b, margin) {
+        return None;
+    }
+    let (lo, hi) = min_max(&gains(a, b));
+    Some(format!(
+        "{SECOND_OPINION}: the {} members of the second cost network predict the learned plan \
+         from {:+.1} % to {:+.1} % against `{}`'s, and it must be {:.1} % cheaper for every \
+         one (model.plan_margin; `--no-second-opinion` follows the first network alone)",
+        a.len(),
+        -hi,
+        -lo,
+        rival.method,
+        margin * 100.0
+    ))
 }
 
 /// Places `task` with several runs trained apart (other seeds of one
@@ -439,14 +536,14 @@ pub fn plan_jointly(runs: &[Trained], task: &Task, mem: &MemoryModel) -> anyhow:
         .split_first()
         .ok_or_else(|| anyhow::anyhow!("no trained run to place with"))?;
     if others.is_empty() {
-        return plan(first.model, first.shapes, task, mem);
+        return first.plan(task, mem);
     }
     // One after another: libtorch's modules cannot be shared between
     // threads (a caller owning the models can run them on threads of
     // their own, then call [`judge_runs`]).
     let guards = runs
         .iter()
-        .map(|r| plan(r.model, r.shapes, task, mem))
+        .map(|r| r.plan(task, mem))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let models: Vec<&Model> = runs.iter().map(|r| r.model).collect();
     Ok(judge_runs(&guards, &models, task))
@@ -616,10 +713,12 @@ fn fallback(c: &[Candidate], h: usize, doubtful: bool, margin: f64) -> usize {
 /// Whether every member predicts `a` cheaper than `b` by `margin` (a
 /// share of `b`): the guard's test of a learned plan.
 pub fn cheaper_by(a: &Candidate, b: &Candidate, margin: f64) -> bool {
-    a.predicted
-        .iter()
-        .zip(&b.predicted)
-        .all(|(p, q)| q - p >= margin * q.abs())
+    all_cheaper(&a.predicted, &b.predicted, margin)
+}
+
+/// [`cheaper_by`] of predictions `a` and `b`, member by member.
+fn all_cheaper(a: &[f64], b: &[f64], margin: f64) -> bool {
+    a.iter().zip(b).all(|(p, q)| q - p >= margin * q.abs())
 }
 
 /// Why the learned plan was set aside for heuristic plan `h` although some
@@ -777,6 +876,91 @@ mod tests {
             doubts: doubts.iter().map(|s| s.to_string()).collect(),
             notes: Vec::new(),
             basins: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_second_opinion_weighs_only_an_unmeasured_learned_choice_without_doubts() {
+        let candidates = vec![
+            cand(POLICY, &[8.0]),
+            cand("lookup", &[10.0]),
+            cand("dim", &[9.0]),
+        ];
+        let mut g = guarded(candidates, &[]);
+        assert_eq!(vetoable(&g), Some((0, 2)), "dim is the best heuristic");
+        g.chosen = 1;
+        assert_eq!(vetoable(&g), None, "a heuristic's plan");
+        g.chosen = 0;
+        g.candidates[0].measured = Some(7.0);
+        assert_eq!(vetoable(&g), None, "measured");
+        g.candidates[0].measured = None;
+        g.doubts.push("out of distribution: dim".into());
+        assert_eq!(vetoable(&g), None, "doubted already");
+        let mut alone = guarded(vec![cand(POLICY, &[8.0])], &[]);
+        assert_eq!(vetoable(&alone), None, "no heuristic plan fits");
+        alone.candidates.push(cand(BASIN, &[7.0]));
+        alone.chosen = 1;
+        assert_eq!(vetoable(&alone), None, "a basin is no heuristic");
+    }
+
+    #[test]
+    fn a_second_opinion_vetoes_unless_every_member_agrees_past_the_margin() {
+        let rival = cand("size_lookup", &[10.0, 10.0]);
+        assert_eq!(veto(&rival, &[9.7, 9.75], &[10.0, 10.0], 0.02), None);
+        let why = veto(&rival, &[9.7, 9.9], &[10.0, 10.0], 0.02).expect("1 % is under 2 %");
+        assert!(why.starts_with(SECOND_OPINION), "{why}");
+        assert!(why.contains("the 2 members"), "{why}");
+        assert!(
+            why.contains("from -3.0 % to -1.0 % against `size_lookup`'s"),
+            "{why}"
+        );
+        let why = veto(&rival, &[9.0, 10.5], &[10.0, 10.0], 0.02).expect("one predicts it dearer");
+        assert!(why.contains("from -10.0 % to +5.0 %"), "{why}");
+        assert!(veto(&rival, &[9.7], &[10.0], 0.0).is_none());
+    }
+
+    #[test]
+    fn a_veto_returns_the_best_heuristic_plan_and_says_why() {
+        let (cfg, task) = small_task(12);
+        let (first, second) = (Model::seeded(&cfg, 0), Model::seeded(&cfg, 1));
+        let mut g = plan(&first, None, &task, &cfg.memory).unwrap();
+        assert_eq!(g.candidates[0].method, POLICY, "the policy's plan fits");
+        // Whatever the untrained guard chose: the learned plan, unless
+        // it places as the best heuristic does (nothing to veto then).
+        let h = g.best_heuristic().unwrap();
+        assert_ne!(g.candidates[0].plan, g.candidates[h].plan);
+        g.chosen = 0;
+        g.doubts.clear();
+        let before = g.clone();
+        // No member can predict any plan 1000 % cheaper: a veto.
+        second_opinion(&mut g, &second, &task.tables, 10.0);
+        assert_eq!(g.chosen, h);
+        assert_eq!(g.doubts.len(), 1);
+        assert!(g.doubts[0].starts_with(SECOND_OPINION), "{:?}", g.doubts);
+        assert!(!g.out_of_distribution());
+        let mut kept = before.clone();
+        // Any member predicts it cheaper than 1000 % dearer: kept.
+        second_opinion(&mut kept, &second, &task.tables, -10.0);
+        assert_eq!((kept.chosen, kept.doubts.len()), (0, 0));
+        // A run with a second opinion plans, then hears it.
+        let run = Trained {
+            model: &first,
+            shapes: None,
+            second: Some(&second),
+        };
+        let mut by_hand = plan(&first, None, &task, &cfg.memory).unwrap();
+        second_opinion(
+            &mut by_hand,
+            &second,
+            &task.tables,
+            first.plan_cfg.plan_margin,
+        );
+        for g in [
+            run.plan(&task, &cfg.memory),
+            plan_jointly(&[run], &task, &cfg.memory),
+        ] {
+            let g = g.unwrap();
+            assert_eq!((g.chosen, &g.doubts), (by_hand.chosen, &by_hand.doubts));
         }
     }
 
@@ -1273,16 +1457,7 @@ mod tests {
         let (cfg, task) = small_task(0);
         let a = Model::seeded(&cfg, 1);
         let b = Model::seeded(&cfg, 2);
-        let (ta, tb) = (
-            Trained {
-                model: &a,
-                shapes: None,
-            },
-            Trained {
-                model: &b,
-                shapes: None,
-            },
-        );
+        let (ta, tb) = (Trained::alone(&a, None), Trained::alone(&b, None));
         let alone = plan(&a, None, &task, &cfg.memory).unwrap();
         let one = plan_jointly(&[ta], &task, &cfg.memory).unwrap();
         assert_eq!(one.plan(), alone.plan());

@@ -153,7 +153,11 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         // results are not one run's).
         // The report is out already: a run folder that cannot be written
         // (read-only, say) costs the saved copy only.
-        if let ([run], true) = (args.checkpoint.as_slice(), own_plan_search) {
+        // Nor are results without the second opinion the run ships.
+        let declined = args.no_second_opinion
+            && (args.checkpoint.iter())
+                .any(|d| d.join(crate::checkpoint::Runs::SECOND_OPINION).is_dir());
+        if let ([run], true, false) = (args.checkpoint.as_slice(), own_plan_search, declined) {
             if let Err(e) = save_report(run, &suite.path, args.backend, &report) {
                 tracing::warn!(
                     "the results of {} are not saved into {}: {e:#} (the report above holds them)",
@@ -231,7 +235,7 @@ fn policy_runs(
     if dirs.is_empty() {
         return Ok(None);
     }
-    let runs = crate::checkpoint::Runs::load(&dirs)?;
+    let runs = crate::checkpoint::Runs::load(&dirs, !args.no_second_opinion)?;
     if args.methods.trim() == "all" {
         methods.push(Method::Policy);
     }

@@ -151,7 +151,9 @@ pub enum Command {
     /// network ranks best (by its worst member's prediction). Where a table
     /// feature lies outside what the model was trained on, it returns
     /// torchrec's plan, unless every member predicts the heuristic plan it
-    /// ranks best 2 % cheaper. A warning says why. A learned plan predicted
+    /// ranks best 2 % cheaper. The shipped model's learned plan must also
+    /// be predicted 2 % cheaper by a second cost network trained apart
+    /// (--no-second-opinion: without). A warning says why. A learned plan predicted
     /// under 6 % cheaper than the best heuristic's is a narrow win: a
     /// warning suggests measuring.
     /// --verify BACKEND measures every candidate, with the other ends of the
@@ -224,6 +226,15 @@ pub struct PlanArgs {
     /// the cuda feature).
     #[arg(long, value_enum, value_name = "BACKEND")]
     pub verify: Option<benchworker::Backend>,
+    /// Follow the run's own cost network alone. By default a run that
+    /// ships a second opinion (DIR/second-opinion/, as the shipped model
+    /// does) returns its learned plan only where that network, trained
+    /// apart with another architecture, also predicts it 2 % cheaper
+    /// than the best heuristic's; else it returns that heuristic's plan,
+    /// and a warning says so.
+    #[arg(long)]
+    pub no_second_opinion: bool,
+
     /// Predicted plans each of the learned plan's searches on the cost
     /// network may spend (default: the run's `model.plan_search`, 2000
     /// for the shipped model and the main job; 0 or 1: no search). The
@@ -438,6 +449,11 @@ pub struct EvalArgs {
     /// are not saved into it.
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole)]
     pub plan_search: Option<usize>,
+    /// `policy` follows the run's own cost network alone, without the
+    /// second opinion it ships (as `learner plan --no-second-opinion`).
+    /// The results are then not saved into the run.
+    #[arg(long)]
+    pub no_second_opinion: bool,
 }
 
 /// Runs a parsed command, writing results to `out`.

@@ -23,7 +23,7 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         given => given.to_vec(),
     };
-    let mut runs = crate::checkpoint::Runs::load(&dirs)?;
+    let mut runs = crate::checkpoint::Runs::load(&dirs, !args.no_second_opinion)?;
     if let Some(n) = args.plan_search {
         let own = runs.set_plan_search(n);
         match args.method {

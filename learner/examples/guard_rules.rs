@@ -9,6 +9,15 @@
 //! - `with its second opinion`: what `learner plan` returns where the run
 //!   ships a second opinion (RUN_DIR/second-opinion): `shipped`, after
 //!   that network's veto (model::guard::second_opinion).
+//! - `second opinion (m)`: the same veto at margin `m` for the second
+//!   network (the first keeps `model.plan_margin`).
+//! - `second opinion, gain over c of the spread`: `with its second
+//!   opinion`, and the learned plan kept only where the least gain over
+//!   the best-ranked heuristic plan of both networks' members is at least
+//!   `c` times the spread of their gains.
+//! - `… heuristics ranked by both`: where the rule returns a heuristic's
+//!   plan within the trained range, the heuristic plan of lowest highest
+//!   prediction over the members of both networks.
 //! - `heuristics only`: the heuristic plan the guard ranks best (its
 //!   highest member prediction), never a learned plan. The floor of any
 //!   rule that trusts the network to rank the heuristics' plans.
@@ -57,6 +66,11 @@ struct Replayed {
     out_of_distribution: bool,
     /// `plan` warned that its learned plan is a narrow win.
     narrow: bool,
+    /// The guard had doubts (the second opinion weighs no such choice).
+    doubted: bool,
+    /// Per candidate, the second network's member predictions (empty
+    /// without a second opinion).
+    second: Vec<Vec<f64>>,
 }
 
 type Rule = Box<dyn Fn(&Replayed) -> usize>;
@@ -83,12 +97,18 @@ fn main() -> anyhow::Result<()> {
             let (chosen, ranked) = (g.chosen, g.best_heuristic());
             let out_of_distribution = g.out_of_distribution();
             let narrow = g.narrow_win().is_some();
+            let doubted = !g.doubts.is_empty();
             let mut heard = g.clone();
             if let Some(second) = &second {
                 model::guard::second_opinion(&mut heard, second, &task.tables, cfg_margin);
             }
             model::guard::add_basins(&mut g, &[&model], task);
             model::guard::verify(&mut g, &task.tables, oracle.as_mut())?;
+            let plans: Vec<&common::Plan> = g.candidates.iter().map(|c| &c.plan).collect();
+            let second_costs = match &second {
+                Some(second) => second.member_costs(&task.tables, &plans),
+                None => Vec::new(),
+            };
             tasks.push(Replayed {
                 suite,
                 candidates: g.candidates,
@@ -97,6 +117,8 @@ fn main() -> anyhow::Result<()> {
                 ranked,
                 out_of_distribution,
                 narrow,
+                doubted,
+                second: second_costs,
             });
         }
     }
@@ -114,6 +136,35 @@ fn main() -> anyhow::Result<()> {
             }),
         ),
     ];
+    if second.is_some() {
+        rules.push((
+            "with its second opinion, heuristics ranked by both".into(),
+            Box::new(|t: &Replayed| by_both(t, t.heard)),
+        ));
+        rules.push((
+            "heuristics only, ranked by both".into(),
+            Box::new(|t: &Replayed| by_both(t, t.ranked.unwrap_or(t.chosen))),
+        ));
+        for m in [0.0, 0.04, 0.06] {
+            rules.push((
+                format!("second opinion ({:.0} %)", m * 100.0),
+                Box::new(move |t: &Replayed| vetoed(t, m)),
+            ));
+            rules.push((
+                format!(
+                    "second opinion ({:.0} %), heuristics ranked by both",
+                    m * 100.0
+                ),
+                Box::new(move |t: &Replayed| by_both(t, vetoed(t, m))),
+            ));
+        }
+        for c in [0.25, 0.5, 1.0] {
+            rules.push((
+                format!("second opinion, gain over {c} of the spread"),
+                Box::new(move |t: &Replayed| spread_rule(t, cfg_margin, c)),
+            ));
+        }
+    }
     for m in [0.0, 0.02, 0.05] {
         rules.push((
             format!("shipped, heuristics by vote ({:.0} %)", m * 100.0),
@@ -162,7 +213,99 @@ fn main() -> anyhow::Result<()> {
         println!("| {name} | {} |", score(&tasks, args.len() - 1, rule));
     }
     warned(&tasks);
+    if second.is_some() {
+        losers(&tasks, args.len() - 1);
+    }
     Ok(())
+}
+
+/// Of the tasks over 1 % behind the suite's best heuristic with the
+/// second opinion, how many return a learned plan and how many a
+/// heuristic's.
+fn losers(tasks: &[Replayed], suites: usize) {
+    let (mut learned, mut heuristic_pick) = (0, 0);
+    for s in 0..suites {
+        let of: Vec<&Replayed> = tasks.iter().filter(|t| t.suite == s).collect();
+        let Some(best) = suite_best(&of) else {
+            continue;
+        };
+        for t in &of {
+            let c = &t.candidates[t.heard];
+            let (Some(got), Some(yard)) = (c.measured, heuristic(t, best)) else {
+                continue;
+            };
+            if got > yard * 1.01 {
+                match c.learned() {
+                    true => learned += 1,
+                    false => heuristic_pick += 1,
+                }
+            }
+        }
+    }
+    println!(
+        "tasks over 1 % behind the suite's best heuristic with the second opinion: {learned} \
+         learned plans, {heuristic_pick} heuristics' plans"
+    );
+}
+
+/// The highest prediction of candidate `i` over both networks' members.
+fn worst_of_both(t: &Replayed, i: usize) -> f64 {
+    (t.candidates[i].predicted.iter())
+        .chain(&t.second[i])
+        .fold(f64::NEG_INFINITY, |a, &b| a.max(b))
+}
+
+/// `pick` where it is a learned plan or the task is out of distribution;
+/// else the heuristic plan of lowest [`worst_of_both`].
+fn by_both(t: &Replayed, pick: usize) -> usize {
+    if t.out_of_distribution || t.candidates[pick].learned() || t.second.is_empty() {
+        return pick;
+    }
+    (0..t.candidates.len())
+        .filter(|&i| !t.candidates[i].learned())
+        .min_by(|&a, &b| worst_of_both(t, a).total_cmp(&worst_of_both(t, b)))
+        .unwrap_or(pick)
+}
+
+/// [`Replayed::chosen`] after the second opinion at margin `m`, kept only
+/// where the least gain over the best-ranked heuristic plan, of all the
+/// members of both networks, is at least `c` times their gains' spread.
+fn spread_rule(t: &Replayed, m: f64, c: f64) -> usize {
+    let pick = vetoed(t, m);
+    let Some(h) = t.ranked else {
+        return pick;
+    };
+    if pick != t.chosen || !t.candidates[pick].learned() || t.second.is_empty() || t.doubted {
+        return pick;
+    }
+    let gain = |p: f64, q: f64| (q - p) / q.abs();
+    let (a, b) = (&t.candidates[pick], &t.candidates[h]);
+    let gains: Vec<f64> = (a.predicted.iter().zip(&b.predicted))
+        .chain(t.second[pick].iter().zip(&t.second[h]))
+        .map(|(&p, &q)| gain(p, q))
+        .collect();
+    let lo = gains.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = gains.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    match lo >= c * (hi - lo) {
+        true => pick,
+        false => h,
+    }
+}
+
+/// [`Replayed::chosen`], vetoed as `plan`'s second opinion does but at
+/// margin `m` for the second network.
+fn vetoed(t: &Replayed, m: f64) -> usize {
+    let (Some(h), false, false) = (t.ranked, t.out_of_distribution, t.doubted) else {
+        return t.chosen;
+    };
+    if !t.candidates[t.chosen].learned() || t.second.is_empty() {
+        return t.chosen;
+    }
+    let (a, b) = (&t.second[t.chosen], &t.second[h]);
+    match a.iter().zip(b).all(|(p, q)| q - p >= m * q.abs()) {
+        true => t.chosen,
+        false => h,
+    }
 }
 
 /// How often `plan`'s narrow-win warning (which suggests `--verify`)
@@ -317,18 +460,23 @@ fn heuristic(t: &Replayed, name: &str) -> Option<f64> {
         .and_then(|c| c.measured)
 }
 
+/// The heuristic of lowest total measured cost over a suite's tasks.
+fn suite_best(of: &[&Replayed]) -> Option<&'static str> {
+    let total = |name: &str| -> Option<f64> { of.iter().map(|t| heuristic(t, name)).sum() };
+    HEURISTICS
+        .iter()
+        .filter_map(|m| total(m.name()).map(|c| (m.name(), c)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(name, _)| name)
+}
+
 /// A rule's row cells (see the module's doc).
 fn score(tasks: &[Replayed], suites: usize, rule: &Rule) -> String {
     let (mut means, mut behind_suite, mut behind_own) = (Vec::new(), 0, 0);
     let (mut worst, mut learned) = (f64::NEG_INFINITY, 0);
     for s in 0..suites {
         let of: Vec<&Replayed> = tasks.iter().filter(|t| t.suite == s).collect();
-        let total = |name: &str| -> Option<f64> { of.iter().map(|t| heuristic(t, name)).sum() };
-        let Some((best, _)) = HEURISTICS
-            .iter()
-            .filter_map(|m| total(m.name()).map(|c| (m.name(), c)))
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-        else {
+        let Some(best) = suite_best(&of) else {
             continue;
         };
         let (mut ours, mut theirs) = (0.0, 0.0);

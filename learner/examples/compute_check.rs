@@ -73,6 +73,7 @@ fn main() -> anyhow::Result<()> {
             cfg: &cfg.eval,
             batch,
             runs: &[model::guard::Trained::alone(&model, None)],
+            verify: false,
         },
         || eprint!("."),
     )?;

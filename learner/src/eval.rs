@@ -57,6 +57,9 @@ pub struct Setting<'a> {
     /// `policy` (`plan`'s guarded choice, [`model::guard::plan_jointly`]);
     /// none without a model.
     pub runs: &'a [model::guard::Trained<'a>],
+    /// `policy` measures its candidates on the oracle and returns the
+    /// measured best, as `learner plan --verify` does.
+    pub verify: bool,
 }
 
 /// What became of the oracle's measurements over an evaluation.
@@ -106,12 +109,16 @@ pub fn evaluate(
         cfg,
         batch,
         runs,
+        verify,
     } = *setting;
     let mut per_method: BTreeMap<Method, Vec<Option<f64>>> = BTreeMap::new();
     let mut outcomes = Outcomes::default();
     // `policy`'s choices: the learned plan, a heuristic's, with doubts,
     // and learned plans won by a narrow predicted gain.
     let mut guard_tally = [0usize; 4];
+    // With `verify`: the tasks whose measured best was a learned plan
+    // (the guard's or another search's end).
+    let mut verified_learned = 0usize;
     for (k, task) in suite.tasks.iter().enumerate() {
         let ctx = Context::for_task(task, mem, batch);
         let task_seed = cfg.seed ^ fnv1a(task.name.as_bytes()) ^ k as u64;
@@ -150,12 +157,29 @@ pub fn evaluate(
         }
         if methods.contains(&Method::Policy) && !runs.is_empty() {
             let cost = match model::guard::plan_jointly(runs, task, mem) {
-                Ok(g) => {
+                Ok(mut g) => {
                     guard_tally[usize::from(g.method() != model::guard::POLICY)] += 1;
                     guard_tally[2] += usize::from(!g.doubts.is_empty());
                     guard_tally[3] += usize::from(g.narrow_win().is_some());
-                    let measured = oracle.measure(&task.tables, g.plan()).map(|r| r.cost_ms);
-                    outcomes.cost(&task.name, Method::Policy, measured)
+                    match verify.then(|| verified(&mut g, runs, task, oracle)) {
+                        Some(Err(e)) => {
+                            tracing::warn!(
+                                "task `{}`, method `policy`: --verify failed, counted as a \
+                                 failure of that method on that task: {e:#}",
+                                task.name
+                            );
+                            None
+                        }
+                        _ => {
+                            verified_learned +=
+                                usize::from(verify && g.candidates[g.chosen].learned());
+                            // Measured once more, like every other method:
+                            // under noise the measured best is biased low.
+                            let measured =
+                                oracle.measure(&task.tables, g.plan()).map(|r| r.cost_ms);
+                            outcomes.cost(&task.name, Method::Policy, measured)
+                        }
+                    }
                 }
                 Err(_) => None,
             };
@@ -181,12 +205,33 @@ pub fn evaluate(
             guard_tally[2]
         );
     }
+    if verify && guard_tally[0] + guard_tally[1] > 0 {
+        tracing::info!(
+            "{}: --verify: the measured best was a learned plan for {}",
+            suite.path.display(),
+            common::count(verified_learned, "task")
+        );
+    }
     if outcomes.measured == 0 {
         if let Some(e) = outcomes.first_error {
             return Err(e);
         }
     }
     Ok(report(suite, oracle.name(), methods, per_method))
+}
+
+/// `plan --verify` on `oracle`: the other ends of the runs' searches join
+/// `g`'s candidates, every candidate is measured, and the measured best
+/// becomes `g`'s choice.
+fn verified(
+    g: &mut model::guard::Guarded,
+    runs: &[model::guard::Trained],
+    task: &common::Task,
+    oracle: &mut dyn Oracle,
+) -> anyhow::Result<()> {
+    let models: Vec<&model::Model> = runs.iter().map(|r| r.model).collect();
+    model::guard::add_basins(g, &models, task);
+    model::guard::verify(g, &task.tables, oracle).map(|_| ())
 }
 
 /// The best heuristic: fewest failures, then the lowest total over the tasks
@@ -372,6 +417,7 @@ mod tests {
             cfg,
             batch: 65536,
             runs: &[],
+            verify: false,
         }
     }
 
@@ -422,10 +468,79 @@ mod tests {
         assert!(r.to_string().contains("best heuristic"));
     }
 
-    /// The sim oracle, failing every plan of the tasks with these tables.
+    #[test]
+    fn verify_returns_the_measured_best_of_the_policys_candidates() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = suite(dir.path(), 1000.0);
+        let mem = MemoryModel::default();
+        let cfg = budget(0);
+        // Untrained networks: their learned plans are as likely to lose
+        // as to win, so only measuring keeps `policy` at the heuristics'
+        // best.
+        let model_cfg = common::config::Config::default();
+        let model = model::Model::seeded(&model_cfg, 3);
+        let runs = [model::guard::Trained::alone(&model, None)];
+        let methods: Vec<Method> = Method::ALL
+            .into_iter()
+            .filter(|m| m.is_heuristic())
+            .chain([Method::Policy])
+            .collect();
+        let mut results = Vec::new();
+        for verify in [false, true] {
+            let mut oracle = FailingOn::none(mem);
+            let setting = Setting {
+                runs: &runs,
+                verify,
+                ..without_model(&mem, &cfg)
+            };
+            let r = evaluate(&s, &methods, &mut oracle, &setting, || {}).unwrap();
+            results.push((r, oracle.measured));
+        }
+        let ((plain, plain_n), (verified, verified_n)) = (&results[0], &results[1]);
+        let policy = |r: &Report| r.methods["policy"].per_task_ms.clone();
+        for (k, (v, p)) in policy(verified).iter().zip(policy(plain)).enumerate() {
+            let v = v.expect("verified plan measured");
+            assert!(v <= p.unwrap() + 1e-9, "task {k}: verified {v} above {p:?}");
+            // The heuristics `plan` weighs (not `random` or `round_robin`).
+            for m in model::guard::HEURISTICS {
+                if let Some(h) = verified.methods[m.name()].per_task_ms[k] {
+                    assert!(
+                        v <= h + 1e-9,
+                        "task {k}: verified {v} above {} {h}",
+                        m.name()
+                    );
+                }
+            }
+        }
+        let gained = (policy(verified).iter().zip(policy(plain)))
+            .filter(|(v, p)| v.unwrap() < p.unwrap() - 1e-9)
+            .count();
+        assert!(
+            gained > 0,
+            "an untrained network's plan lost somewhere, and --verify saw it"
+        );
+        assert!(
+            verified_n > plain_n,
+            "--verify measures candidates: {verified_n} against {plain_n} measurements"
+        );
+    }
+
+    /// The sim oracle, failing every plan of the tasks with these tables,
+    /// counting the plans it measured.
     struct FailingOn {
         sim: SimOracle,
         tasks: Vec<Vec<String>>,
+        measured: usize,
+    }
+
+    impl FailingOn {
+        fn none(mem: MemoryModel) -> FailingOn {
+            FailingOn {
+                sim: SimOracle::new(SimConfig::default(), mem),
+                tasks: Vec::new(),
+                measured: 0,
+            }
+        }
     }
 
     impl Oracle for FailingOn {
@@ -439,6 +554,7 @@ mod tests {
             plan: &common::Plan,
         ) -> Result<common::Measurement, OracleError> {
             let names: Vec<String> = tables.iter().map(|t| t.name.clone()).collect();
+            self.measured += 1;
             if self.tasks.contains(&names) {
                 return Err(OracleError::Backend {
                     backend: "sim",
@@ -462,8 +578,8 @@ mod tests {
         let mut sim = SimOracle::new(SimConfig::default(), mem);
         let whole = evaluate(&s, &Method::ALL, &mut sim, &setting, || {}).unwrap();
         let mut failing = FailingOn {
-            sim: SimOracle::new(SimConfig::default(), mem),
             tasks: vec![names(1)],
+            ..FailingOn::none(mem)
         };
         let mut calls = 0;
         let r = evaluate(&s, &Method::ALL, &mut failing, &setting, || calls += 1).unwrap();

@@ -1247,6 +1247,7 @@ pub(crate) mod tests {
                 cfg: &cfg.eval,
                 batch: cfg.sim.batch,
                 runs: &[model::guard::Trained::alone(&model, None)],
+                verify: false,
             },
             || {},
         )

@@ -60,6 +60,20 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             ),
         }
     }
+    if args.verify {
+        match methods.contains(&Method::Policy) {
+            true => tracing::info!(
+                "--verify: `policy` measures its candidates on `{}` and returns the measured \
+                 best, as `learner plan --verify {}` does; the results are not saved into the run",
+                args.backend.name(),
+                args.backend.name()
+            ),
+            false => tracing::warn!(
+                "--verify changes only `policy`, which --methods {} does not ask for",
+                args.methods
+            ),
+        }
+    }
     let suites = args
         .suite
         .iter()
@@ -121,6 +135,7 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 cfg: &cfg.eval,
                 batch,
                 runs: &trained,
+                verify: args.verify,
             },
             || {
                 bar.inc(1);
@@ -153,10 +168,12 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         // results are not one run's).
         // The report is out already: a run folder that cannot be written
         // (read-only, say) costs the saved copy only.
-        // Nor are results without the second opinion the run ships.
-        let declined = args.no_second_opinion
-            && (args.checkpoint.iter())
-                .any(|d| d.join(crate::checkpoint::Runs::SECOND_OPINION).is_dir());
+        // Nor are results without the second opinion the run ships, or
+        // with measurements `plan` does not take unasked.
+        let declined = args.verify
+            || args.no_second_opinion
+                && (args.checkpoint.iter())
+                    .any(|d| d.join(crate::checkpoint::Runs::SECOND_OPINION).is_dir());
         if let ([run], true, false) = (args.checkpoint.as_slice(), own_plan_search, declined) {
             if let Err(e) = save_report(run, &suite.path, args.backend, &report) {
                 tracing::warn!(

@@ -454,6 +454,14 @@ pub struct EvalArgs {
     /// The results are then not saved into the run.
     #[arg(long)]
     pub no_second_opinion: bool,
+    /// `policy` places as `learner plan --verify BACKEND` does, BACKEND
+    /// being --backend: it measures its candidates (the heuristics'
+    /// plans, its learned plan and the other ends of its searches) and
+    /// returns the measured best. Its figure is then what `plan` gives
+    /// with a few measurements per task. The results are not saved into
+    /// the run.
+    #[arg(long)]
+    pub verify: bool,
 }
 
 /// Runs a parsed command, writing results to `out`.

@@ -40,6 +40,10 @@
 //!   and whose most crowded device holds at most `c` times the tables of
 //!   the heuristics' most crowded; else that heuristic plan.
 //!
+//! - `both networks' margins (m1, m2)`: the learned plan where every
+//!   member of the first network predicts it cheaper than the
+//!   best-ranked heuristic plan by `m1` and every member of the second by
+//!   `m2`, doubts or not; else that heuristic plan.
 //! - `measured best (--verify)`: the candidate of lowest `sim`
 //!   measurement, as `plan --verify sim` returns (model::guard::verify).
 //!
@@ -218,6 +222,20 @@ fn main() -> anyhow::Result<()> {
          best | worst task | learned plans |"
     );
     println!("|---|---|---|---|---|---|");
+    if second.is_some() {
+        for m1 in [0.0, 0.01, 0.02] {
+            for m2 in [0.0, 0.01, 0.02] {
+                rules.push((
+                    format!(
+                        "both networks' margins ({:.0} %, {:.0} %)",
+                        m1 * 100.0,
+                        m2 * 100.0
+                    ),
+                    Box::new(move |t: &Replayed| both_margins(t, m1, m2)),
+                ));
+            }
+        }
+    }
     rules.push((
         "measured best (--verify)".into(),
         Box::new(|t: &Replayed| t.verified),
@@ -380,6 +398,28 @@ fn margined(t: &Replayed, m: f64) -> usize {
         t.chosen
     } else {
         h
+    }
+}
+
+/// The learned plan (the first candidate) where every member of the
+/// first network predicts it cheaper than the best-ranked heuristic plan
+/// by `m1` and every member of the second by `m2`; else that heuristic
+/// plan. Unlike `plan`, it returns a learned plan the first network's
+/// members doubt when both margins pass.
+fn both_margins(t: &Replayed, m1: f64, m2: f64) -> usize {
+    let (Some(h), false) = (t.ranked, t.out_of_distribution) else {
+        return t.chosen;
+    };
+    let l = 0;
+    if t.candidates[l].method != model::guard::POLICY || t.second.is_empty() {
+        return t.chosen;
+    }
+    let first = model::guard::cheaper_by(&t.candidates[l], &t.candidates[h], m1);
+    let (a, b) = (&t.second[l], &t.second[h]);
+    let second = a.iter().zip(b).all(|(p, q)| q - p >= m2 * q.abs());
+    match first && second {
+        true => l,
+        false => h,
     }
 }
 

@@ -117,8 +117,8 @@ pub fn evaluate(
     // and learned plans won by a narrow predicted gain.
     let mut guard_tally = [0usize; 4];
     // With `verify`: the tasks whose measured best was a learned plan
-    // (the guard's or another search's end).
-    let mut verified_learned = 0usize;
+    // (the guard's or another search's end), and those it failed on.
+    let (mut verified_learned, mut verify_failed) = (0usize, 0usize);
     for (k, task) in suite.tasks.iter().enumerate() {
         let ctx = Context::for_task(task, mem, batch);
         let task_seed = cfg.seed ^ fnv1a(task.name.as_bytes()) ^ k as u64;
@@ -163,6 +163,7 @@ pub fn evaluate(
                     guard_tally[3] += usize::from(g.narrow_win().is_some());
                     match verify.then(|| verified(&mut g, runs, task, oracle)) {
                         Some(Err(e)) => {
+                            verify_failed += 1;
                             tracing::warn!(
                                 "task `{}`, method `policy`: --verify failed, counted as a \
                                  failure of that method on that task: {e:#}",
@@ -189,9 +190,13 @@ pub fn evaluate(
     }
     if guard_tally[0] + guard_tally[1] > 0 {
         tracing::info!(
-            "{}: `policy` returned the learned plan for {}{} and a heuristic's for {} ({} of \
-             them for a doubt of the cost network)",
+            "{}: `policy`{} returned the learned plan for {}{} and a heuristic's for {} ({} \
+             of them for a doubt of the cost network)",
             suite.path.display(),
+            match verify {
+                true => "'s guard, before --verify measured,",
+                false => "",
+            },
             common::count(guard_tally[0], "task"),
             match guard_tally[3] {
                 0 => String::new(),
@@ -207,9 +212,15 @@ pub fn evaluate(
     }
     if verify && guard_tally[0] + guard_tally[1] > 0 {
         tracing::info!(
-            "{}: --verify: the measured best was a learned plan for {}",
+            "{}: --verify: the measured best was a learned plan (the guard's or another \
+             search's end) for {} of {}{}",
             suite.path.display(),
-            common::count(verified_learned, "task")
+            verified_learned,
+            common::count(guard_tally[0] + guard_tally[1], "task"),
+            match verify_failed {
+                0 => String::new(),
+                n => format!("; it measured no candidate of {}", common::count(n, "task")),
+            }
         );
     }
     if outcomes.measured == 0 {
@@ -512,6 +523,31 @@ mod tests {
                 }
             }
         }
+        // The other ends of the searches join the candidates, and every
+        // candidate is measured.
+        let task = &s.tasks[0];
+        let mut g = runs[0].plan(task, &mem).unwrap();
+        let known =
+            |g: &model::guard::Guarded, p: &common::Plan| g.candidates.iter().any(|c| c.plan == *p);
+        let mut new_ends: Vec<&common::Plan> = Vec::new();
+        for (_, p) in &g.basins {
+            if !known(&g, p) && !new_ends.contains(&p) {
+                new_ends.push(p);
+            }
+        }
+        let (before, added) = (g.candidates.len(), new_ends.len());
+        assert!(
+            added > 0,
+            "the searches end in plans not among the candidates"
+        );
+        let mut oracle = FailingOn::none(mem);
+        super::verified(&mut g, &runs, task, &mut oracle).unwrap();
+        assert_eq!(g.candidates.len(), before + added);
+        assert!(g.candidates.iter().all(|c| c.measured.is_some()));
+        let best = (g.candidates.iter())
+            .map(|c| c.measured.unwrap())
+            .fold(f64::INFINITY, f64::min);
+        assert_eq!(g.candidates[g.chosen].measured, Some(best));
         let gained = (policy(verified).iter().zip(policy(plain)))
             .filter(|(v, p)| v.unwrap() < p.unwrap() - 1e-9)
             .count();

@@ -64,9 +64,13 @@ pub(super) fn eval(args: EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         match methods.contains(&Method::Policy) {
             true => tracing::info!(
                 "--verify: `policy` measures its candidates on `{}` and returns the measured \
-                 best, as `learner plan --verify {}` does; the results are not saved into the run",
+                 best, as `learner plan --verify {}` does{}",
                 args.backend.name(),
-                args.backend.name()
+                args.backend.name(),
+                match args.checkpoint.len() {
+                    1 => "; the results are not saved into the run",
+                    _ => "",
+                }
             ),
             false => tracing::warn!(
                 "--verify changes only `policy`, which --methods {} does not ask for",

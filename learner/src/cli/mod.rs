@@ -457,8 +457,8 @@ pub struct EvalArgs {
     /// `policy` places as `learner plan --verify BACKEND` does, BACKEND
     /// being --backend: it measures its candidates (the plans of
     /// `lookup`, `size_lookup`, `torchrec`, `dim` and `size`, its learned
-    /// plan and the other ends of its searches, about 5 to 12 plans a
-    /// task) and returns the measured best, which is then measured once
+    /// plan and the other ends of its searches; one measurement per
+    /// distinct plan) and returns the measured best, which is then measured once
     /// more like every method's plan. On `cpu` and `cuda` each is a real
     /// timing. The results are not saved into the run.
     #[arg(long)]

@@ -50,6 +50,13 @@ pub struct Table {
 }
 
 impl Table {
+    /// Whether the reuse bins are the defaults that a CSV without bin
+    /// columns gives a table of these rows and pooling
+    /// ([`crate::generate::default_bins`]): guessed, not the user's.
+    pub fn has_default_bins(&self) -> bool {
+        self.bins == crate::generate::default_bins(self.rows, self.pooling_factor)
+    }
+
     /// A table whose rows are each read at most once per batch (all of the
     /// reuse histogram in `bin_0`): the coldest access pattern.
     pub fn cold(name: impl Into<String>, rows: u64, dim: u32, pooling_factor: f64) -> Table {

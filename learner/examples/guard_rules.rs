@@ -82,6 +82,9 @@ struct Replayed {
     /// Per candidate, the second network's member predictions (empty
     /// without a second opinion).
     second: Vec<Vec<f64>>,
+    /// Every table's reuse bins are the defaults of a CSV without bin
+    /// columns (`common::generate::default_bins`).
+    default_bins: bool,
 }
 
 type Rule = Box<dyn Fn(&Replayed) -> usize>;
@@ -111,7 +114,8 @@ fn main() -> anyhow::Result<()> {
             let doubted = !g.doubts.is_empty();
             let mut heard = g.clone();
             if let Some(second) = &second {
-                model::guard::second_opinion(&mut heard, second, &task.tables, cfg_margin);
+                let margin = model::guard::second_margin(&model.plan_cfg, &task.tables);
+                model::guard::second_opinion(&mut heard, second, &task.tables, margin);
             }
             model::guard::add_basins(&mut g, &[&model], task);
             model::guard::verify(&mut g, &task.tables, oracle.as_mut())?;
@@ -132,6 +136,7 @@ fn main() -> anyhow::Result<()> {
                 narrow,
                 doubted,
                 second: second_costs,
+                default_bins: task.tables.iter().all(common::Table::has_default_bins),
             });
         }
     }
@@ -223,6 +228,18 @@ fn main() -> anyhow::Result<()> {
     );
     println!("|---|---|---|---|---|---|");
     if second.is_some() {
+        for m in [0.03, 0.04, 0.06] {
+            rules.push((
+                format!(
+                    "second opinion at {:.0} % where bins are defaults",
+                    m * 100.0
+                ),
+                Box::new(move |t: &Replayed| match t.default_bins {
+                    true => vetoed(t, m),
+                    false => t.heard,
+                }),
+            ));
+        }
         for m1 in [0.0, 0.01, 0.02] {
             for m2 in [0.0, 0.01, 0.02] {
                 rules.push((

@@ -430,18 +430,57 @@ impl<'a> Trained<'a> {
         }
     }
 
-    /// [`plan`] with this run, then the veto of its second opinion.
+    /// [`plan`] with this run, then the veto of its second opinion, at
+    /// [`second_margin`].
     pub fn plan(&self, task: &Task, mem: &MemoryModel) -> anyhow::Result<Guarded> {
         let mut g = plan(self.model, self.shapes, task, mem)?;
         if let Some(second) = self.second {
-            second_opinion(
-                &mut g,
-                second,
-                &task.tables,
-                self.model.plan_cfg.plan_margin,
-            );
+            let margin = second_margin(&self.model.plan_cfg, &task.tables);
+            second_opinion(&mut g, second, &task.tables, margin);
         }
         Ok(g)
+    }
+}
+
+/// The margin a second opinion asks for on `tables`, with the setting
+/// that gives it: `model.plan_margin_default_bins` where every table's
+/// reuse bins are a CSV's defaults (guessed), else `model.plan_margin`.
+///
+/// Why: on tables without bins nearly every learned plan that loses is
+/// one both networks overrate alike. A wider margin there halved such
+/// losers on draws of user CSVs and cost under 0.3 points on another
+/// family. Where the bins are given it would cost the space suites
+/// (docs/results.md, "A wider second opinion where the bins are
+/// guessed").
+pub fn second_margin(cfg: &common::config::ModelConfig, tables: &[common::Table]) -> Margin {
+    match !tables.is_empty() && tables.iter().all(common::Table::has_default_bins) {
+        true => Margin {
+            share: cfg.plan_margin_default_bins,
+            setting: "model.plan_margin_default_bins: every table's reuse bins are a CSV's \
+                      defaults",
+        },
+        false => Margin {
+            share: cfg.plan_margin,
+            setting: "model.plan_margin",
+        },
+    }
+}
+
+/// A margin (a share: 0.02 is 2 %) and the setting it comes from, for
+/// the doubt that names it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Margin {
+    pub share: f64,
+    pub setting: &'static str,
+}
+
+impl Margin {
+    /// `model.plan_margin`'s value.
+    pub fn plan_margin(share: f64) -> Margin {
+        Margin {
+            share,
+            setting: "model.plan_margin",
+        }
     }
 }
 
@@ -450,8 +489,8 @@ pub const SECOND_OPINION: &str = "second opinion";
 
 /// Vetoes `g`'s learned plan unless every member of `second`, a cost
 /// network trained apart with another architecture, also predicts it
-/// cheaper than the best heuristic plan by `margin` (a share,
-/// `model.plan_margin`). A veto returns that heuristic plan, with a
+/// cheaper than the best heuristic plan by `margin` ([`second_margin`]).
+/// A veto returns that heuristic plan, with a
 /// doubt that gives `second`'s predictions. Nothing changes where `g`
 /// chose a heuristic's plan, had doubts already, or was measured.
 ///
@@ -461,7 +500,7 @@ pub const SECOND_OPINION: &str = "second opinion";
 /// (docs/results.md, "A second opinion from the model before"). Draws of
 /// one recipe err alike, and vetoed nothing useful ("A second opinion
 /// from another pre-training draw").
-pub fn second_opinion(g: &mut Guarded, second: &Model, tables: &[common::Table], margin: f64) {
+pub fn second_opinion(g: &mut Guarded, second: &Model, tables: &[common::Table], margin: Margin) {
     let Some((chosen, h)) = vetoable(g) else {
         return;
     };
@@ -488,20 +527,21 @@ fn vetoable(g: &Guarded) -> Option<(usize, usize)> {
 /// The doubt of a second opinion whose members price the learned plan
 /// at `a` and heuristic plan `rival` at `b`, or `None` where
 /// every one predicts it cheaper by `margin`.
-fn veto(rival: &Candidate, a: &[f64], b: &[f64], margin: f64) -> Option<String> {
-    if all_cheaper(a, b, margin) {
+fn veto(rival: &Candidate, a: &[f64], b: &[f64], margin: Margin) -> Option<String> {
+    if all_cheaper(a, b, margin.share) {
         return None;
     }
     let (lo, hi) = min_max(&gains(a, b));
     Some(format!(
         "{SECOND_OPINION}: the {} members of the second cost network predict the learned plan \
          from {:+.1} % to {:+.1} % against `{}`'s, and it must be {:.1} % cheaper for every \
-         one (model.plan_margin; `--no-second-opinion` follows the first network alone)",
+         one ({}; `--no-second-opinion` follows the first network alone)",
         a.len(),
         -hi,
         -lo,
         rival.method,
-        margin * 100.0
+        margin.share * 100.0,
+        margin.setting
     ))
 }
 
@@ -906,17 +946,73 @@ mod tests {
     #[test]
     fn a_second_opinion_vetoes_unless_every_member_agrees_past_the_margin() {
         let rival = cand("size_lookup", &[10.0, 10.0]);
-        assert_eq!(veto(&rival, &[9.7, 9.75], &[10.0, 10.0], 0.02), None);
-        let why = veto(&rival, &[9.7, 9.9], &[10.0, 10.0], 0.02).expect("1 % is under 2 %");
+        assert_eq!(
+            veto(
+                &rival,
+                &[9.7, 9.75],
+                &[10.0, 10.0],
+                Margin::plan_margin(0.02)
+            ),
+            None
+        );
+        let why = veto(
+            &rival,
+            &[9.7, 9.9],
+            &[10.0, 10.0],
+            Margin::plan_margin(0.02),
+        )
+        .expect("1 % is under 2 %");
         assert!(why.starts_with(SECOND_OPINION), "{why}");
         assert!(why.contains("the 2 members"), "{why}");
         assert!(
             why.contains("from -3.0 % to -1.0 % against `size_lookup`'s"),
             "{why}"
         );
-        let why = veto(&rival, &[9.0, 10.5], &[10.0, 10.0], 0.02).expect("one predicts it dearer");
+        let why = veto(
+            &rival,
+            &[9.0, 10.5],
+            &[10.0, 10.0],
+            Margin::plan_margin(0.02),
+        )
+        .expect("one predicts it dearer");
         assert!(why.contains("from -10.0 % to +5.0 %"), "{why}");
-        assert!(veto(&rival, &[9.7], &[10.0], 0.0).is_none());
+        assert!(veto(&rival, &[9.7], &[10.0], Margin::plan_margin(0.0)).is_none());
+    }
+
+    #[test]
+    fn the_second_opinion_asks_more_where_every_tables_bins_are_guessed() {
+        let cfg = common::config::ModelConfig::default();
+        let guessed = |name: &str, rows: u64, pooling: f64| {
+            let mut t = common::Table::cold(name, rows, 64, pooling);
+            t.bins = common::generate::default_bins(rows, pooling);
+            t
+        };
+        let csv = vec![guessed("a", 1000, 2.5), guessed("b", 5_000_000, 20.0)];
+        assert!(csv.iter().all(common::Table::has_default_bins));
+        let m = second_margin(&cfg, &csv);
+        assert_eq!(m.share, cfg.plan_margin_default_bins);
+        assert!(
+            m.setting.starts_with("model.plan_margin_default_bins"),
+            "{m:?}"
+        );
+        // One table with bins of its own: the plain margin.
+        let mut mixed = csv.clone();
+        mixed.push(common::Table::cold("c", 1000, 64, 2.5));
+        assert!(!mixed[2].has_default_bins());
+        assert_eq!(
+            second_margin(&cfg, &mixed),
+            Margin::plan_margin(cfg.plan_margin)
+        );
+        assert_eq!(
+            second_margin(&cfg, &[]),
+            Margin::plan_margin(cfg.plan_margin)
+        );
+        // The doubt names the setting that gave the margin.
+        let rival = cand("lookup", &[10.0]);
+        let why = veto(&rival, &[9.7], &[10.0], m).expect("3 % is under 4 %");
+        assert!(why.contains("4.0 % cheaper"), "{why}");
+        assert!(why.contains("model.plan_margin_default_bins"), "{why}");
+        assert!(veto(&rival, &[9.7], &[10.0], Margin::plan_margin(0.02)).is_none());
     }
 
     #[test]
@@ -933,14 +1029,14 @@ mod tests {
         g.doubts.clear();
         let before = g.clone();
         // No member can predict any plan 1000 % cheaper: a veto.
-        second_opinion(&mut g, &second, &task.tables, 10.0);
+        second_opinion(&mut g, &second, &task.tables, Margin::plan_margin(10.0));
         assert_eq!(g.chosen, h);
         assert_eq!(g.doubts.len(), 1);
         assert!(g.doubts[0].starts_with(SECOND_OPINION), "{:?}", g.doubts);
         assert!(!g.out_of_distribution());
         let mut kept = before.clone();
         // Any member predicts it cheaper than 1000 % dearer: kept.
-        second_opinion(&mut kept, &second, &task.tables, -10.0);
+        second_opinion(&mut kept, &second, &task.tables, Margin::plan_margin(-10.0));
         assert_eq!((kept.chosen, kept.doubts.len()), (0, 0));
         // A run with a second opinion plans, then hears it.
         let run = Trained {
@@ -953,7 +1049,7 @@ mod tests {
             &mut by_hand,
             &second,
             &task.tables,
-            first.plan_cfg.plan_margin,
+            second_margin(&first.plan_cfg, &task.tables),
         );
         for g in [
             run.plan(&task, &cfg.memory),

@@ -98,6 +98,13 @@ pub struct ModelConfig {
     /// predictions run low; the margin was chosen on validation draws of
     /// the table space (docs/results.md, "The guard's margin").
     pub plan_margin: f64,
+    /// The second opinion's margin (see `plan_margin`) where every
+    /// table's reuse bins are the defaults of a CSV without bin columns.
+    /// Those bins are a guess, so both networks price such tables less
+    /// surely; 0.04 was chosen on three draws of such CSVs and held on a
+    /// fourth and on another family (docs/results.md, "A wider second
+    /// opinion where the bins are guessed").
+    pub plan_margin_default_bins: f64,
     /// Where the learned plan won, `plan` returns, of the ends of its
     /// searches that win by `plan_margin` too and are predicted within
     /// this share of the lowest (0.01: 1 %), the one with the fewest
@@ -201,6 +208,7 @@ impl Default for ModelConfig {
             plan_search: 2000,
             plan_search_every_candidate: true,
             plan_margin: 0.02,
+            plan_margin_default_bins: 0.04,
             plan_tie: 0.01,
         }
     }
@@ -272,6 +280,18 @@ impl ModelConfig {
                 format!(
                     "model.plan_margin = {} must lie in [0, 0.5] (a share: 0.02 is 2 %)",
                     self.plan_margin
+                ),
+            ));
+        }
+        if !(self.plan_margin_default_bins.is_finite()
+            && (0.0..=0.5).contains(&self.plan_margin_default_bins))
+        {
+            return Err(InvalidSetting::new(
+                "model.plan_margin_default_bins",
+                format!(
+                    "model.plan_margin_default_bins = {} must lie in [0, 0.5] (a share: 0.04 is \
+                     4 %)",
+                    self.plan_margin_default_bins
                 ),
             ));
         }

@@ -223,9 +223,7 @@ fn user_task(args: &PlanArgs, mem: &common::MemoryModel) -> anyhow::Result<commo
 /// without bin columns takes (`common::generate::default_bins`): then the
 /// user never gave the bins that lie outside.
 fn doubts_default_bins(doubts: &[String], tables: &[common::Table]) -> bool {
-    doubts.iter().any(|d| d.contains("bin_"))
-        && (tables.iter())
-            .all(|t| t.bins == common::generate::default_bins(t.rows, t.pooling_factor))
+    doubts.iter().any(|d| d.contains("bin_")) && tables.iter().all(common::Table::has_default_bins)
 }
 
 /// Says why the guard doubted the learned plan, and what lies outside

@@ -11,10 +11,10 @@
 //!   that network's veto (model::guard::second_opinion).
 //! - `second opinion (m)`: the same veto at margin `m` for the second
 //!   network (the first keeps `model.plan_margin`).
-//! - `second opinion, gain over c of the spread`: `with its second
-//!   opinion`, and the learned plan kept only where the least gain over
-//!   the best-ranked heuristic plan of both networks' members is at least
-//!   `c` times the spread of their gains.
+//! - `second opinion, gain over c of the spread`: the second opinion at
+//!   `model.plan_margin` on every task, and the learned plan kept only
+//!   where the least gain over the best-ranked heuristic plan of both
+//!   networks' members is at least `c` times the spread of their gains.
 //! - `… heuristics ranked by both`: where the rule returns a heuristic's
 //!   plan within the trained range, the heuristic plan of lowest highest
 //!   prediction over the members of both networks.

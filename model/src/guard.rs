@@ -37,7 +37,9 @@
 //!    apart with another architecture (the shipped model does). Its
 //!    members must also all predict the learned plan cheaper than the best
 //!    heuristic plan by the margin, or that heuristic plan is returned
-//!    ([`second_opinion`]). Two architectures err on different plans; two
+//!    ([`second_opinion`]). Where every table's reuse bins are a CSV's
+//!    defaults, that margin is `model.plan_margin_default_bins`
+//!    ([`second_margin`]). Two architectures err on different plans; two
 //!    draws of one recipe err alike.
 //! 5. With an oracle at hand (`plan --verify`), the final candidates are
 //!    measured and the measured best is returned. They include the other
@@ -447,9 +449,9 @@ impl<'a> Trained<'a> {
 /// reuse bins are a CSV's defaults (guessed), else `model.plan_margin`.
 ///
 /// Why: on tables without bins nearly every learned plan that loses is
-/// one both networks overrate alike. A wider margin there halved such
-/// losers on draws of user CSVs and cost under 0.3 points on another
-/// family. Where the bins are given it would cost the space suites
+/// one both networks overrate alike. A wider margin there cut such
+/// losers by a ninth to a third on draws of user CSVs and cost under 0.3
+/// points on another family. Where the bins are given it would cost the space suites
 /// (docs/results.md, "A wider second opinion where the bins are
 /// guessed").
 pub fn second_margin(cfg: &common::config::ModelConfig, tables: &[common::Table]) -> Margin {

@@ -352,7 +352,7 @@ fn vetoed(t: &Replayed, m: f64) -> usize {
         return t.chosen;
     }
     let (a, b) = (&t.second[t.chosen], &t.second[h]);
-    match a.iter().zip(b).all(|(p, q)| q - p >= m * q.abs()) {
+    match model::guard::all_cheaper(a, b, m) {
         true => t.chosen,
         false => h,
     }
@@ -433,7 +433,7 @@ fn both_margins(t: &Replayed, m1: f64, m2: f64) -> usize {
     }
     let first = model::guard::cheaper_by(&t.candidates[l], &t.candidates[h], m1);
     let (a, b) = (&t.second[l], &t.second[h]);
-    let second = a.iter().zip(b).all(|(p, q)| q - p >= m2 * q.abs());
+    let second = model::guard::all_cheaper(a, b, m2);
     match first && second {
         true => l,
         false => h,

@@ -451,9 +451,9 @@ impl<'a> Trained<'a> {
 /// Why: on tables without bins nearly every learned plan that loses is
 /// one both networks overrate alike. A wider margin there cut such
 /// losers by a ninth to a third on draws of user CSVs and cost under 0.3
-/// points on another family. Where the bins are given it would cost the space suites
-/// (docs/results.md, "A wider second opinion where the bins are
-/// guessed").
+/// points on another family. Where the bins are given it would cost the
+/// space suites (docs/results.md, "A wider second opinion where the bins
+/// are guessed").
 pub fn second_margin(cfg: &common::config::ModelConfig, tables: &[common::Table]) -> Margin {
     match !tables.is_empty() && tables.iter().all(common::Table::has_default_bins) {
         true => Margin {
@@ -461,10 +461,7 @@ pub fn second_margin(cfg: &common::config::ModelConfig, tables: &[common::Table]
             setting: "model.plan_margin_default_bins: every table's reuse bins are a CSV's \
                       defaults",
         },
-        false => Margin {
-            share: cfg.plan_margin,
-            setting: "model.plan_margin",
-        },
+        false => Margin::plan_margin(cfg.plan_margin),
     }
 }
 
@@ -759,7 +756,7 @@ pub fn cheaper_by(a: &Candidate, b: &Candidate, margin: f64) -> bool {
 }
 
 /// [`cheaper_by`] of predictions `a` and `b`, member by member.
-fn all_cheaper(a: &[f64], b: &[f64], margin: f64) -> bool {
+pub fn all_cheaper(a: &[f64], b: &[f64], margin: f64) -> bool {
     a.iter().zip(b).all(|(p, q)| q - p >= margin * q.abs())
 }
 
@@ -948,35 +945,16 @@ mod tests {
     #[test]
     fn a_second_opinion_vetoes_unless_every_member_agrees_past_the_margin() {
         let rival = cand("size_lookup", &[10.0, 10.0]);
-        assert_eq!(
-            veto(
-                &rival,
-                &[9.7, 9.75],
-                &[10.0, 10.0],
-                Margin::plan_margin(0.02)
-            ),
-            None
-        );
-        let why = veto(
-            &rival,
-            &[9.7, 9.9],
-            &[10.0, 10.0],
-            Margin::plan_margin(0.02),
-        )
-        .expect("1 % is under 2 %");
+        let two = Margin::plan_margin(0.02);
+        assert_eq!(veto(&rival, &[9.7, 9.75], &[10.0, 10.0], two), None);
+        let why = veto(&rival, &[9.7, 9.9], &[10.0, 10.0], two).expect("1 % is under 2 %");
         assert!(why.starts_with(SECOND_OPINION), "{why}");
         assert!(why.contains("the 2 members"), "{why}");
         assert!(
             why.contains("from -3.0 % to -1.0 % against `size_lookup`'s"),
             "{why}"
         );
-        let why = veto(
-            &rival,
-            &[9.0, 10.5],
-            &[10.0, 10.0],
-            Margin::plan_margin(0.02),
-        )
-        .expect("one predicts it dearer");
+        let why = veto(&rival, &[9.0, 10.5], &[10.0, 10.0], two).expect("one predicts it dearer");
         assert!(why.contains("from -10.0 % to +5.0 %"), "{why}");
         assert!(veto(&rival, &[9.7], &[10.0], Margin::plan_margin(0.0)).is_none());
     }

@@ -13,6 +13,10 @@
 //!    was trained on ([`TrainedShapes::features_outside`]) means the
 //!    network's figures are extrapolations. A warning names the features
 //!    and tables. `plan` then returns a heuristic's plan, while any fits.
+//!    A table only hotter than any trained one (its reuse past the top of
+//!    the trained bins, as a table of a few rows has) is no doubt: the
+//!    networks see it at the trained top instead ([`seen`]), and a
+//!    warning says so.
 //!    That is `torchrec`'s (TorchRec's own planner's), unless every member
 //!    predicts the heuristic plan it ranks best cheaper than `torchrec`'s
 //!    by `model.plan_margin`. Where `torchrec`'s does not fit, it is the
@@ -256,15 +260,67 @@ pub const POLICY: &str = "policy";
 /// ([`add_basins`]).
 pub const BASIN: &str = "basin";
 
+/// The task as the networks see it: `task` itself, or a copy whose tables
+/// hotter than any trained one take the nearest trained reuse
+/// ([`TrainedShapes::nearest_trained_reuse`]), with a note naming them.
+/// Plans of the copy are plans of `task`: only reuse bins differ, and
+/// memory does not depend on them.
+pub fn seen<'t>(
+    shapes: Option<&TrainedShapes>,
+    task: &'t Task,
+) -> (std::borrow::Cow<'t, Task>, Option<String>) {
+    let Some(shapes) = shapes else {
+        return (std::borrow::Cow::Borrowed(task), None);
+    };
+    let moved: Vec<(usize, [f64; common::table::NUM_BINS])> = (task.tables.iter().enumerate())
+        .filter_map(|(i, t)| shapes.nearest_trained_reuse(t).map(|b| (i, b)))
+        .collect();
+    if moved.is_empty() {
+        return (std::borrow::Cow::Borrowed(task), None);
+    }
+    let mut copy = task.clone();
+    for &(i, bins) in &moved {
+        copy.tables[i].bins = bins;
+    }
+    const SHOWN: usize = 3;
+    let names: Vec<String> = (moved.iter().take(SHOWN))
+        .map(|&(i, _)| format!("`{}`", task.tables[i].name))
+        .collect();
+    let more = match moved.len() > SHOWN {
+        true => format!(" and {} more", moved.len() - SHOWN),
+        false => String::new(),
+    };
+    let top = |bins: &[f64]| bins.last().copied().unwrap_or(0.0);
+    let hottest = moved
+        .iter()
+        .map(|&(i, _)| top(&task.tables[i].bins))
+        .fold(0.0, f64::max);
+    let trained = moved.iter().map(|&(_, b)| top(&b)).fold(0.0, f64::max);
+    let verb = if moved.len() == 1 { "is" } else { "are" };
+    let note = format!(
+        "{}{more} ({} of {} tables) {verb} hotter than any table the model was trained on \
+         (bin_16 up to {hottest:.3}, trained at most {trained:.3}): the networks priced them at \
+         the nearest reuse they were trained on, as hot as they know (rows read this often sit \
+         in cache either way)",
+        names.join(", "),
+        moved.len(),
+        task.tables.len(),
+    );
+    (std::borrow::Cow::Owned(copy), Some(note))
+}
+
 /// Places `task` with `model`, guarded (see the module's doc). `shapes`:
 /// what the model was trained on, when known. Fails only when no
-/// candidate fits memory.
+/// candidate fits memory. The networks see the task as [`seen`] gives
+/// it; the candidates are plans of `task`.
 pub fn plan(
     model: &Model,
     shapes: Option<&TrainedShapes>,
     task: &Task,
     mem: &MemoryModel,
 ) -> anyhow::Result<Guarded> {
+    let (task, hotter) = seen(shapes, task);
+    let task = task.as_ref();
     let kept = model.plan_keeping(task, mem);
     let mut candidates = Vec::new();
     if !kept.infeasible {
@@ -322,11 +378,15 @@ pub fn plan(
         .zip(predicted)
         .map(|((method, plan), predicted)| Candidate::new(method, plan, predicted))
         .collect();
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = hotter.into_iter().collect();
     let mut doubts = Vec::new();
     if let Some(shapes) = shapes {
         if let Some(far) = shapes.outside(task.tables.len(), task.devices) {
-            notes.push(far);
+            notes.push(format!(
+                "{far}: its plans can lose to the heuristics this far out; `--verify sim` \
+                 measures the candidates, or {}",
+                TrainedShapes::ADVICE
+            ));
         }
         for f in shapes.features_outside(&task.tables) {
             doubts.push(format!("{OUT_OF_DISTRIBUTION}: {f}"));
@@ -437,8 +497,11 @@ impl<'a> Trained<'a> {
     pub fn plan(&self, task: &Task, mem: &MemoryModel) -> anyhow::Result<Guarded> {
         let mut g = plan(self.model, self.shapes, task, mem)?;
         if let Some(second) = self.second {
+            // The margin from the tables as given (defaults or not), the
+            // prices from the tables as the first network saw them.
             let margin = second_margin(&self.model.plan_cfg, &task.tables);
-            second_opinion(&mut g, second, &task.tables, margin);
+            let (seen, _) = seen(self.shapes, task);
+            second_opinion(&mut g, second, &seen.tables, margin);
         }
         Ok(g)
     }
@@ -1331,6 +1394,45 @@ mod tests {
             "{:?}",
             g.doubts
         );
+    }
+
+    /// A table of a few rows, hotter than any trained one, does not set
+    /// the learned plan aside: the networks see it at the trained top, a
+    /// note names it, and the plans place the task's own tables.
+    #[test]
+    fn a_table_hotter_than_trained_is_priced_at_the_trained_top_not_doubted() {
+        let (cfg, task) = small_task(0);
+        let model = Model::seeded(&cfg, 0);
+        let shapes = TrainedShapes::of(std::slice::from_ref(&task)).unwrap();
+        let mut hot = task.clone();
+        let mut day = common::Table::cold("day_of_week", 7, 8, 15.8);
+        day.bins = common::generate::default_bins(7, 15.8);
+        hot.tables.push(day);
+        assert!(!shapes.features_outside(&hot.tables).is_empty());
+        let (seen_task, note) = seen(Some(&shapes), &hot);
+        assert!(shapes.features_outside(&seen_task.tables).is_empty());
+        assert_ne!(seen_task.tables[24].bins, hot.tables[24].bins);
+        assert_eq!(seen_task.tables[..24], hot.tables[..24]);
+        let g = plan(&model, Some(&shapes), &hot, &cfg.memory).unwrap();
+        assert!(
+            g.doubts.iter().all(|d| !d.contains("distribution")),
+            "{:?}",
+            g.doubts
+        );
+        let note = note.unwrap();
+        assert!(g.notes.contains(&note), "{:?}", g.notes);
+        assert!(
+            note.contains("`day_of_week` (1 of 25 tables) is hotter"),
+            "{note}"
+        );
+        for c in &g.candidates {
+            assert_eq!(c.plan.assignment.len(), 25);
+        }
+        // Without the trained shapes nothing is known to lie outside.
+        assert!(matches!(
+            seen(None, &hot),
+            (std::borrow::Cow::Borrowed(_), None)
+        ));
     }
 
     #[test]

@@ -173,6 +173,62 @@ impl TrainedShapes {
         out
     }
 
+    /// The reuse bins the networks should see for `t` where `t` is hotter
+    /// than any table they were trained on, or `None` otherwise. Hotter:
+    /// the top bin (rows read the most, an open-ended bucket) lies above
+    /// its trained range and slack, and no other bin does (they may lie
+    /// below theirs: a hot table reads few rows rarely). The bins
+    /// returned lie within the trained ranges: each is
+    /// clipped to its range, then the mass the top bin gave up goes to
+    /// the highest bins with room (or, where clipping added mass, it is
+    /// taken from the lowest), so the table stays as hot as a trained one
+    /// may be.
+    ///
+    /// Why: a table of a few rows (a day of the week, an hour) is read
+    /// thousands of times per row in every batch, so nearly all its reuse
+    /// lies in the top bin, past any trained table. Its rows sit in cache
+    /// either way: more reuse hardly changes its cost. Seen at the trained
+    /// top, it is priced as the hottest table the networks know, instead
+    /// of setting the learned plan aside for the whole task.
+    pub fn nearest_trained_reuse(
+        &self,
+        t: &common::Table,
+    ) -> Option<[f64; common::table::NUM_BINS]> {
+        let ranges = &self.features.as_ref()?[4..];
+        let bins = &t.bins;
+        let top = bins.len().checked_sub(1)?;
+        if ranges.len() != bins.len() {
+            return None;
+        }
+        let above = |k: usize| bins[k] > ranges[k][1] + Self::BIN_SLACK;
+        if !above(top) || (0..top).any(above) {
+            return None;
+        }
+        let mut seen = *bins;
+        for (b, &[lo, hi]) in seen.iter_mut().zip(ranges) {
+            *b = b.clamp(lo, hi);
+        }
+        let mut missing = 1.0 - seen.iter().sum::<f64>();
+        if missing > 0.0 {
+            for (b, &[_, hi]) in seen.iter_mut().zip(ranges).rev() {
+                let give = (hi - *b).min(missing).max(0.0);
+                *b += give;
+                missing -= give;
+            }
+        } else {
+            for (b, &[lo, _]) in seen.iter_mut().zip(ranges) {
+                let take = (*b - lo).min(-missing).max(0.0);
+                *b -= take;
+                missing += take;
+            }
+        }
+        let seen_table = common::Table {
+            bins: seen,
+            ..t.clone()
+        };
+        (missing.abs() <= 1e-9 && seen_table.mean_reuse() <= t.mean_reuse()).then_some(seen)
+    }
+
     /// Writes them into run directory `run`.
     pub fn write(&self, run: &Path) -> common::Result<()> {
         let text = serde_json::to_string_pretty(self).expect("plain numbers serialize");
@@ -234,8 +290,8 @@ mod tests {
     use common::config::Config;
     use common::generate::generate_pool;
 
-    #[test]
-    fn tables_outside_the_trained_features_are_named_by_feature() {
+    /// A pool, and the shapes of one task of its first 200 tables.
+    fn trained_on_200() -> (Vec<common::Table>, TrainedShapes) {
         let pool = generate_pool(&Config::default().generate, 1).unwrap();
         let trained = common::Task {
             name: "t".into(),
@@ -244,6 +300,12 @@ mod tests {
             tables: pool[..200].to_vec(),
         };
         let shapes = TrainedShapes::of(std::slice::from_ref(&trained)).unwrap();
+        (pool, shapes)
+    }
+
+    #[test]
+    fn tables_outside_the_trained_features_are_named_by_feature() {
+        let (pool, shapes) = trained_on_200();
         assert!(shapes.features_outside(&pool[..200]).is_empty());
         // A table like those derived from a lookup trace: no row used once.
         let mut trace = pool[0].clone();
@@ -285,6 +347,51 @@ mod tests {
             ..shapes.clone()
         };
         assert!(old.features_outside(&pool[..1]).is_empty());
+    }
+
+    /// A table of a few rows is hotter than any trained one: the
+    /// networks see it at the trained top, within every bin's range. A
+    /// table within the ranges keeps its bins, as does one outside them
+    /// in a bin below the top.
+    #[test]
+    fn a_table_hotter_than_any_trained_is_seen_at_the_trained_top() {
+        let (pool, shapes) = trained_on_200();
+        let mut day = common::Table::cold("day_of_week", 7, 8, 15.8);
+        day.bins = common::generate::default_bins(7, 15.8);
+        let out = shapes.features_outside(std::slice::from_ref(&day));
+        assert!(out.iter().any(|f| f.feature == "bin_16"), "{out:?}");
+        let bins = shapes
+            .nearest_trained_reuse(&day)
+            .expect("hotter than trained");
+        let ranges = &shapes.features.as_ref().unwrap()[4..];
+        for (k, (b, [lo, hi])) in bins.iter().zip(ranges).enumerate() {
+            assert!(
+                *b >= lo - 1e-12 && *b <= hi + 1e-12,
+                "bin_{k} {b} not in {lo}..{hi}"
+            );
+        }
+        assert!((bins.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        let seen = common::Table {
+            bins,
+            ..day.clone()
+        };
+        assert!(seen.mean_reuse() <= day.mean_reuse());
+        assert!(
+            seen.mean_reuse() > pool[..200].iter().map(|t| t.mean_reuse()).sum::<f64>() / 200.0
+        );
+        assert!(shapes
+            .features_outside(std::slice::from_ref(&seen))
+            .is_empty());
+        // Within the ranges, or colder than trained: as they are.
+        assert_eq!(shapes.nearest_trained_reuse(&pool[3]), None);
+        let mut trace = pool[0].clone();
+        trace.bins = [0.0; common::NUM_BINS];
+        trace.bins[6] = 0.5;
+        trace.bins[7] = 0.5;
+        assert!(!shapes
+            .features_outside(std::slice::from_ref(&trace))
+            .is_empty());
+        assert_eq!(shapes.nearest_trained_reuse(&trace), None);
     }
 
     #[test]

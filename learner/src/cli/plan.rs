@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use common::DeviceCost;
 use model::baselines::Method;
 use model::guard::{Candidate, Guarded};
-use model::shapes::TrainedShapes;
 use rand::SeedableRng;
 
 use super::{PlanArgs, PlanFormat};
@@ -230,11 +229,7 @@ fn doubts_default_bins(doubts: &[String], tables: &[common::Table]) -> bool {
 /// the trained shapes.
 fn warn_of_doubts(guarded: &Guarded, tables: &[common::Table]) {
     for note in &guarded.notes {
-        tracing::warn!(
-            "{note}: its plans can lose to the heuristics this far out; `--verify sim` \
-             measures the candidates, or {}",
-            TrainedShapes::ADVICE
-        );
+        tracing::warn!("{note}");
     }
     if !guarded.doubts.is_empty() {
         tracing::warn!(

@@ -21,7 +21,8 @@ Usage:
   .venv/bin/python scripts/pool-from-trace.py TRACE.pt --dim 16 --out pool.csv
   .venv/bin/python scripts/pool-from-trace.py TRACE.pt --tables tables.csv --out pool.csv
 
---tables FILE is a CSV with the header `name,rows,dim` and one line per
+--tables FILE is a CSV with the columns `name`, `rows` and `dim` (any order,
+other columns ignored, so `learner plan`'s own CSV will do) and one line per
 table in the trace's order (the names and sizes of your model's tables, say
 from its EmbeddingBagCollection config); an empty rows field takes the
 trace's. Then put the pool in a configuration (`[data] pool = "pool.csv"`)
@@ -63,7 +64,8 @@ def parse_args(argv):
     sizes.add_argument("--dim", type=int, help="embedding dimension of every table")
     sizes.add_argument(
         "--tables",
-        help="CSV `name,rows,dim`, one line per table in the trace's order (rows may be empty)",
+        help="CSV with columns name, rows and dim (any order, others ignored), one line per "
+        "table in the trace's order (rows may be empty)",
     )
     p.add_argument(
         "--prefix",
@@ -146,20 +148,38 @@ def load_trace(path):
 
 
 def read_tables(path, count):
-    """(name, rows or None, dim) per table from a `name,rows,dim` CSV."""
+    """(name, rows or None, dim) per table from a CSV with columns `name`,
+    `rows` and `dim`, in any order (headers as `learner plan` reads them:
+    any case, padded, TorchRec's names). Other columns (a pool's
+    pooling_factor or bins, say) are ignored: the trace gives those."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             lines = list(csv.reader(f))
     except OSError as e:
         raise TraceError(f"{path}: {e.strerror}")
     lines = [(n, r) for n, r in enumerate(lines, 1) if any(c.strip() for c in r)]
-    if not lines or [c.strip() for c in lines[0][1]] != ["name", "rows", "dim"]:
-        raise TraceError(f"{path}:1: the header must be `name,rows,dim`")
+    # TorchRec's EmbeddingBagConfig names, as `learner plan` reads them.
+    aliases = {"num_embeddings": "rows", "embedding_dim": "dim"}
+    header = [c.strip().lower() for c in lines[0][1]] if lines else []
+    header = [aliases.get(c, c) for c in header]
+    missing = [c for c in ("name", "rows", "dim") if c not in header]
+    if missing:
+        raise TraceError(
+            f"{path}:1: the header needs the columns `name`, `rows` (or `num_embeddings`) "
+            f"and `dim` (or `embedding_dim`), in any order; missing: "
+            + ", ".join(f"`{c}`" for c in missing)
+        )
+    twice = [c for c in ("name", "rows", "dim") if header.count(c) > 1]
+    if twice:
+        raise TraceError(f"{path}:1: the header has `{twice[0]}` twice (or with its alias)")
+    at = {c: header.index(c) for c in ("name", "rows", "dim")}
     out, seen = [], set()
     for n, row in lines[1:]:
-        if len(row) != 3:
-            raise TraceError(f"{path}:{n}: expected 3 fields (name,rows,dim), found {len(row)}")
-        name, rows, dim = (c.strip() for c in row)
+        if len(row) != len(header):
+            raise TraceError(
+                f"{path}:{n}: expected {len(header)} fields, as the header has, found {len(row)}"
+            )
+        name, rows, dim = (row[at[c]].strip() for c in ("name", "rows", "dim"))
         if not name:
             raise TraceError(f"{path}:{n}: field `name`: empty")
         if name in seen:

@@ -174,18 +174,21 @@ fn defaults_taken(pooling: bool, bins: bool) -> Option<String> {
         "pooling_factor {:.1}, the mean of Meta's dlrm_datasets trace",
         crate::generate::published::mean_pooling()
     );
-    let fix = "scripts/pool-from-trace.py derives both from a lookup trace";
+    let fix = |what: &str| format!("scripts/pool-from-trace.py derives {what} from a lookup trace");
     match (pooling, bins) {
         (true, true) => None,
         (false, false) => Some(format!(
             "no pooling_factor and no reuse bins (bin_0..bin_16): every table takes {mean}, \
-             and {reuse}; {fix}"
+             and {reuse}; {}",
+            fix("both")
         )),
         (true, false) => Some(format!(
-            "no reuse bins (bin_0..bin_16): every table takes {reuse}; {fix}"
+            "no reuse bins (bin_0..bin_16): every table takes {reuse}; {}",
+            fix("them")
         )),
         (false, true) => Some(format!(
-            "no pooling_factor: every table takes {mean}; {fix}"
+            "no pooling_factor: every table takes {mean}; {}",
+            fix("it")
         )),
     }
 }

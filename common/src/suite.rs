@@ -116,6 +116,31 @@ impl Task {
         }
         None
     }
+
+    /// The least memory per device, in GiB, at which first-fit decreasing
+    /// by bytes ([`first_fit_decreasing`]) packs the tables on the task's
+    /// devices: enough memory to place them, where none was found. It is
+    /// at least the largest table's and an even share of all of them.
+    pub fn packed_memory_gb(&self, mem: &MemoryModel) -> f64 {
+        let bytes: Vec<u64> = self.tables.iter().map(|t| mem.table_bytes(t)).collect();
+        let total = bytes.iter().fold(0u64, |s, &b| s.saturating_add(b));
+        let devices = self.devices.max(1) as u64;
+        let largest = bytes.iter().copied().max().unwrap_or(0);
+        let packs = |cap: u64| first_fit_decreasing(&self.tables, self.devices, cap, mem).is_some();
+        // One device can hold all: first-fit packs at the total.
+        let (mut lo, mut hi) = (largest.max(total.div_ceil(devices)), total.max(1));
+        if packs(lo) {
+            hi = lo;
+        }
+        while lo + 1 < hi {
+            let mid = lo + (hi - lo) / 2;
+            match packs(mid) {
+                true => hi = mid,
+                false => lo = mid,
+            }
+        }
+        hi as f64 / BYTES_PER_GB
+    }
 }
 
 /// A loaded, validated suite.
@@ -384,6 +409,33 @@ mod tests {
 
     fn mem() -> MemoryModel {
         MemoryModel::default()
+    }
+
+    /// Three equal tables on two devices fit in all, but two must share
+    /// a device: first-fit packs them at twice one table, not at an even
+    /// share.
+    #[test]
+    fn the_packed_memory_is_where_first_fit_decreasing_first_packs() {
+        let big = |name: &str| Table::cold(name, 20_000_000, 128, 1.0);
+        let task = Task {
+            name: "t".into(),
+            devices: 2,
+            memory_gb: 8.0,
+            tables: vec![big("a"), big("b"), big("c")],
+        };
+        let one = mem().table_bytes(&task.tables[0]);
+        assert_eq!(task.infeasibility(&mem()), None, "fits in all");
+        let gb = task.packed_memory_gb(&mem());
+        assert!((gb * BYTES_PER_GB - 2.0 * one as f64).abs() <= 1.0, "{gb}");
+        let cap = (gb * BYTES_PER_GB).round() as u64;
+        assert!(first_fit_decreasing(&task.tables, 2, cap, &mem()).is_some());
+        assert!(first_fit_decreasing(&task.tables, 2, cap - 1, &mem()).is_none());
+        // Where an even share packs, that is the answer.
+        let three = Task {
+            devices: 3,
+            ..task.clone()
+        };
+        assert!((three.packed_memory_gb(&mem()) * BYTES_PER_GB - one as f64).abs() <= 1.0);
     }
 
     fn write_pool(dir: &Path, tables: &[Table]) {

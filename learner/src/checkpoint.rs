@@ -375,7 +375,8 @@ impl Runs {
             )
         })?;
         tracing::info!(
-            "the learned plans of {} are vetoed unless {}'s cost network agrees              (--no-second-opinion: without)",
+            "the learned plans of {} are vetoed unless {}'s cost network agrees \
+             (--no-second-opinion: without)",
             dir.display(),
             second.display()
         );

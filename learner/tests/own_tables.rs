@@ -329,7 +329,15 @@ fn table_names_and_sizes_come_from_a_file_and_bad_input_is_named() {
             ("small", 50, 8)
         ]
     );
+    // Columns in another order, TorchRec's names, and a column the trace
+    // gives anyway: the same pool.
     let before = std::fs::read(&out).unwrap();
+    let reordered =
+        "Embedding_Dim, pooling_factor ,name,num_embeddings\n8,2.0,hot,10\n16,1,idle,20\n\
+                     64,1,skew,1000\n128,1,wide,6000000\n4,1,own,\n8,1,small,50\n";
+    let (ok, _, err) = run(reordered);
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), before);
     for (tables_csv, words) in [
         // The trace reads row 3 of `hot`.
         (
@@ -339,7 +347,14 @@ fn table_names_and_sizes_come_from_a_file_and_bad_input_is_named() {
         (good.replace("idle", "hot"), &["tables.csv:3", "duplicate"]),
         (good.replace("small,50,8\n", ""), &["5 tables", "has 6"]),
         (good.replace("16", "x"), &["tables.csv:3", "`dim`", "`x`"]),
-        (good.replace("name,rows,dim", "table,dim"), &["header"]),
+        (
+            good.replace("name,rows,dim", "table,dim"),
+            &["header", "missing: `name`, `rows`"][..],
+        ),
+        (
+            good.replace("name,rows,dim", "name,rows,dim,num_embeddings"),
+            &["twice"],
+        ),
     ] {
         let (ok, _, err) = run(&tables_csv);
         assert!(!ok, "{tables_csv}");

@@ -339,9 +339,12 @@ pub fn plan(
     }
     anyhow::ensure!(
         !candidates.is_empty(),
-        "neither the policy nor any heuristic found a placement that fits {} GiB per \
-         device; try more devices or memory",
-        task.memory_gb
+        "{}: neither the policy nor any heuristic found a placement that fits {} GiB per \
+         device; first-fit decreasing by bytes packs its tables at {:.3} GiB per device: give \
+         each device that, or use more devices",
+        task.name,
+        task.memory_gb,
+        task.packed_memory_gb(mem)
     );
     // The other ends of the searches, priced with the candidates, for
     // the choice between near-equal learned plans (`least_crowded`).
@@ -1433,6 +1436,32 @@ mod tests {
             seen(None, &hot),
             (std::borrow::Cow::Borrowed(_), None)
         ));
+    }
+
+    /// Tables that fit in all but not one by one: the error names the
+    /// task and the memory at which first-fit decreasing packs them.
+    #[test]
+    fn no_placement_that_fits_says_what_memory_would() {
+        let cfg = common::config::Config::default();
+        let model = Model::seeded(&cfg, 0);
+        let big = |name: &str| common::Table::cold(name, 20_000_000, 128, 1.0);
+        let one = cfg.memory.table_gb(&big("a"));
+        let task = Task {
+            name: "my_tables.csv".into(),
+            devices: 2,
+            memory_gb: 1.6 * one,
+            tables: vec![big("a"), big("b"), big("c")],
+        };
+        assert_eq!(task.infeasibility(&cfg.memory), None);
+        let err = plan(&model, None, &task, &cfg.memory)
+            .unwrap_err()
+            .to_string();
+        let packed = format!("{:.3} GiB per device", task.packed_memory_gb(&cfg.memory));
+        assert!(
+            err.starts_with("my_tables.csv: neither") && err.contains(&packed),
+            "{err}"
+        );
+        assert!((task.packed_memory_gb(&cfg.memory) - 2.0 * one).abs() < 1e-6);
     }
 
     #[test]

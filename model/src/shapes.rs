@@ -275,8 +275,10 @@ impl TrainedShapes {
             format!("{} to {}", per(lo), per(hi))
         };
         Some(format!(
-            "{tables} tables on {devices} devices is {} per device, and the model was trained \
-             on {density_range} ({} tables on {} devices)",
+            "{} on {} is {} per device, and the model was trained on {density_range} ({} \
+             tables on {} devices)",
+            common::count(tables, "table"),
+            common::count(devices, "device"),
             per(density),
             range(self.tables.map(|t| t as f64)),
             range(self.devices.map(|d| d as f64))
@@ -423,6 +425,8 @@ mod tests {
         assert!(shapes.outside(4, 2).is_some());
         let sparse = shapes.outside(3, 100).unwrap();
         assert!(sparse.contains("is 0.03 per device"), "{sparse}");
+        let one = shapes.outside(1, 2).unwrap();
+        assert!(one.starts_with("1 table on 2 devices is 0.5"), "{one}");
         // A run from before the file, or a damaged one: no shapes, no error.
         std::fs::write(dir.path().join(TrainedShapes::FILE), b"{oops").unwrap();
         assert_eq!(TrainedShapes::read(dir.path()), None);

@@ -908,10 +908,12 @@ pub fn verify(
     let (start, n) = (std::time::Instant::now(), g.candidates.len());
     let slow = std::time::Duration::from_secs(2);
     for k in 0..n {
-        // A plan two methods give is measured once: on a timed oracle two
-        // measurements of one plan differ by noise alone.
+        // A plan two methods give, its devices relabelled or not, is
+        // measured once: on a timed oracle two measurements of one plan
+        // differ by noise alone, and noise would pick between them.
         let twin = (0..k).find(|&j| {
-            g.candidates[j].plan == g.candidates[k].plan && g.candidates[j].measured.is_some()
+            g.candidates[j].plan.same_groups(&g.candidates[k].plan)
+                && g.candidates[j].measured.is_some()
         });
         if let Some(j) = twin {
             g.candidates[k].measured = g.candidates[j].measured;
@@ -1529,23 +1531,30 @@ mod tests {
         }
     }
 
-    /// Candidates with one plan are measured once and share the figure;
-    /// so the oracle is called once per distinct plan.
+    /// Candidates with one plan, its devices relabelled or not, are
+    /// measured once and share the figure; so the oracle is called once
+    /// per distinct plan.
     #[test]
     fn verify_measures_each_distinct_plan_once() {
         let (cfg, task) = small_task(30);
         let model = Model::seeded(&cfg, 0);
         let mut g = plan(&model, None, &task, &cfg.memory).unwrap();
-        // Two candidates more, copies of the first and the last.
-        let (first, last) = (
+        // Two candidates more, copies of the first and the last, the
+        // last's devices relabelled.
+        let (first, mut last) = (
             g.candidates[0].clone(),
             g.candidates.last().unwrap().clone(),
         );
+        let devices = last.plan.devices;
+        for d in &mut last.plan.assignment {
+            *d = (*d + 1) % devices;
+        }
+        assert_ne!(last.plan, g.candidates.last().unwrap().plan);
         g.candidates.push(first);
         g.candidates.push(last);
         let mut distinct: Vec<&Plan> = Vec::new();
         for c in &g.candidates {
-            if !distinct.contains(&&c.plan) {
+            if !distinct.iter().any(|p| p.same_groups(&c.plan)) {
                 distinct.push(&c.plan);
             }
         }
@@ -1561,11 +1570,12 @@ mod tests {
         assert_eq!(oracle.calls, distinct, "{n} candidates");
         for a in &g.candidates {
             for b in &g.candidates {
-                if a.plan == b.plan {
+                if a.plan.same_groups(&b.plan) {
                     assert_eq!(a.measured, b.measured);
                 }
             }
         }
+        assert!(distinct < n);
     }
 
     /// A candidate the oracle fails on is left out; the spread returned is

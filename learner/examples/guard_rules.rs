@@ -18,6 +18,8 @@
 //! - `… heuristics ranked by both`: where the rule returns a heuristic's
 //!   plan within the trained range, the heuristic plan of lowest highest
 //!   prediction over the members of both networks.
+//! - `… heuristics ranked by mean` (`… of both`): the same, by the lowest
+//!   mean prediction of the first network's members (of both networks').
 //! - `heuristics only`: the heuristic plan the guard ranks best (its
 //!   highest member prediction), never a learned plan. The floor of any
 //!   rule that trusts the network to rank the heuristics' plans.
@@ -154,7 +156,23 @@ fn main() -> anyhow::Result<()> {
             }),
         ),
     ];
+    rules.push((
+        "heuristics only, ranked by mean".into(),
+        Box::new(|t: &Replayed| by_mean(t, t.ranked.unwrap_or(t.chosen), false)),
+    ));
     if second.is_some() {
+        rules.push((
+            "with its second opinion, heuristics ranked by mean".into(),
+            Box::new(|t: &Replayed| by_mean(t, t.heard, false)),
+        ));
+        rules.push((
+            "with its second opinion, heuristics ranked by mean of both".into(),
+            Box::new(|t: &Replayed| by_mean(t, t.heard, true)),
+        ));
+        rules.push((
+            "heuristics only, ranked by mean of both".into(),
+            Box::new(|t: &Replayed| by_mean(t, t.ranked.unwrap_or(t.chosen), true)),
+        ));
         rules.push((
             "with its second opinion, heuristics ranked by both".into(),
             Box::new(|t: &Replayed| by_both(t, t.heard)),
@@ -314,6 +332,27 @@ fn by_both(t: &Replayed, pick: usize) -> usize {
     (0..t.candidates.len())
         .filter(|&i| !t.candidates[i].learned())
         .min_by(|&a, &b| worst_of_both(t, a).total_cmp(&worst_of_both(t, b)))
+        .unwrap_or(pick)
+}
+
+/// `pick` where it is a learned plan or the task is out of distribution;
+/// else the heuristic plan of lowest mean prediction over the first
+/// network's members, or over both networks' (`both`).
+fn by_mean(t: &Replayed, pick: usize, both: bool) -> usize {
+    if t.out_of_distribution || t.candidates[pick].learned() || (both && t.second.is_empty()) {
+        return pick;
+    }
+    let mean = |i: usize| {
+        let own = &t.candidates[i].predicted;
+        let all: Vec<f64> = match both {
+            true => own.iter().chain(&t.second[i]).copied().collect(),
+            false => own.clone(),
+        };
+        all.iter().sum::<f64>() / all.len().max(1) as f64
+    };
+    (0..t.candidates.len())
+        .filter(|&i| !t.candidates[i].learned())
+        .min_by(|&a, &b| mean(a).total_cmp(&mean(b)))
         .unwrap_or(pick)
 }
 

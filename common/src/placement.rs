@@ -22,31 +22,6 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Whether `other` places the same tables together, whatever the
-    /// devices are called: one plan with its devices relabelled. On
-    /// devices alike, both cost the same.
-    pub fn same_groups(&self, other: &Plan) -> bool {
-        if self.devices != other.devices || self.assignment.len() != other.assignment.len() {
-            return false;
-        }
-        let (mut to, mut from) = (
-            vec![usize::MAX; self.devices],
-            vec![usize::MAX; self.devices],
-        );
-        for (&a, &b) in self.assignment.iter().zip(&other.assignment) {
-            if a >= self.devices || b >= self.devices {
-                return false;
-            }
-            if to[a] == usize::MAX && from[b] == usize::MAX {
-                (to[a], from[b]) = (b, a);
-            }
-            if to[a] != b || from[b] != a {
-                return false;
-            }
-        }
-        true
-    }
-
     /// Indices of the tables on each device, in table order.
     pub fn groups(&self) -> Vec<Vec<usize>> {
         let mut g = vec![Vec::new(); self.devices];
@@ -199,24 +174,6 @@ mod tests {
 
     fn tables() -> Vec<Table> {
         vec![table("a", 10, 8, 1.0), table("b", 10, 8, 1.0)]
-    }
-
-    #[test]
-    fn plans_that_group_alike_are_one_plan_relabelled() {
-        let p = |devices: usize, a: &[usize]| Plan {
-            devices,
-            assignment: a.to_vec(),
-        };
-        let plan = p(3, &[0, 0, 1, 2, 1]);
-        assert!(plan.same_groups(&plan));
-        assert!(plan.same_groups(&p(3, &[2, 2, 0, 1, 0])));
-        // Two groups merged, or split, or another device count: not alike.
-        assert!(!plan.same_groups(&p(3, &[0, 0, 1, 1, 1])));
-        assert!(!p(3, &[0, 0, 1, 1, 1]).same_groups(&plan));
-        assert!(!plan.same_groups(&p(3, &[0, 1, 1, 2, 1])));
-        assert!(!plan.same_groups(&p(4, &[0, 0, 1, 2, 1])));
-        assert!(!plan.same_groups(&p(3, &[0, 0, 1, 2])));
-        assert!(!plan.same_groups(&p(3, &[0, 0, 1, 5, 1])));
     }
 
     fn placement(pairs: &[(&str, usize)], devices: usize) -> Placement {

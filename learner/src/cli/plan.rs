@@ -432,6 +432,14 @@ fn summary(
             }
         );
     }
+    if let Some(alone) = bottleneck.and_then(|d| lone_table(plan, d)) {
+        let _ = writeln!(
+            s,
+            "  the bottleneck holds one table alone, `{}`: moving whole tables cannot make that \
+             device faster; splitting the table (TorchRec's row-wise or column-wise sharding) can",
+            task.tables[alone].name
+        );
+    }
     let chosen = &guarded.candidates[guarded.chosen];
     if let Some(h) = guarded.best_heuristic().filter(|&h| h != guarded.chosen) {
         let h = &guarded.candidates[h];
@@ -465,6 +473,16 @@ fn summary(
         cfg.memory.optimizer.name()
     );
     s
+}
+
+/// The table device `d` of `plan` holds, where it holds one alone and the
+/// plan has other devices.
+fn lone_table(plan: &common::Plan, d: usize) -> Option<usize> {
+    let mut on = (0..plan.assignment.len()).filter(|&t| plan.assignment[t] == d);
+    match (plan.devices > 1, on.next(), on.next()) {
+        (true, Some(t), None) => Some(t),
+        _ => None,
+    }
 }
 
 /// `--compare`: every candidate's plan beside the chosen one, predicted
@@ -640,6 +658,20 @@ mod tests {
         ));
         let given = common::Table::cold("m14", 109, 128, 98.42);
         assert!(!doubts_default_bins(&doubt, &[given]));
+    }
+
+    /// The summary's hint names a table alone on its device, and only
+    /// where there are other devices.
+    #[test]
+    fn a_table_alone_on_its_device_is_found() {
+        let plan = |devices: usize, assignment: Vec<usize>| Plan {
+            devices,
+            assignment,
+        };
+        assert_eq!(lone_table(&plan(3, vec![0, 1, 0, 2, 2]), 1), Some(1));
+        assert_eq!(lone_table(&plan(3, vec![0, 1, 0, 2, 2]), 0), None);
+        assert_eq!(lone_table(&plan(3, vec![0, 0, 0]), 1), None);
+        assert_eq!(lone_table(&plan(1, vec![0]), 0), None);
     }
 
     /// `--compare` says when the learned plan is the heuristic's chosen.

@@ -11,7 +11,9 @@
 //! and the reuse bins the trace's aggregate
 //! ([`crate::generate::default_bins`]: about half the unique rows used
 //! once), more reuse where a table is too small for that.
-//! `scripts/pool-from-trace.py` derives both from a lookup trace.
+//! `scripts/pool-from-trace.py` derives both from a lookup trace. A table
+//! whose `pooling_factor` cell is empty takes the same default, with a
+//! warning naming it.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -251,6 +253,7 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
     })?;
     let mut tables = Vec::new();
     let mut names = HashSet::new();
+    let mut no_pooling: Vec<String> = Vec::new();
     for rec in rdr.records() {
         let rec = rec.map_err(|e| csv_err(lines.line_of(e.position()), "", e.to_string()))?;
         let line = lines.line_of(rec.position());
@@ -293,6 +296,12 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
             .map_err(|m| csv_err(line, "dim", format!("`{dim}`: {m}")))? as u32;
         let pooling = match cols.pooling.map(|k| &rec[k]) {
             None => crate::generate::published::mean_pooling(),
+            // Unknown for this table: the default, as for a file without
+            // the column, and a warning names it.
+            Some("") => {
+                no_pooling.push(name.clone());
+                crate::generate::published::mean_pooling()
+            }
             Some(field) => parse_finite(field)
                 .and_then(|v| {
                     if v > 0.0 && v <= MAX_POOLING {
@@ -346,6 +355,29 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
     }
     if let Some(why) = defaults_taken(cols.pooling.is_some(), cols.bins.is_some()) {
         tracing::warn!("{}: {why}", path.display());
+    }
+    if !no_pooling.is_empty() {
+        const SHOWN: usize = 3;
+        let named: Vec<String> = (no_pooling.iter().take(SHOWN))
+            .map(|n| format!("`{n}`"))
+            .collect();
+        let more = match no_pooling.len() > SHOWN {
+            true => format!(" and {} more", no_pooling.len() - SHOWN),
+            false => String::new(),
+        };
+        tracing::warn!(
+            "{}: {} with an empty pooling_factor ({}{more}) {} {:.1}, the mean of Meta's \
+             dlrm_datasets trace",
+            path.display(),
+            crate::count(no_pooling.len(), "table"),
+            named.join(", "),
+            if no_pooling.len() == 1 {
+                "takes"
+            } else {
+                "take"
+            },
+            crate::generate::published::mean_pooling()
+        );
     }
     if let Some(why) = not_multiples_of_4(&tables) {
         tracing::warn!("{}: {why}", path.display());
@@ -671,6 +703,11 @@ mod tests {
         let t = read_from("name,rows,dim,pooling_factor\nu,1000,8,2.5\n".as_bytes(), p).unwrap();
         assert_eq!(t[0].pooling_factor, 2.5);
         assert_eq!(t[0].bins, crate::generate::default_bins(1000, 2.5));
+        // One table's pooling left empty: that table takes the default.
+        let text = "name,rows,dim,pooling_factor\nu,1000,8,2.5\nv,1000,8,\n";
+        let t = read_from(text.as_bytes(), p).unwrap();
+        assert_eq!((t[0].pooling_factor, t[1].pooling_factor), (2.5, mean));
+        assert_eq!(t[1].bins, crate::generate::default_bins(1000, mean));
         // A bin missing, a column twice, a line too short.
         for (text, words) in [
             ("name,rows,dim,bin_0\na,1,2,1\n", "no `bin_1` column"),

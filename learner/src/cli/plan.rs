@@ -179,7 +179,14 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let text = serde_json::to_string_pretty(&doc)? + "\n";
     match args.out {
-        Some(path) => common::fs::write_atomic(&path, text.as_bytes())?,
+        Some(path) => {
+            common::fs::write_atomic(&path, text.as_bytes())?;
+            let what = match args.format {
+                PlanFormat::Placement => "the placement",
+                PlanFormat::Torchrec => "TorchRec's ranks",
+            };
+            tracing::info!("wrote {what} to {}", path.display());
+        }
         None => write!(out, "{text}")?,
     }
     Ok(())

@@ -240,12 +240,20 @@ pub struct Setup {
 
 impl Setup {
     /// The configuration (defaults without one), with `kernel` for both
-    /// real backends where given.
-    fn load(&self) -> anyhow::Result<Config> {
+    /// real backends where given; a warning where `backend` runs no
+    /// kernel.
+    fn load(&self, backend: Backend) -> anyhow::Result<Config> {
         let mut cfg = Config::load(self.config.as_deref())?;
         if let Some(k) = self.kernel {
             cfg.cpu.kernel = k;
             cfg.cuda.kernel = k;
+            if backend == Backend::Sim {
+                tracing::warn!(
+                    "--kernel {} is for the cpu and cuda backends: sim runs no kernel, it models \
+                     one (--backend cpu runs it)",
+                    k.name()
+                );
+            }
         }
         Ok(cfg)
     }
@@ -269,7 +277,7 @@ fn calibrate(args: CalibrateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "--plans must be at least 8 (a quarter is held out)"
     );
     anyhow::ensure!(args.max_tables >= 1, "--max-tables must be at least 1");
-    let cfg = args.setup.load()?;
+    let cfg = args.setup.load(args.backend)?;
     let pool = common::generate::generate_pool(&cfg.generate, args.seed)
         .map_err(|e| anyhow::anyhow!(e))?;
     let mut oracle = build(args.backend, &cfg)?;
@@ -402,7 +410,7 @@ fn bench(args: BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     anyhow::ensure!(args.tables > 0, "--tables must be at least 1");
     anyhow::ensure!(args.devices > 0, "--devices must be at least 1");
     anyhow::ensure!(args.plans > 0, "--plans must be at least 1");
-    let cfg = args.setup.load()?;
+    let cfg = args.setup.load(args.backend)?;
     let gen = common::generate::PoolGenConfig {
         tables: args.tables,
         ..cfg.generate.clone()
@@ -445,7 +453,7 @@ fn fusion(args: FusionArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         !args.sizes.is_empty() && !args.sizes.contains(&0),
         "--sizes: every size must be at least 1"
     );
-    let cfg = args.setup.load()?;
+    let cfg = args.setup.load(args.backend)?;
     let pool = common::generate::generate_pool(&cfg.generate, args.seed)
         .map_err(|e| anyhow::anyhow!(e))?;
     let mut oracle = build(args.backend, &cfg)?;
@@ -508,7 +516,7 @@ fn fusion(args: FusionArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 fn measure(args: MeasureArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let cfg = args.setup.load()?;
+    let cfg = args.setup.load(args.backend)?;
     let tables = pool::read(&args.tables)?;
     let plan = Placement::read(&args.placement)?.resolve(&tables, &args.placement)?;
     if let Some(gb) = args.memory_gb {

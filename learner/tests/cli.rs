@@ -229,9 +229,13 @@ fn train_then_plan_writes_a_placement_of_every_table() {
         std::fs::read_to_string(run.join("metrics.jsonl")).unwrap()
     );
     // A finished run resumed says so, and learns nothing more.
-    let (ok, _, err) = learner(&["train", "--run-dir", run_str, "--resume"]);
+    let (ok, said, err) = learner(&["train", "--run-dir", run_str, "--resume"]);
     assert!(ok, "{err}");
     assert!(err.contains("has already run all 2 iterations"), "{err}");
+    assert!(
+        said.starts_with("nothing to train") && !said.contains("env steps"),
+        "{said}"
+    );
     assert_eq!(
         metrics,
         std::fs::read_to_string(run.join("metrics.jsonl")).unwrap()

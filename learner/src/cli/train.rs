@@ -93,7 +93,8 @@ pub(super) fn train_with(
         }
     };
     trainer.prior = prior;
-    if trainer.done() {
+    let done_at_start = trainer.done();
+    if done_at_start {
         tracing::info!(
             "{} has already run all {} iterations (train.iterations): nothing to train; \
              raise train.iterations in its config.toml to train further",
@@ -154,7 +155,21 @@ pub(super) fn train_with(
     }
     let secs = start.0.elapsed().as_secs_f64();
     let steps = trainer.counters.env_steps - start.1;
-    report(out, &trainer, run, steps, secs, updates.get(), lags)?;
+    if done_at_start {
+        // The counters are the run's, not this session's: say nothing was
+        // trained rather than report them as if it had been.
+        writeln!(
+            out,
+            "nothing to train: {} has already run all {} iterations ({} measurements, {} policy \
+             updates)",
+            run.path().display(),
+            trainer.counters.iteration,
+            trainer.buffer.len(),
+            trainer.counters.policy_updates
+        )?;
+    } else {
+        report(out, &trainer, run, steps, secs, updates.get(), lags)?;
+    }
     interrupted(&stop, trainer.done())
 }
 
@@ -373,18 +388,20 @@ impl ProgressLines {
             }
             None => "-".into(),
         };
-        let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2} ms"));
+        // The plans measured since the update before this one.
+        let plans = match (m.mean_measured_ms, m.mean_predicted_ms) {
+            (Some(a), Some(b)) => format!("plans {a:.2} ms measured against {b:.2} ms predicted"),
+            (Some(a), None) => format!("plans {a:.2} ms measured (no prediction)"),
+            (None, _) => "no plan measured since the last update".into(),
+        };
         // Rounds count from 1, as updates do: the last is `rounds/rounds`.
         Some(format!(
-            "update {step}/{}, round {}/{}, {}/{} measured, plans {} measured against {} \
-             predicted, {rate} env steps/s, eta {eta}",
+            "update {step}/{}, round {}/{}, {}/{} measured, {plans}, {rate} env steps/s, eta {eta}",
             self.total,
             (m.iteration + 1).min(self.rounds),
             self.rounds,
             m.measurements,
             self.measurements,
-            ms(m.mean_measured_ms),
-            ms(m.mean_predicted_ms),
         ))
     }
 }
@@ -627,7 +644,7 @@ mod tests {
             "{first}"
         );
         assert!(
-            first.contains("plans 2.50 ms measured against - predicted"),
+            first.contains("plans 2.50 ms measured (no prediction)"),
             "{first}"
         );
         // Ten updates per line (200 / 20), or 30 s.
@@ -639,7 +656,12 @@ mod tests {
         );
         assert!(p.line(&at(12, 600, 10), t0 + s(20)).is_none());
         assert!(p.line(&at(13, 650, 10), t0 + s(41)).is_some());
-        let last = p.line(&at(200, 9950, 100), t0 + s(42)).unwrap();
+        let quiet = Metrics {
+            mean_measured_ms: None,
+            ..at(200, 9950, 100)
+        };
+        let last = p.line(&quiet, t0 + s(42)).unwrap();
         assert!(last.starts_with("update 200/200, round 20/20,"), "{last}");
+        assert!(last.contains("no plan measured since"), "{last}");
     }
 }

@@ -95,7 +95,15 @@ def load_trace(path):
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file")
     except Exception as e:  # pickle, zip or tensor errors: name the file.
-        raise TraceError(f"{path}: not a PyTorch file this script reads ({e})")
+        # torch's own advice (load with weights_only=False) is not one this
+        # script takes: a trace holds tensors only.
+        first = (str(e).strip().splitlines() or [""])[0]
+        detail = type(e).__name__ + ("" if "weights_only" in str(e) or not first else f": {first}")
+        raise TraceError(
+            f"{path}: not a lookup trace this script reads ({detail}); it reads a file of "
+            "torch.save((indices, offsets, lengths)), tensors only, or of a dict of those three "
+            "(scripts/synthetic-trace.py writes one)"
+        )
     if isinstance(data, dict):
         missing = [k for k in ("indices", "offsets", "lengths") if k not in data]
         if missing:

@@ -117,10 +117,12 @@ impl Task {
         None
     }
 
-    /// The least memory per device, in GiB, at which first-fit decreasing
-    /// by bytes ([`first_fit_decreasing`]) packs the tables on the task's
-    /// devices: enough memory to place them, where none was found. It is
-    /// at least the largest table's and an even share of all of them.
+    /// Memory per device, in GiB, at which first-fit decreasing by bytes
+    /// ([`first_fit_decreasing`]) packs the tables on the task's devices:
+    /// enough to place them, where no plan was found. A bisection between
+    /// the larger of the largest table and an even share, and all the
+    /// tables: the lowest memory it finds that packs (first-fit is not
+    /// monotone in memory, so a lower one may exist).
     pub fn packed_memory_gb(&self, mem: &MemoryModel) -> f64 {
         let bytes: Vec<u64> = self.tables.iter().map(|t| mem.table_bytes(t)).collect();
         let total = bytes.iter().fold(0u64, |s, &b| s.saturating_add(b));

@@ -64,7 +64,11 @@ fn main() -> anyhow::Result<()> {
             println!("    doubt: {d}");
         }
         ratios.add(&g.candidates);
-        let added = model::guard::add_basins(&mut g, &[&model], task);
+        let added = model::guard::add_basins(
+            &mut g,
+            &[model::guard::Trained::alone(&model, shapes.as_ref())],
+            task,
+        );
         model::guard::verify(&mut g, &task.tables, oracle.as_mut())?;
         let basins = g.candidates[g.chosen].measured.unwrap_or(f64::NAN);
         println!(

@@ -117,14 +117,22 @@ fn main() -> anyhow::Result<()> {
             let mut heard = g.clone();
             if let Some(second) = &second {
                 let margin = model::guard::second_margin(&model.plan_cfg, &task.tables);
-                model::guard::second_opinion(&mut heard, second, &task.tables, margin);
+                let seen = model::guard::seen_tables(shapes.as_ref(), &task.tables);
+                model::guard::second_opinion(&mut heard, second, &seen, margin);
             }
-            model::guard::add_basins(&mut g, &[&model], task);
+            model::guard::add_basins(
+                &mut g,
+                &[model::guard::Trained::alone(&model, shapes.as_ref())],
+                task,
+            );
             model::guard::verify(&mut g, &task.tables, oracle.as_mut())?;
             let verified = g.chosen;
             let plans: Vec<&common::Plan> = g.candidates.iter().map(|c| &c.plan).collect();
             let second_costs = match &second {
-                Some(second) => second.member_costs(&task.tables, &plans),
+                Some(second) => {
+                    let seen = model::guard::seen_tables(shapes.as_ref(), &task.tables);
+                    second.member_costs(&seen, &plans)
+                }
                 None => Vec::new(),
             };
             tasks.push(Replayed {

@@ -478,10 +478,6 @@ impl Runs {
             .collect()
     }
 
-    pub fn models(&self) -> Vec<&Model> {
-        self.models.iter().collect()
-    }
-
     /// `plan`'s choice with every run, as [`model::guard::plan_jointly`]
     /// makes it, but each run's guard on a thread of its own: a model may
     /// move to another thread, not be shared by two, and these are owned
@@ -515,17 +511,19 @@ impl Runs {
                 .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                 .collect::<anyhow::Result<Vec<_>>>()
         })?;
-        Ok(model::guard::judge_runs(&guards, &self.models(), task))
+        Ok(model::guard::judge_runs(&guards, &self.trained(), task))
     }
 
     /// The cost networks' per-device `[fwd, bwd, comm]` and iteration
-    /// cost of `plan`, averaged over the runs.
+    /// cost of `plan`, averaged over the runs, each seeing the tables as
+    /// its guard does ([`model::guard::seen_tables`]).
     pub fn estimate(&self, tables: &[common::Table], plan: &common::Plan) -> (Vec<[f64; 3]>, f64) {
         let n = self.models.len() as f64;
         let mut devices = vec![[0.0; 3]; plan.devices];
         let mut cost = 0.0;
-        for m in &self.models {
-            let (d, c) = m.estimate(tables, plan);
+        for (m, shapes) in self.models.iter().zip(&self.shapes) {
+            let seen = model::guard::seen_tables(shapes.as_ref(), tables);
+            let (d, c) = m.estimate(&seen, plan);
             for (sum, x) in devices.iter_mut().zip(d) {
                 for (s, v) in sum.iter_mut().zip(x) {
                     *s += v / n;

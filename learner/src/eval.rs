@@ -240,8 +240,7 @@ fn verified(
     task: &common::Task,
     oracle: &mut dyn Oracle,
 ) -> anyhow::Result<()> {
-    let models: Vec<&model::Model> = runs.iter().map(|r| r.model).collect();
-    model::guard::add_basins(g, &models, task);
+    model::guard::add_basins(g, runs, task);
     model::guard::verify(g, &task.tables, oracle).map(|_| ())
 }
 

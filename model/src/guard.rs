@@ -269,12 +269,7 @@ pub fn seen<'t>(
     shapes: Option<&TrainedShapes>,
     task: &'t Task,
 ) -> (std::borrow::Cow<'t, Task>, Option<String>) {
-    let Some(shapes) = shapes else {
-        return (std::borrow::Cow::Borrowed(task), None);
-    };
-    let moved: Vec<(usize, [f64; common::table::NUM_BINS])> = (task.tables.iter().enumerate())
-        .filter_map(|(i, t)| shapes.nearest_trained_reuse(t).map(|b| (i, b)))
-        .collect();
+    let moved = hotter_than_trained(shapes, &task.tables);
     if moved.is_empty() {
         return (std::borrow::Cow::Borrowed(task), None);
     }
@@ -296,10 +291,13 @@ pub fn seen<'t>(
         .map(|&(i, _)| top(&task.tables[i].bins))
         .fold(0.0, f64::max);
     let trained = moved.iter().map(|&(_, b)| top(&b)).fold(0.0, f64::max);
-    let verb = if moved.len() == 1 { "is" } else { "are" };
+    let (verb, them) = match moved.len() {
+        1 => ("is", "it"),
+        _ => ("are", "them"),
+    };
     let note = format!(
         "{}{more} ({} of {} tables) {verb} hotter than any table the model was trained on \
-         (bin_16 up to {hottest:.3}, trained at most {trained:.3}): the networks priced them at \
+         (bin_16 up to {hottest:.3}, trained at most {trained:.3}): the networks priced {them} at \
          the nearest reuse they were trained on, as hot as they know (rows read this often sit \
          in cache either way)",
         names.join(", "),
@@ -307,6 +305,36 @@ pub fn seen<'t>(
         task.tables.len(),
     );
     (std::borrow::Cow::Owned(copy), Some(note))
+}
+
+/// The tables of `tables` hotter than any trained one, by index, with the
+/// bins the networks see for each.
+fn hotter_than_trained(
+    shapes: Option<&TrainedShapes>,
+    tables: &[common::Table],
+) -> Vec<(usize, [f64; common::table::NUM_BINS])> {
+    let Some(shapes) = shapes else {
+        return Vec::new();
+    };
+    (tables.iter().enumerate())
+        .filter_map(|(i, t)| shapes.nearest_trained_reuse(t).map(|b| (i, b)))
+        .collect()
+}
+
+/// `tables` as a run's networks see them ([`seen`]).
+pub fn seen_tables<'t>(
+    shapes: Option<&TrainedShapes>,
+    tables: &'t [common::Table],
+) -> std::borrow::Cow<'t, [common::Table]> {
+    let moved = hotter_than_trained(shapes, tables);
+    if moved.is_empty() {
+        return std::borrow::Cow::Borrowed(tables);
+    }
+    let mut copy = tables.to_vec();
+    for (i, bins) in moved {
+        copy[i].bins = bins;
+    }
+    std::borrow::Cow::Owned(copy)
 }
 
 /// Places `task` with `model`, guarded (see the module's doc). `shapes`:
@@ -344,7 +372,8 @@ pub fn plan(
          each device that, or use more devices",
         task.name,
         task.memory_gb,
-        task.packed_memory_gb(mem)
+        // Rounded up: the figure printed must still pack.
+        (task.packed_memory_gb(mem) * 1000.0).ceil() / 1000.0
     );
     // The other ends of the searches, priced with the candidates, for
     // the choice between near-equal learned plans (`least_crowded`).
@@ -503,8 +532,8 @@ impl<'a> Trained<'a> {
             // The margin from the tables as given (defaults or not), the
             // prices from the tables as the first network saw them.
             let margin = second_margin(&self.model.plan_cfg, &task.tables);
-            let (seen, _) = seen(self.shapes, task);
-            second_opinion(&mut g, second, &seen.tables, margin);
+            let seen = seen_tables(self.shapes, &task.tables);
+            second_opinion(&mut g, second, &seen, margin);
         }
         Ok(g)
     }
@@ -650,22 +679,22 @@ pub fn plan_jointly(runs: &[Trained], task: &Task, mem: &MemoryModel) -> anyhow:
         .iter()
         .map(|r| r.plan(task, mem))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let models: Vec<&Model> = runs.iter().map(|r| r.model).collect();
-    Ok(judge_runs(&guards, &models, task))
+    Ok(judge_runs(&guards, runs, task))
 }
 
 /// The second half of [`plan_jointly`]: each run's guarded choice
-/// (`guards`, one per model of `models`, in order), merged, priced by
-/// every model's members and judged.
-pub fn judge_runs(guards: &[Guarded], models: &[&Model], task: &Task) -> Guarded {
+/// (`guards`, one per run of `runs`, in order), merged, priced by every
+/// run's members (each seeing the tables as [`seen_tables`] gives them)
+/// and judged.
+pub fn judge_runs(guards: &[Guarded], runs: &[Trained], task: &Task) -> Guarded {
     let (mut candidates, picks) = merge(guards);
     let plans: Vec<&Plan> = candidates.iter().map(|c| &c.plan).collect();
-    let priced = joint_costs(models, &task.tables, &plans);
+    let priced = joint_costs(runs, &task.tables, &plans);
     for (c, predicted) in candidates.iter_mut().zip(priced) {
         c.predicted = predicted;
     }
     // The runs may be placed with other margins: the first run's rules.
-    let margin = models.first().map_or(0.0, |m| m.plan_cfg.plan_margin);
+    let margin = runs.first().map_or(0.0, |r| r.model.plan_cfg.plan_margin);
     let (by, chosen) = judge(guards, &candidates, &picks, margin);
     // A heuristic no run chose alone: each run's reasons for setting its
     // learned plan aside, not one run's alone.
@@ -770,12 +799,14 @@ fn judge(
     (Some(by), picks[by])
 }
 
-/// Every model's member predictions of each plan, one after another: the
-/// members of an ensemble of runs.
-fn joint_costs(models: &[&Model], tables: &[common::Table], plans: &[&Plan]) -> Vec<Vec<f64>> {
+/// Every run's member predictions of each plan, one after another: the
+/// members of an ensemble of runs. Each run's networks see the tables as
+/// [`seen_tables`] gives them.
+fn joint_costs(runs: &[Trained], tables: &[common::Table], plans: &[&Plan]) -> Vec<Vec<f64>> {
     let mut joint = vec![Vec::new(); plans.len()];
-    for m in models {
-        for (all, p) in joint.iter_mut().zip(m.member_costs(tables, plans)) {
+    for r in runs {
+        let seen = seen_tables(r.shapes, tables);
+        for (all, p) in joint.iter_mut().zip(r.model.member_costs(&seen, plans)) {
             all.extend(p);
         }
     }
@@ -861,7 +892,7 @@ fn disagreement(learned: &Candidate, h: &Candidate, margin: f64) -> Option<Strin
 /// where the learned plan is a less crowded near tie). Measured, one of
 /// them is sometimes faster (docs/results.md, "`--verify` measures the
 /// other basins").
-pub fn add_basins(g: &mut Guarded, models: &[&Model], task: &Task) -> usize {
+pub fn add_basins(g: &mut Guarded, runs: &[Trained], task: &Task) -> usize {
     let mut basins: Vec<(usize, Plan)> = Vec::new();
     for (run, plan) in &g.basins {
         let known = g.candidates.iter().any(|c| c.plan == *plan);
@@ -873,7 +904,7 @@ pub fn add_basins(g: &mut Guarded, models: &[&Model], task: &Task) -> usize {
         return 0;
     }
     let refs: Vec<&Plan> = basins.iter().map(|(_, p)| p).collect();
-    let predicted = joint_costs(models, &task.tables, &refs);
+    let predicted = joint_costs(runs, &task.tables, &refs);
     let added = basins.len();
     g.candidates.extend(
         basins
@@ -1465,12 +1496,23 @@ mod tests {
         let err = plan(&model, None, &task, &cfg.memory)
             .unwrap_err()
             .to_string();
-        let packed = format!("{:.3} GiB per device", task.packed_memory_gb(&cfg.memory));
+        let gb = task.packed_memory_gb(&cfg.memory);
+        let packed = format!("{:.3} GiB per device", (gb * 1000.0).ceil() / 1000.0);
         assert!(
             err.starts_with("my_tables.csv: neither") && err.contains(&packed),
             "{err}"
         );
-        assert!((task.packed_memory_gb(&cfg.memory) - 2.0 * one).abs() < 1e-6);
+        assert!((gb - 2.0 * one).abs() < 1e-6);
+        // The figure as printed packs: no plan error at that memory.
+        let printed: f64 = packed.split(' ').next().unwrap().parse().unwrap();
+        let enough = Task {
+            memory_gb: printed,
+            ..task.clone()
+        };
+        assert!(
+            plan(&model, None, &enough, &cfg.memory).is_ok(),
+            "{printed}"
+        );
     }
 
     #[test]
@@ -1643,9 +1685,13 @@ mod tests {
             let model = Model::seeded(&cfg, k as u64);
             let mut g = plan(&model, None, &task, &cfg.memory).unwrap();
             let (before, chosen, heuristic) = (g.candidates.len(), g.chosen, g.best_heuristic());
-            let added = add_basins(&mut g, &[&model], &task);
+            let added = add_basins(&mut g, &[Trained::alone(&model, None)], &task);
             assert_eq!(g.candidates.len(), before + added);
-            assert_eq!(add_basins(&mut g, &[&model], &task), 0, "once");
+            assert_eq!(
+                add_basins(&mut g, &[Trained::alone(&model, None)], &task),
+                0,
+                "once"
+            );
             assert_eq!(choose(&g, cfg.model.plan_margin), chosen);
             assert_eq!(g.best_heuristic(), heuristic, "a basin is no heuristic");
             let basins = model.basins(&task, &cfg.memory);
@@ -1722,7 +1768,11 @@ mod tests {
         // Every run's basins join, priced by both.
         let before = g.candidates.len();
         let mut g = g;
-        let added = add_basins(&mut g, &[&a, &b], &task);
+        let added = add_basins(
+            &mut g,
+            &[Trained::alone(&a, None), Trained::alone(&b, None)],
+            &task,
+        );
         assert_eq!(g.candidates.len(), before + added);
         assert!(g.candidates[before..]
             .iter()

@@ -394,6 +394,40 @@ mod tests {
             .features_outside(std::slice::from_ref(&trace))
             .is_empty());
         assert_eq!(shapes.nearest_trained_reuse(&trace), None);
+        // Past the top in the two top bins, not only the last: outside.
+        let mut spread = day.clone();
+        spread.bins = [0.0; common::NUM_BINS];
+        spread.bins[15] = 0.5;
+        spread.bins[16] = 0.5;
+        assert_eq!(shapes.nearest_trained_reuse(&spread), None);
+    }
+
+    /// Where clipping into the ranges adds mass (bins raised to their
+    /// lowest), it is taken back from the lowest bins with room.
+    #[test]
+    fn mass_that_clipping_adds_comes_off_the_lowest_bins() {
+        let mut features = vec![[0.0, 1e9]; 4];
+        features.push([0.0, 0.7]);
+        features.extend(std::iter::repeat_n([0.01, 0.7], 15));
+        features.push([0.0, 0.34]);
+        let shapes = TrainedShapes {
+            tables: [1, 1],
+            devices: [1, 1],
+            tables_per_device: [1.0, 1.0],
+            features: Some(features),
+        };
+        let mut t = common::Table::cold("t", 1000, 8, 1.0);
+        t.bins = [0.0; common::NUM_BINS];
+        t.bins[0] = 0.55;
+        t.bins[16] = 0.45;
+        let bins = shapes
+            .nearest_trained_reuse(&t)
+            .expect("hotter than trained");
+        // 0.55 + 15 × 0.01 + 0.34 = 1.04: 0.04 off bin_0.
+        assert!((bins[0] - 0.51).abs() < 1e-9, "{bins:?}");
+        assert!(bins[1..16].iter().all(|&b| (b - 0.01).abs() < 1e-12));
+        assert!((bins[16] - 0.34).abs() < 1e-12);
+        assert!((bins.iter().sum::<f64>() - 1.0).abs() < 1e-9);
     }
 
     #[test]

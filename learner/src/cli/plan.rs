@@ -98,7 +98,7 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut noise = None;
     if let (Some(o), Some(b)) = (oracle.as_mut(), args.verify) {
         if args.method == Method::Policy {
-            let added = model::guard::add_basins(&mut guarded, &runs.models(), &task);
+            let added = model::guard::add_basins(&mut guarded, &runs.trained(), &task);
             tracing::info!(
                 "--verify {}: measuring {}, {} of them `basin`: other ends of `plan`'s \
                  searches on the cost network",
@@ -439,11 +439,16 @@ fn summary(
             }
         );
     }
-    if let Some(alone) = bottleneck.and_then(|d| lone_table(plan, d)) {
+    // Where the bottleneck also has the slowest forward, its time is its
+    // own table's (the others wait for it).
+    let slowest_fwd = |d: usize| devices.iter().all(|c| c.fwd_ms <= devices[d].fwd_ms);
+    let lone = bottleneck.filter(|&d| slowest_fwd(d)).and_then(|d| lone_table(plan, d));
+    if let Some(alone) = lone {
         let _ = writeln!(
             s,
-            "  the bottleneck holds one table alone, `{}`: moving whole tables cannot make that \
-             device faster; splitting the table (TorchRec's row-wise or column-wise sharding) can",
+            "  the bottleneck holds one table alone, `{}`, and has the slowest forward: moving \
+             whole tables can do little for it; splitting the table (TorchRec's row-wise or \
+             column-wise sharding) can",
             task.tables[alone].name
         );
     }

@@ -442,7 +442,9 @@ fn summary(
     // Where the bottleneck also has the slowest forward, its time is its
     // own table's (the others wait for it).
     let slowest_fwd = |d: usize| devices.iter().all(|c| c.fwd_ms <= devices[d].fwd_ms);
-    let lone = bottleneck.filter(|&d| slowest_fwd(d)).and_then(|d| lone_table(plan, d));
+    let lone = bottleneck
+        .filter(|&d| slowest_fwd(d))
+        .and_then(|d| lone_table(plan, d));
     if let Some(alone) = lone {
         let _ = writeln!(
             s,

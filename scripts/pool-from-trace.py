@@ -168,18 +168,20 @@ def read_tables(path, count):
     lines = [(n, r) for n, r in enumerate(lines, 1) if any(c.strip() for c in r)]
     # TorchRec's EmbeddingBagConfig names, as `learner plan` reads them.
     aliases = {"num_embeddings": "rows", "embedding_dim": "dim"}
-    header = [c.strip().lower() for c in lines[0][1]] if lines else []
-    header = [aliases.get(c, c) for c in header]
+    at_line, header = lines[0] if lines else (1, [])
+    header = [aliases.get(c, c) for c in (c.strip().lower() for c in header)]
     missing = [c for c in ("name", "rows", "dim") if c not in header]
     if missing:
         raise TraceError(
-            f"{path}:1: the header needs the columns `name`, `rows` (or `num_embeddings`) "
+            f"{path}:{at_line}: the header needs the columns `name`, `rows` (or `num_embeddings`) "
             f"and `dim` (or `embedding_dim`), in any order; missing: "
             + ", ".join(f"`{c}`" for c in missing)
         )
     twice = [c for c in ("name", "rows", "dim") if header.count(c) > 1]
     if twice:
-        raise TraceError(f"{path}:1: the header has `{twice[0]}` twice (or with its alias)")
+        raise TraceError(
+            f"{path}:{at_line}: the header has `{twice[0]}` twice (or with its alias)"
+        )
     at = {c: header.index(c) for c in ("name", "rows", "dim")}
     out, seen = [], set()
     for n, row in lines[1:]:

@@ -51,23 +51,47 @@ same_fs() { # DIR DIR: whether both lie on one file system (unknown: yes)
   [ "$(stat -c %d -- "$a" 2>/dev/null)" = "$(stat -c %d -- "$b" 2>/dev/null)" ]
 }
 
+# The mark that every requirement of torch went in: torch alone imports
+# without some of its CUDA libraries, and tch's cuda build needs them all.
+TORCH_MARK="$VENV/.embshard-torch-$TORCH_VERSION"
 torch_ok() {
-  "$VENV/bin/python" - "$TORCH_VERSION" 2>/dev/null <<'PY'
+  [ -e "$TORCH_MARK" ] && "$VENV/bin/python" - "$TORCH_VERSION" 2>/dev/null <<'PY'
 import sys, torch
 sys.exit(0 if torch.__version__.split("+")[0] == sys.argv[1] else 1)
 PY
 }
 
+# torch's requirements, one `name==version` a line, as pip resolves them for
+# this venv's Python: every one but triton (the compiler of torch.compile,
+# about 700 MB, which neither tch nor the scripts use).
+torch_requirements() {
+  local report
+  report=$(mktemp "${TMPDIR:-/tmp}/embshard-torch-report.XXXXXX")
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --dry-run \
+    --ignore-installed --report "$report" "torch==$TORCH_VERSION" >&2 || { rm -f "$report"; return 1; }
+  "$VENV/bin/python" - "$report" <<'PY'
+import json, sys
+for item in json.load(open(sys.argv[1]))["install"]:
+    name = item["metadata"]["name"]
+    if name.lower() != "triton":
+        print(f"{name}=={item['metadata']['version']}")
+PY
+  local rc=$?
+  rm -f "$report"
+  return $rc
+}
+
 if ! torch_ok; then
-  echo "setup: installing torch==$TORCH_VERSION into $VENV (a few minutes, ~5 GB)" >&2
-  # torch and its libraries take about 5 GB installed; pip keeps what it
-  # downloads (about 3 GB) in TMPDIR until it is done.
+  echo "setup: installing torch==$TORCH_VERSION into $VENV (a few minutes, ~4 GB)" >&2
+  # torch and its CUDA libraries take about 4 GB installed. One pip call
+  # would keep every wheel it downloads (about 2.5 GB more) until it ends;
+  # one call per requirement keeps at most one download (under 1 GB).
   PIP_TMP=${TMPDIR:-/tmp}
   if same_fs "$VENV" "$PIP_TMP"; then
-    need_space "$VENV" 8 "installing torch (with pip's downloads in $PIP_TMP)"
+    need_space "$VENV" 5 "installing torch (with pip's downloads in $PIP_TMP)"
   else
-    need_space "$VENV" 5 "installing torch"
-    need_space "$PIP_TMP" 3 "pip's downloads of torch"
+    need_space "$VENV" 4 "installing torch"
+    need_space "$PIP_TMP" 1 "pip's downloads of torch"
   fi
   # A venv without a working pip (an interrupted or failed creation) is rebuilt.
   if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
@@ -77,8 +101,16 @@ if ! torch_ok; then
       exit 1
     }
   fi
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
-    "torch==$TORCH_VERSION"
+  # pip's --report (the resolved requirements) came in pip 22.2.
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "pip>=22.2"
+  REQUIREMENTS=$(torch_requirements) ||
+    { echo "setup: pip could not resolve torch==$TORCH_VERSION's requirements" >&2; exit 1; }
+  # In pip's order: torch and its CUDA libraries first, small ones last.
+  for req in $REQUIREMENTS; do
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
+      --no-deps "$req"
+  done
+  touch "$TORCH_MARK"
   torch_ok || { echo "setup: torch $TORCH_VERSION did not install into $VENV" >&2; exit 1; }
 fi
 
@@ -122,6 +154,7 @@ FEATURES=()
 [ "${EMBSHARD_CUDA:-0}" = 0 ] || FEATURES=("${CUDA_FEATURES[@]}")
 
 TARGET_DIR=${CARGO_TARGET_DIR:-$EMBSHARD_ROOT/target}
-[ -x "$TARGET_DIR/release/learner" ] || need_space "$TARGET_DIR" 4 "the first release build"
+# target/ holds about 1.1 GB after this build and 2.2 GB after scripts/test.sh.
+[ -x "$TARGET_DIR/release/learner" ] || need_space "$TARGET_DIR" 3 "the release build and its tests"
 echo "setup: building the release binaries${FEATURES[*]:+ (with the cuda backend)}" >&2
 (cd "$EMBSHARD_ROOT" && cargo build --release --workspace "${FEATURES[@]}")

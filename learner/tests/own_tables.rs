@@ -349,7 +349,12 @@ fn table_names_and_sizes_come_from_a_file_and_bad_input_is_named() {
         (good.replace("16", "x"), &["tables.csv:3", "`dim`", "`x`"]),
         (
             good.replace("name,rows,dim", "table,dim"),
-            &["header", "missing: `name`, `rows`"][..],
+            &["tables.csv:1:", "header", "missing: `name`, `rows`"][..],
+        ),
+        // Blank lines first: the error names the header's own line.
+        (
+            good.replace("name,rows,dim", "\n\ntable,dim"),
+            &["tables.csv:3:", "header"][..],
         ),
         (
             good.replace("name,rows,dim", "name,rows,dim,num_embeddings"),

@@ -585,9 +585,8 @@ fn an_interrupted_run_checkpoints_and_exits_with_the_signals_status() {
             std::time::Duration::from_secs(60),
             || {
                 learner::checkpoint::list(&run).len() > before
-                    && std::fs::read_to_string(&log).is_ok_and(|t| {
-                        t.contains("measured, plans") && t.contains("env steps/s, eta")
-                    })
+                    && std::fs::read_to_string(&log)
+                        .is_ok_and(|t| t.contains(" measured, ") && t.contains("env steps/s, eta"))
             },
         );
         let sent = Command::new("kill")
@@ -605,7 +604,7 @@ fn an_interrupted_run_checkpoints_and_exits_with_the_signals_status() {
         assert!(!text.contains("error:"), "{text}");
         // Off a terminal, progress comes as lines in the log.
         assert!(
-            text.contains("measured, plans") && text.contains("env steps/s, eta"),
+            text.contains(" measured, ") && text.contains("env steps/s, eta"),
             "{text}"
         );
     }

@@ -51,47 +51,43 @@ same_fs() { # DIR DIR: whether both lie on one file system (unknown: yes)
   [ "$(stat -c %d -- "$a" 2>/dev/null)" = "$(stat -c %d -- "$b" 2>/dev/null)" ]
 }
 
-# The mark that every requirement of torch went in: torch alone imports
-# without some of its CUDA libraries, and tch's cuda build needs them all.
-TORCH_MARK="$VENV/.embshard-torch-$TORCH_VERSION"
-torch_ok() {
-  [ -e "$TORCH_MARK" ] && "$VENV/bin/python" - "$TORCH_VERSION" 2>/dev/null <<'PY'
+# torch at the pinned version imports from the venv. That needs its CUDA
+# libraries too: torch loads them as it starts.
+torch_imports() {
+  "$VENV/bin/python" - "$TORCH_VERSION" 2>/dev/null <<'PY'
 import sys, torch
 sys.exit(0 if torch.__version__.split("+")[0] == sys.argv[1] else 1)
 PY
 }
+# The mark that every requirement of torch went in, written once the last
+# one has: some libraries (cupti, nvtx) load only when used.
+TORCH_MARK="$VENV/.embshard-torch-$TORCH_VERSION"
+torch_ok() { [ -e "$TORCH_MARK" ] && torch_imports; }
 
-# torch's requirements, one `name==version` a line, as pip resolves them for
-# this venv's Python: every one but triton (the compiler of torch.compile,
-# about 700 MB, which neither tch nor the scripts use).
-torch_requirements() {
-  local report
-  report=$(mktemp "${TMPDIR:-/tmp}/embshard-torch-report.XXXXXX")
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --dry-run \
-    --ignore-installed --report "$report" "torch==$TORCH_VERSION" >&2 || { rm -f "$report"; return 1; }
-  "$VENV/bin/python" - "$report" <<'PY'
-import json, sys
-for item in json.load(open(sys.argv[1]))["install"]:
-    name = item["metadata"]["name"]
-    if name.lower() != "triton":
-        print(f"{name}=={item['metadata']['version']}")
-PY
-  local rc=$?
-  rm -f "$report"
-  return $rc
+# One pip call per requirement: pip keeps every wheel that one call
+# downloads until it ends, so a single call for torch and its CUDA
+# libraries (about 2.6 GB of wheels) would hold them all beside what it
+# has installed.
+pip_install() {
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
+    --no-warn-conflicts "$@"
 }
 
 if ! torch_ok; then
-  echo "setup: installing torch==$TORCH_VERSION into $VENV (a few minutes, ~4 GB)" >&2
-  # torch and its CUDA libraries take about 4 GB installed. One pip call
-  # would keep every wheel it downloads (about 2.5 GB more) until it ends;
-  # one call per requirement keeps at most one download (under 1 GB).
-  PIP_TMP=${TMPDIR:-/tmp}
-  if same_fs "$VENV" "$PIP_TMP"; then
-    need_space "$VENV" 5 "installing torch (with pip's downloads in $PIP_TMP)"
+  if torch_imports; then
+    # A venv set up before the mark was kept: pip finds everything there.
+    echo "setup: checking torch==$TORCH_VERSION's requirements in $VENV" >&2
   else
-    need_space "$VENV" 4 "installing torch"
-    need_space "$PIP_TMP" 1 "pip's downloads of torch"
+    echo "setup: installing torch==$TORCH_VERSION into $VENV (a few minutes, ~4 GB)" >&2
+    # Installed, torch and its CUDA libraries take about 4 GB; the largest
+    # call's downloads (the CUDA toolkit's libraries) add about 1 GB.
+    PIP_TMP=${TMPDIR:-/tmp}
+    if same_fs "$VENV" "$PIP_TMP"; then
+      need_space "$VENV" 5 "installing torch (with pip's downloads in $PIP_TMP)"
+    else
+      need_space "$VENV" 4 "installing torch"
+      need_space "$PIP_TMP" 1 "pip's downloads of torch"
+    fi
   fi
   # A venv without a working pip (an interrupted or failed creation) is rebuilt.
   if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
@@ -101,15 +97,22 @@ if ! torch_ok; then
       exit 1
     }
   fi
-  # pip's --report (the resolved requirements) came in pip 22.2.
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "pip>=22.2"
-  REQUIREMENTS=$(torch_requirements) ||
-    { echo "setup: pip could not resolve torch==$TORCH_VERSION's requirements" >&2; exit 1; }
-  # In pip's order: torch and its CUDA libraries first, small ones last.
-  for req in $REQUIREMENTS; do
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
-      --no-deps "$req"
-  done
+  pip_install --no-deps "torch==$TORCH_VERSION"
+  # Then each requirement torch declares, with its own (PIP_NO_DEPS from
+  # the environment or a pip.conf would leave those out). pip skips those
+  # whose markers do not hold here. All but triton: the compiler of
+  # torch.compile (about 700 MB), which neither tch nor the scripts use.
+  REQUIREMENTS=$("$VENV/bin/python" - <<'PY'
+import importlib.metadata, re
+for r in importlib.metadata.requires("torch") or []:
+    name = re.match(r"[A-Za-z0-9._-]+", r).group(0)
+    if re.sub(r"[-_.]+", "-", name).lower() != "triton":
+        print(r)
+PY
+  ) || { echo "setup: cannot read torch's requirements in $VENV" >&2; exit 1; }
+  while IFS= read -r req; do
+    PIP_NO_DEPS=0 pip_install "$req"
+  done <<<"$REQUIREMENTS"
   touch "$TORCH_MARK"
   torch_ok || { echo "setup: torch $TORCH_VERSION did not install into $VENV" >&2; exit 1; }
 fi

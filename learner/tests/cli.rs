@@ -588,6 +588,46 @@ fn plan_counts_memory_with_the_precision_and_optimizer_asked_for() {
     assert!(!ok && err.contains("expected fp16 or fp32"), "{err}");
 }
 
+/// A heuristic asked for by --method that finds no room says what packs:
+/// first-fit decreasing's figure, and whether the default method (which
+/// starts from that packing) places the tables at the memory given.
+#[test]
+fn a_heuristic_that_finds_no_room_names_what_packs() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("tight.csv");
+    // 22 M rows of dim 64 on 2 devices: 2.705 GiB in all; first-fit
+    // decreasing by bytes packs them at 1.476 GiB per device.
+    std::fs::write(
+        &csv,
+        "name,rows,dim\na,5000000,64\nb,5000000,64\nc,4000000,64\nd,4000000,64\n\
+         e,4000000,64\n",
+    )
+    .unwrap();
+    let plan = |memory: &str, extra: &[&str]| {
+        let mut a = vec![
+            "plan",
+            "--tables",
+            csv.to_str().unwrap(),
+            "--devices",
+            "2",
+            "--memory-gb",
+            memory,
+        ];
+        a.extend_from_slice(extra);
+        learner(&a)
+    };
+    let (ok, _, err) = plan("1.476", &["--method", "size"]);
+    assert!(!ok && err.contains("`size` found no placement"), "{err}");
+    assert!(err.contains("packs them at 1.476 GiB"), "{err}");
+    assert!(err.contains("default `--method policy`"), "{err}");
+    let (ok, _, err) = plan("1.476", &[]);
+    assert!(ok, "{err}");
+    // Where nothing fits, the error says so for every method at once.
+    let (ok, _, err) = plan("1.4", &["--method", "size"]);
+    assert!(!ok && err.contains("at 1.476 GiB per device"), "{err}");
+    assert!(!err.contains("--method policy"), "{err}");
+}
+
 /// A user who knows only `name,rows,dim`: one command places the tables
 /// with the shipped model, prints a summary per device, and with
 /// --compare --verify sim every candidate measured beside the chosen one;

@@ -344,8 +344,22 @@ fn choose_method(
         m => {
             let ctx = model::baselines::Context::for_task(task, &cfg.memory, runs.models[0].batch);
             let plan = model::baselines::place(m, &ctx, &mut rng).ok_or_else(|| {
+                // Rounded up, as the guard's error: the figure must pack.
+                let packed = (task.packed_memory_gb(&cfg.memory) * 1000.0).ceil() / 1000.0;
+                let hint = if packed <= task.memory_gb {
+                    format!(
+                        "first-fit decreasing by bytes packs them at {packed:.3} GiB, and the \
+                         default `--method policy` starts from that packing"
+                    )
+                } else {
+                    format!(
+                        "first-fit decreasing by bytes needs {packed:.3} GiB per device, and \
+                         `{}` may need more: give each device more, or use more devices",
+                        m.name()
+                    )
+                };
                 anyhow::anyhow!(
-                    "`{}` found no placement that fits {} GiB per device",
+                    "`{}` found no placement that fits {} GiB per device; {hint}",
                     m.name(),
                     task.memory_gb
                 )

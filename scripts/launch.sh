@@ -377,6 +377,9 @@ ENDPOINT=$(cat "$RUN_DIR/endpoint")
 cp "$RUN_DIR/endpoint" "$RUN_DIR/endpoint.last"
 TOKEN_FILE=${TOKEN_FILE:-$RUN_DIR/token}
 echo "launch: learner at $ENDPOINT; $ACTORS actors, $BENCHES $BACKEND benchworkers; logs in $LOGS" >&2
+# No actors: nothing rolls out, and the learner waits for some to join.
+[ "$ACTORS" != 0 ] || echo "launch: no actors (--actors 0): training waits until some join;" \
+  "from another shell: scripts/launch.sh --add-actors N --learner $ENDPOINT --token-file $TOKEN_FILE" >&2
 
 ACTOR=("$BIN/actor" run --learner "$ENDPOINT")
 BENCH=("$BIN/benchworker" serve --learner "$ENDPOINT" --backend "$BACKEND")

@@ -62,6 +62,10 @@ pub struct Assignment {
 pub struct Placement {
     pub devices: usize,
     pub assignment: Vec<Assignment>,
+    /// Read from TorchRec's `{"world_size", "ranks"}`: errors then name
+    /// those fields.
+    #[serde(skip)]
+    pub torchrec: bool,
 }
 
 impl Placement {
@@ -77,6 +81,7 @@ impl Placement {
                     device: d,
                 })
                 .collect(),
+            torchrec: false,
         }
     }
 
@@ -104,6 +109,7 @@ impl Placement {
                     .into_iter()
                     .map(|(table, device)| Assignment { table, device })
                     .collect(),
+                torchrec: true,
             });
         }
         serde_json::from_value(value).map_err(parse)
@@ -117,9 +123,15 @@ impl Placement {
             location,
             message,
         };
+        // Where a fault lies, in the file's own terms.
+        let (devices, entry, what) = if self.torchrec {
+            ("world_size", "ranks", "rank")
+        } else {
+            ("devices", "assignment", "device")
+        };
         if self.devices == 0 || self.devices > MAX_DEVICES {
             return Err(invalid(
-                "devices".into(),
+                devices.into(),
                 format!("{} must lie in 1..={MAX_DEVICES}", self.devices),
             ));
         }
@@ -128,19 +140,27 @@ impl Placement {
             .enumerate()
             .map(|(i, t)| (t.name.as_str(), i))
             .collect();
+        // TorchRec's ranks are keyed by name: `ranks.NAME`.
+        let at = |k: usize, a: &Assignment, field: &str| {
+            if self.torchrec {
+                format!("{entry}.{}", a.table)
+            } else {
+                format!("{entry}[{k}].{field}")
+            }
+        };
         let mut assignment = vec![usize::MAX; tables.len()];
         for (k, a) in self.assignment.iter().enumerate() {
             let Some(&i) = index.get(a.table.as_str()) else {
                 return Err(invalid(
-                    format!("assignment[{k}].table"),
+                    at(k, a, "table"),
                     format!("unknown table `{}`", a.table),
                 ));
             };
             if a.device >= self.devices {
                 return Err(invalid(
-                    format!("assignment[{k}].device"),
+                    at(k, a, what),
                     format!(
-                        "device {} does not exist (devices are 0..{})",
+                        "{what} {} does not exist ({what}s are 0..{})",
                         a.device,
                         self.devices - 1
                     ),
@@ -148,7 +168,7 @@ impl Placement {
             }
             if assignment[i] != usize::MAX {
                 return Err(invalid(
-                    format!("assignment[{k}].table"),
+                    at(k, a, "table"),
                     format!("table `{}` is placed twice", a.table),
                 ));
             }
@@ -156,7 +176,7 @@ impl Placement {
         }
         if let Some(i) = assignment.iter().position(|&d| d == usize::MAX) {
             return Err(invalid(
-                "assignment".into(),
+                entry.into(),
                 format!("table `{}` is not placed", tables[i].name),
             ));
         }
@@ -178,6 +198,7 @@ mod tests {
 
     fn placement(pairs: &[(&str, usize)], devices: usize) -> Placement {
         Placement {
+            torchrec: false,
             devices,
             assignment: pairs
                 .iter()
@@ -256,5 +277,21 @@ mod tests {
         assert!(e.contains("world_size"), "{e}");
         std::fs::write(&p, r#"{"world_size": 2, "ranks": {"a": -1}}"#).unwrap();
         assert!(Placement::read(&p).is_err());
+        // A table left out, or a rank past the world: named as the file has them.
+        std::fs::write(&p, r#"{"world_size": 2, "ranks": {"a": 0}}"#).unwrap();
+        let e = Placement::read(&p).unwrap().resolve(&tables(), &p);
+        let e = e.unwrap_err().to_string();
+        assert!(
+            e.contains("ranks") && e.contains("`b` is not placed"),
+            "{e}"
+        );
+        assert!(!e.contains("assignment"), "{e}");
+        std::fs::write(&p, r#"{"world_size": 2, "ranks": {"a": 0, "b": 2}}"#).unwrap();
+        let e = Placement::read(&p).unwrap().resolve(&tables(), &p);
+        let e = e.unwrap_err().to_string();
+        assert!(
+            e.contains("ranks.b") && e.contains("rank 2 does not exist"),
+            "{e}"
+        );
     }
 }

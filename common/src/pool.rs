@@ -213,6 +213,25 @@ pub fn read_from<R: std::io::Read>(mut reader: R, path: &Path) -> Result<Vec<Tab
     reader
         .read_to_end(&mut text)
         .map_err(|e| Error::io(path, e))?;
+    if text.trim_ascii().is_empty() {
+        return Err(csv_err(
+            1,
+            "",
+            "the file is empty; a pool CSV starts with the header `name,rows,dim`, then one \
+             line per table"
+                .into(),
+        ));
+    }
+    // UTF-16, as spreadsheets save "Unicode text": its byte-order mark.
+    if text.starts_with(&[0xff, 0xfe]) || text.starts_with(&[0xfe, 0xff]) {
+        return Err(csv_err(
+            1,
+            "",
+            "this file is UTF-16 text; save it as UTF-8 (a spreadsheet's \"CSV UTF-8\"), as a \
+             pool CSV must be"
+                .into(),
+        ));
+    }
     // A suite or a placement given where a pool goes.
     if text.trim_ascii_start().starts_with(b"{") {
         return Err(csv_err(
@@ -443,13 +462,14 @@ fn parse_finite(s: &str) -> std::result::Result<f64, BadNumber> {
     }
 }
 
-/// A positive integer up to `max`, written out (`500000000`) or in
+/// A positive integer up to `max`, written out (`500000000`), with a
+/// decimal point (`1000.0`, as a column of floats writes it) or in
 /// scientific notation (`5e8`, as hash sizes often are) when that is a
 /// whole number.
 fn parse_positive_int(s: &str, max: u64) -> std::result::Result<u64, BadNumber> {
     let v: i128 = match s.parse() {
         Ok(v) => v,
-        Err(_) if s.contains(['e', 'E']) => {
+        Err(_) if s.contains(['e', 'E', '.']) => {
             let f: f64 = s.parse().map_err(|_| BadNumber::NotAnInteger)?;
             if f.is_infinite() || f >= 1e30 {
                 return Err(BadNumber::TooLarge(max));
@@ -634,7 +654,8 @@ mod tests {
         assert_eq!(parse_positive_int("5e8", u64::MAX), Ok(500_000_000));
         assert_eq!(parse_positive_int("2.5E3", u64::MAX), Ok(2500));
         assert_eq!(parse_positive_int("1200", u64::MAX), Ok(1200));
-        for bad in ["2.5e0", "1e-3", "-1e3", "x1e3", "12.0", "1e3.5"] {
+        assert_eq!(parse_positive_int("1000.0", u64::MAX), Ok(1000));
+        for bad in ["2.5e0", "1e-3", "-1e3", "x1e3", "12.5", "1e3.5", "nan", "."] {
             assert!(parse_positive_int(bad, u64::MAX).is_err(), "{bad}");
         }
         for huge in ["1e30", "1e400"] {
@@ -672,6 +693,24 @@ mod tests {
         assert!(e.contains("expected 21 fields, found 3"), "{e}");
         let e = err_of("");
         assert!(e.contains("no table"), "{e}");
+        for empty in ["", " \n\n"] {
+            let e = read_from(empty.as_bytes(), Path::new("e.csv"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("e.csv:1") && e.contains("the file is empty"),
+                "{e}"
+            );
+        }
+        // "name,rows,dim" saved as UTF-16 (little-endian, with its mark).
+        let utf16: Vec<u8> = [0xff, 0xfe]
+            .into_iter()
+            .chain("name,rows,dim\n".encode_utf16().flat_map(u16::to_le_bytes))
+            .collect();
+        let e = read_from(utf16.as_slice(), Path::new("u.csv"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("UTF-16") && e.contains("UTF-8"), "{e}");
     }
 
     /// `name,rows,dim` and `name,rows,dim,pooling_factor` are enough: the

@@ -628,7 +628,7 @@ fn veto(rival: &Candidate, a: &[f64], b: &[f64], margin: Margin) -> Option<Strin
     let (lo, hi) = min_max(&gains(a, b));
     Some(format!(
         "{SECOND_OPINION}: the {} members of the second cost network predict the learned plan \
-         from {:+.1} % to {:+.1} % against `{}`'s, and it must be {:.1} % cheaper for every \
+         from {:+.2} % to {:+.2} % against `{}`'s, and it must be {:.1} % cheaper for every \
          one ({}; `--no-second-opinion` follows the first network alone)",
         a.len(),
         -hi,
@@ -871,7 +871,7 @@ fn disagreement(learned: &Candidate, h: &Candidate, margin: f64) -> Option<Strin
             format!("the cost network's {} members disagree: they", gains.len())
         };
         format!(
-            "{what} predict the learned plan from {:+.1} % to {:+.1} % against `{}`'s, \
+            "{what} predict the learned plan from {:+.2} % to {:+.2} % against `{}`'s, \
              and it must be {:.1} % cheaper for every one (model.plan_margin)",
             -hi,
             -lo,
@@ -1057,11 +1057,11 @@ mod tests {
         assert!(why.starts_with(SECOND_OPINION), "{why}");
         assert!(why.contains("the 2 members"), "{why}");
         assert!(
-            why.contains("from -3.0 % to -1.0 % against `size_lookup`'s"),
+            why.contains("from -3.00 % to -1.00 % against `size_lookup`'s"),
             "{why}"
         );
         let why = veto(&rival, &[9.0, 10.5], &[10.0, 10.0], two).expect("one predicts it dearer");
-        assert!(why.contains("from -10.0 % to +5.0 %"), "{why}");
+        assert!(why.contains("from -10.00 % to +5.00 %"), "{why}");
         assert!(veto(&rival, &[9.7], &[10.0], Margin::plan_margin(0.0)).is_none());
     }
 
@@ -1270,7 +1270,7 @@ mod tests {
             why.contains("2 members disagree") && why.contains("lookup"),
             "{why}"
         );
-        assert!(why.contains("-10.0 %") && why.contains("+5.0 %"), "{why}");
+        assert!(why.contains("-10.00 %") && why.contains("+5.00 %"), "{why}");
     }
 
     #[test]

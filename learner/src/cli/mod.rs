@@ -152,7 +152,8 @@ pub enum Command {
     /// feature lies outside what the model was trained on, it returns
     /// torchrec's plan, unless every member predicts the heuristic plan it
     /// ranks best 2 % cheaper. The shipped model's learned plan must also
-    /// be predicted 2 % cheaper by a second cost network trained apart
+    /// be predicted 2 % cheaper by a second cost network trained apart, 4 %
+    /// where no table has reuse bins of its own (a `name,rows,dim` CSV)
     /// (--no-second-opinion: without). A warning says why. A learned plan predicted
     /// under 6 % cheaper than the best heuristic's is a narrow win: a
     /// warning suggests measuring.
@@ -230,8 +231,9 @@ pub struct PlanArgs {
     /// ships a second opinion (DIR/second-opinion/, as the shipped model
     /// does) returns its learned plan only where that network, trained
     /// apart with another architecture, also predicts it 2 % cheaper
-    /// than the best heuristic's; else it returns that heuristic's plan,
-    /// and a warning says so.
+    /// than the best heuristic's (`model.plan_margin`; 4 % where no table
+    /// has reuse bins of its own, `model.plan_margin_default_bins`); else
+    /// it returns that heuristic's plan, and a warning says so.
     #[arg(long)]
     pub no_second_opinion: bool,
 
@@ -518,10 +520,23 @@ fn plan_search_note(n: usize, own: &[usize]) -> String {
              cheapest predicted of the policy's episodes and the heuristics' plans ({own})"
         ),
         _ => {
-            format!("--plan-search {n}: each of `plan`'s searches predicts up to {n} plans ({own})")
+            // The time grows with the budget: 2000 takes milliseconds for
+            // 200 tables on 8 devices, and 8000 two and a half times as long.
+            let slow = if n > LONG_PLAN_SEARCH {
+                "; so long a search can take seconds or more on a large task"
+            } else {
+                ""
+            };
+            format!(
+                "--plan-search {n}: each of `plan`'s searches predicts up to {n} plans \
+                 ({own}){slow}"
+            )
         }
     }
 }
+
+/// A search budget past which `plan_search_note` warns of the time.
+const LONG_PLAN_SEARCH: usize = 100_000;
 
 /// A whole number (0 or more) from the command line. Clap alone would
 /// read `-2` as a flag; this names it as a negative number.

@@ -175,10 +175,21 @@ pub struct MeasureArgs {
     #[command(flatten)]
     pub setup: Setup,
     /// Memory of each device in GiB: a plan that puts more on a device (weights
-    /// and optimizer state, as `[memory]` in the config counts them) is
-    /// refused, naming the device. Unchecked when omitted.
+    /// at --precision and --optimizer's state) is refused, naming the
+    /// device. Unchecked when omitted.
     #[arg(long)]
     pub memory_gb: Option<f64>,
+    /// Weight precision, fp16 or fp32, as `learner plan --precision`
+    /// (default: the config's `[memory] precision`, fp16). It counts
+    /// memory for --memory-gb, and FBGEMM's kernel runs at it.
+    #[arg(long, value_name = "fp16|fp32")]
+    pub precision: Option<common::Precision>,
+    /// Optimizer whose state sits beside the weights: sgd,
+    /// rowwise_adagrad, adagrad or adam, as `learner plan --optimizer`
+    /// (default: the config's `[memory] optimizer`, rowwise_adagrad). It
+    /// counts memory for --memory-gb.
+    #[arg(long, value_name = "NAME")]
+    pub optimizer: Option<common::Optimizer>,
     /// Print the measurement as JSON: {"cost_ms", "devices": [{"fwd_ms", …}],
     /// "backend"}, plus "kernel", the weights' "precision", the
     /// "optimizer" and "spread" over the repeats for backends that time
@@ -516,7 +527,13 @@ fn fusion(args: FusionArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 fn measure(args: MeasureArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let cfg = args.setup.load(args.backend)?;
+    let mut cfg = args.setup.load(args.backend)?;
+    if let Some(p) = args.precision {
+        cfg.memory.precision = p;
+    }
+    if let Some(o) = args.optimizer {
+        cfg.memory.optimizer = o;
+    }
     let tables = pool::read(&args.tables)?;
     let plan = Placement::read(&args.placement)?.resolve(&tables, &args.placement)?;
     if let Some(gb) = args.memory_gb {
@@ -528,10 +545,12 @@ fn measure(args: MeasureArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         let used = plan.device_bytes(&tables, &cfg.memory);
         if let Some((d, &b)) = used.iter().enumerate().find(|&(_, &b)| b as f64 > cap) {
             anyhow::bail!(
-                "{}: device {d} holds {:.3} GiB of tables (weights and optimizer state, as \
-                 the config's [memory] counts them), over --memory-gb {gb}",
+                "{}: device {d} holds {:.3} GiB of tables ({} weights and {} state: \
+                 --precision, --optimizer), over --memory-gb {gb}",
                 args.placement.display(),
                 b as f64 / common::table::BYTES_PER_GB,
+                cfg.memory.precision.name(),
+                cfg.memory.optimizer.name(),
             );
         }
     }
@@ -645,6 +664,16 @@ mod tests {
         json: bool,
         memory_gb: Option<f64>,
     ) -> anyhow::Result<String> {
+        run_measure_counting(t, p, json, memory_gb, None)
+    }
+
+    fn run_measure_counting(
+        t: PathBuf,
+        p: PathBuf,
+        json: bool,
+        memory_gb: Option<f64>,
+        optimizer: Option<common::Optimizer>,
+    ) -> anyhow::Result<String> {
         let cli = Cli {
             command: Command::Measure(MeasureArgs {
                 backend: Backend::Sim,
@@ -655,6 +684,8 @@ mod tests {
                     kernel: None,
                 },
                 memory_gb,
+                precision: None,
+                optimizer,
                 json,
             }),
         };
@@ -694,6 +725,17 @@ mod tests {
             .to_string();
         assert!(e.contains(&format!("device {d} holds")), "{e}");
         assert!(run_measure_within(t.clone(), p.clone(), true, Some(gb * 1.01)).is_ok());
+        // Adam's two states per weight take more room than rowwise Adagrad's.
+        let e = run_measure_counting(
+            t.clone(),
+            p.clone(),
+            true,
+            Some(gb * 1.01),
+            Some(common::Optimizer::Adam),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("fp16 weights and adam state"), "{e}");
         let e = run_measure_within(t, p, true, Some(-1.0))
             .unwrap_err()
             .to_string();

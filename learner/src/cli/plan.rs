@@ -161,7 +161,11 @@ pub(super) fn plan(args: PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         )?;
     }
     if args.compare {
-        write!(err, "{}", comparison(&guarded))?;
+        write!(
+            err,
+            "{}",
+            comparison(&guarded, args.method == Method::Policy)
+        )?;
     }
     let doc = match args.format {
         PlanFormat::Placement => {
@@ -514,11 +518,14 @@ fn lone_table(plan: &common::Plan, d: usize) -> Option<usize> {
 }
 
 /// `--compare`: every candidate's plan beside the chosen one, predicted
-/// and, with `--verify`, measured.
-fn comparison(guarded: &Guarded) -> String {
+/// and, with `--verify`, measured. `by_guard`: the guard chose (`--method
+/// policy`), not a method the user named.
+fn comparison(guarded: &Guarded, by_guard: bool) -> String {
     use std::fmt::Write as _;
     let chosen = &guarded.candidates[guarded.chosen];
-    let measured = chosen.measured.is_some();
+    // Measured costs are compared only where every candidate has one
+    // (`--verify`); `--method search` measures its own plan alone.
+    let measured = guarded.candidates.iter().all(|c| c.measured.is_some());
     let key = |c: &Candidate| if measured { c.measured } else { Some(c.mean()) };
     let mut s = String::new();
     let _ = writeln!(
@@ -581,12 +588,29 @@ fn comparison(guarded: &Guarded) -> String {
             chosen.method
         );
     }
-    if !measured {
-        let _ = writeln!(
-            s,
-            "  (unmeasured, the guard ranks the heuristics' plans by their worst member's \
-             prediction, the highest)"
-        );
+    match (measured, by_guard, chosen.measured.is_some()) {
+        (true, _, _) => {}
+        (false, true, _) => {
+            let _ = writeln!(
+                s,
+                "  (unmeasured, the guard ranks the heuristics' plans by their worst member's \
+                 prediction, the highest)"
+            );
+        }
+        (false, false, true) => {
+            let _ = writeln!(
+                s,
+                "  (`{}` measured its own plan alone; --verify BACKEND measures every candidate)",
+                chosen.method
+            );
+        }
+        (false, false, false) => {
+            let _ = writeln!(
+                s,
+                "  (unmeasured; `--method {}` placed the tables, not the guard)",
+                chosen.method
+            );
+        }
     }
     s
 }
@@ -715,14 +739,51 @@ mod tests {
             notes: Vec::new(),
             basins: Vec::new(),
         };
-        let text = comparison(&guarded);
+        let text = comparison(&guarded, true);
         assert!(text.contains("the learned plan is `size`'s plan"), "{text}");
         // Devices numbered otherwise: still the same plan.
         guarded.candidates[0].plan.assignment = vec![1, 0];
-        assert!(comparison(&guarded).contains("the learned plan is `size`'s plan"));
+        assert!(comparison(&guarded, true).contains("the learned plan is `size`'s plan"));
         guarded.candidates[0].plan.assignment = vec![0, 0];
-        let text = comparison(&guarded);
+        let text = comparison(&guarded, true);
         assert!(!text.contains("the learned plan is"), "{text}");
+    }
+
+    /// `--compare` compares measured costs only where every candidate was
+    /// measured, and its last line says who chose.
+    #[test]
+    fn the_comparison_says_who_chose_and_what_was_measured() {
+        let mut guarded = Guarded {
+            candidates: vec![candidate("lookup", &[8.0]), candidate("search", &[10.0])],
+            chosen: 1,
+            doubts: Vec::new(),
+            notes: Vec::new(),
+            basins: Vec::new(),
+        };
+        guarded.candidates[1].measured = Some(7.0);
+        let text = comparison(&guarded, false);
+        assert!(text.contains("(predicted cost against"), "{text}");
+        // lookup's prediction against search's: 8 against 10.
+        assert!(text.contains("-20.00 %"), "{text}");
+        assert!(
+            text.contains("`search` measured its own plan alone"),
+            "{text}"
+        );
+        assert!(!text.contains("the guard ranks"), "{text}");
+        guarded.candidates[0].measured = Some(7.7);
+        let text = comparison(&guarded, false);
+        assert!(
+            text.contains("(measured cost against") && text.contains("+10.00 %"),
+            "{text}"
+        );
+        let mut named = guarded.clone();
+        named.candidates.iter_mut().for_each(|c| c.measured = None);
+        let text = comparison(&named, false);
+        assert!(
+            text.contains("`--method search` placed the tables"),
+            "{text}"
+        );
+        assert!(comparison(&named, true).contains("the guard ranks"));
     }
 
     /// `--compare` names the methods that found no plan that fits memory,
@@ -736,7 +797,7 @@ mod tests {
             notes: Vec::new(),
             basins: Vec::new(),
         };
-        let text = comparison(&guarded);
+        let text = comparison(&guarded, true);
         let missing: Vec<&str> = text
             .lines()
             .filter(|l| l.ends_with("no plan that fits memory"))

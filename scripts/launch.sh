@@ -344,6 +344,10 @@ if [ -n "$HOSTFILE" ] || [ "$SLURM" = 1 ]; then
   PORT=${PORT:-5555}
 fi
 PORT=${PORT:-0}
+# A new folder that the learner refuses to start a run in is removed again,
+# so that a retry with other flags starts clean.
+NEW_RUN_DIR=0
+[ -e "$RUN_DIR" ] || NEW_RUN_DIR=1
 mkdir -p "$RUN_DIR/logs"
 LOGS=$RUN_DIR/logs
 rm -f "$RUN_DIR/endpoint"
@@ -369,7 +373,11 @@ trap stop_all INT TERM
 LEARNER_PID=$!
 for _ in $(seq 1 600); do
   [ -f "$RUN_DIR/endpoint" ] && break
-  kill -0 "$LEARNER_PID" 2>/dev/null || { tail -c +"$((LOG_START + 1))" "$LOGS/learner.log" >&2; exit 1; }
+  if ! kill -0 "$LEARNER_PID" 2>/dev/null; then
+    tail -c +"$((LOG_START + 1))" "$LOGS/learner.log" >&2
+    [ "$NEW_RUN_DIR" = 0 ] || [ -e "$RUN_DIR/config.toml" ] || rm -rf "$RUN_DIR"
+    exit 1
+  fi
   sleep 0.1
 done
 [ -f "$RUN_DIR/endpoint" ] || die "the learner did not start listening (see $LOGS/learner.log)"

@@ -240,6 +240,18 @@ mkdir "$T/no-run"
 check "refused: --resume on a folder with no run in it" \
   refused "no run to resume in" "$T/bin:$PATH" --resume "$T/no-run"
 check "... and its folder stays empty" test -z "$(ls -A "$T/no-run")"
+# The learner itself refuses a budget under one plan a round: launch.sh
+# shows why and takes away the folder it made for the run.
+learner_refused() { # learner_refused MESSAGE ARGS...
+  local message=$1; shift
+  local out status=0 run=$T/learner-refused
+  out=$(PATH="$T/bin:$PATH" "$TIMEOUT" 120 "$ROOT/scripts/launch.sh" --config "$T/small.toml" \
+    --run-dir "$run" "$@" 2>&1) || status=$?
+  [ "$status" = 1 ] && grep -qF -- "$message" <<<"$out" && [ ! -e "$run" ] ||
+    { echo "$out" | tail -n 5 >&2; false; }
+}
+check "refused by the learner: --measurements under the rounds, its new folder gone" \
+  learner_refused "is fewer than the" --measurements 1
 
 if [ "$FAILS" != 0 ]; then
   echo "test-launch: $FAILS checks failed" >&2

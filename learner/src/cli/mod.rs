@@ -76,7 +76,10 @@ pub enum Command {
     /// oracle measures the plan. Prints per method the mean cost (ms) over
     /// the tasks it solved, the tasks it failed (no memory-feasible plan, or
     /// a plan the oracle failed to measure: a warning says why, and the
-    /// other tasks stand) and its cost relative to the best heuristic.
+    /// other tasks stand) and its cost relative to the best heuristic. A
+    /// task whose tables need more memory than all its devices hold
+    /// together is a fault of the suite file: it is refused, named, before
+    /// anything is placed.
     ///
     /// Example:
     ///

@@ -143,6 +143,12 @@ impl Task {
         }
         hi as f64 / BYTES_PER_GB
     }
+
+    /// [`Task::packed_memory_gb`] rounded up to a thousandth of a GiB, as
+    /// errors print it: a figure rounded down might not pack.
+    pub fn packed_memory_gb_shown(&self, mem: &MemoryModel) -> f64 {
+        (self.packed_memory_gb(mem) * 1000.0).ceil() / 1000.0
+    }
 }
 
 /// A loaded, validated suite.

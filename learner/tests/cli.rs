@@ -560,19 +560,7 @@ fn plan_counts_memory_with_the_precision_and_optimizer_asked_for() {
     // 10^8 rows of dim 64: 12.3 GiB at fp16 with rowwise Adagrad, 71.5 at
     // fp32 with Adam.
     std::fs::write(&csv, "name,rows,dim\nbig,100000000,64\nsmall,1000,16\n").unwrap();
-    let args = |extra: &[&str]| {
-        let mut a = vec![
-            "plan",
-            "--tables",
-            csv.to_str().unwrap(),
-            "--devices",
-            "2",
-            "--memory-gb",
-            "16",
-        ];
-        a.extend_from_slice(extra);
-        learner(&a)
-    };
+    let args = |extra: &[&str]| plan_tables(&csv, "2", "16", extra);
     let (ok, _, err) = args(&[]);
     assert!(ok, "{err}");
     assert!(
@@ -586,6 +574,26 @@ fn plan_counts_memory_with_the_precision_and_optimizer_asked_for() {
     assert!(!ok && err.contains("cannot fit memory"), "{err}");
     let (ok, _, err) = args(&["--precision", "fp64"]);
     assert!(!ok && err.contains("expected fp16 or fp32"), "{err}");
+}
+
+/// `learner plan --tables CSV --devices D --memory-gb M`, then `extra`.
+fn plan_tables(
+    csv: &std::path::Path,
+    devices: &str,
+    memory_gb: &str,
+    extra: &[&str],
+) -> (bool, String, String) {
+    let mut a = vec![
+        "plan",
+        "--tables",
+        csv.to_str().unwrap(),
+        "--devices",
+        devices,
+        "--memory-gb",
+        memory_gb,
+    ];
+    a.extend_from_slice(extra);
+    learner(&a)
 }
 
 /// A heuristic asked for by --method that finds no room says what packs:
@@ -603,19 +611,7 @@ fn a_heuristic_that_finds_no_room_names_what_packs() {
          e,4000000,64\n",
     )
     .unwrap();
-    let plan = |memory: &str, extra: &[&str]| {
-        let mut a = vec![
-            "plan",
-            "--tables",
-            csv.to_str().unwrap(),
-            "--devices",
-            "2",
-            "--memory-gb",
-            memory,
-        ];
-        a.extend_from_slice(extra);
-        learner(&a)
-    };
+    let plan = |memory: &str, extra: &[&str]| plan_tables(&csv, "2", memory, extra);
     let (ok, _, err) = plan("1.476", &["--method", "size"]);
     assert!(!ok && err.contains("`size` found no placement"), "{err}");
     assert!(err.contains("packs them at 1.476 GiB"), "{err}");
@@ -643,20 +639,7 @@ fn three_columns_are_enough_to_place_and_compare() {
          category,50000,32\nbrand,300000,32\n",
     )
     .unwrap();
-    let base = [
-        "plan",
-        "--tables",
-        csv.to_str().unwrap(),
-        "--devices",
-        "3",
-        "--memory-gb",
-        "16",
-    ];
-    let with = |extra: &[&str]| {
-        let mut args = base.to_vec();
-        args.extend_from_slice(extra);
-        learner(&args)
-    };
+    let with = |extra: &[&str]| plan_tables(&csv, "3", "16", extra);
     let (ok, stdout, err) = with(&["--compare", "--verify", "sim"]);
     assert!(ok, "{err}");
     assert!(

@@ -372,8 +372,7 @@ pub fn plan(
          each device that, or use more devices",
         task.name,
         task.memory_gb,
-        // Rounded up: the figure printed must still pack.
-        (task.packed_memory_gb(mem) * 1000.0).ceil() / 1000.0
+        task.packed_memory_gb_shown(mem)
     );
     // The other ends of the searches, priced with the candidates, for
     // the choice between near-equal learned plans (`least_crowded`).

@@ -348,8 +348,7 @@ fn choose_method(
         m => {
             let ctx = model::baselines::Context::for_task(task, &cfg.memory, runs.models[0].batch);
             let plan = model::baselines::place(m, &ctx, &mut rng).ok_or_else(|| {
-                // Rounded up, as the guard's error: the figure must pack.
-                let packed = (task.packed_memory_gb(&cfg.memory) * 1000.0).ceil() / 1000.0;
+                let packed = task.packed_memory_gb_shown(&cfg.memory);
                 let hint = if packed <= task.memory_gb {
                     format!(
                         "first-fit decreasing by bytes packs them at {packed:.3} GiB, and the \
